@@ -1,0 +1,202 @@
+/* chain.c: the chain IR's activation table, chain checks, and validation of fuser.ffn's arguments
+ * (see include/fuser/chain.h). */
+#include "fuser/chain.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+/* ---- activations: one table ---- */
+static const char *const act_names[FUSER_NUM_ACTS] = {
+    [FUSER_ACT_RELU] = "relu",
+    [FUSER_ACT_GELU] = "gelu",
+    [FUSER_ACT_GELU_TANH] = "gelu_tanh",
+    [FUSER_ACT_SILU] = "silu",
+};
+
+const char *fuser_act_name(fuser_act a)
+{
+    return (unsigned)a < FUSER_NUM_ACTS ? act_names[a] : NULL;
+}
+
+int fuser_act_from_name(const char *name)
+{
+    for (int i = 0; name && i < FUSER_NUM_ACTS; i++)
+        if (!strcmp(name, act_names[i]))
+            return i;
+    return -1;
+}
+
+const char *fuser_act_choices(void)
+{
+    return "relu, gelu, gelu_tanh, silu";
+}
+
+double fuser_act_eval(fuser_act a, double x)
+{
+    switch (a) {
+    case FUSER_ACT_RELU: return x > 0 ? x : 0;
+    case FUSER_ACT_GELU: return 0.5 * x * (1.0 + erf(x * 0.70710678118654752440));
+    case FUSER_ACT_GELU_TANH:
+        return 0.5 * x * (1.0 + tanh(0.79788456080286535588 * (x + 0.044715 * x * x * x)));
+    case FUSER_ACT_SILU: return x / (1.0 + exp(-x));
+    default: return NAN;
+    }
+}
+
+int fuser_chain_check(const fuser_chain *c, fuser_err *err)
+{
+    static const char *const dims[] = {"m (tokens)", "k (d_model)", "n (d_ff)", "l (d_out)"};
+    const int64_t v[] = {c->m, c->k, c->n, c->l};
+    for (int i = 0; i < 4; i++) {
+        if (v[i] < (i == 0 ? 0 : 1))
+            return fuser_fail(err, FUSER_E_VALUE, "%s must be %s, got %lld", dims[i],
+                              i == 0 ? ">= 0" : ">= 1", (long long)v[i]);
+        if (v[i] > ((int64_t)1 << 31) - 1)
+            return fuser_fail(err, FUSER_E_VALUE, "%s = %lld is too large (at most 2^31 - 1)", dims[i],
+                              (long long)v[i]);
+    }
+    if ((unsigned)c->act >= FUSER_NUM_ACTS)
+        return fuser_fail(err, FUSER_E_VALUE, "unknown activation %d; expected one of %s", (int)c->act,
+                          fuser_act_choices());
+    if ((unsigned)c->dtype >= FUSER_NUM_DTYPES)
+        return fuser_fail(err, FUSER_E_VALUE, "unknown dtype %d; expected bfloat16, float16 or float32",
+                          (int)c->dtype);
+    if (c->bias_gate && !c->gated)
+        return fuser_fail(err, FUSER_E_VALUE, "a gate bias needs a gated chain");
+    return FUSER_OK;
+}
+
+/* ---- fuser.ffn argument validation ---- */
+
+/* Check that t has exactly the expected 1-D or 2-D shape. `what` explains the expectation. */
+static int expect_shape(const fuser_tensor *t, const char *name, int ndim, int64_t d0, int64_t d1,
+                        const char *what, fuser_err *err)
+{
+    int64_t want[2] = {d0, d1};
+    int ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++)
+        ok = t->shape[i] == want[i];
+    if (ok)
+        return FUSER_OK;
+    char got[160], exp[64];
+    fuser_shape_str(t->shape, t->ndim, got, sizeof got);
+    fuser_shape_str(want, ndim, exp, sizeof exp);
+    return fuser_fail(err, FUSER_E_VALUE, "%s: expected shape %s (%s), got %s", name, exp, what, got);
+}
+
+static int same_dtype_device(const fuser_tensor *t, const char *name, const fuser_tensor *x, fuser_err *err)
+{
+    if (t->dtype != x->dtype)
+        return fuser_fail(err, FUSER_E_TYPE,
+                          "%s: dtype %s does not match x's dtype %s; all tensors must share one dtype", name,
+                          fuser_dtype_name(t->dtype), fuser_dtype_name(x->dtype));
+    if (t->device != x->device || t->device_id != x->device_id) {
+        char a[32], b[32];
+        fuser_device_str(t, a, sizeof a);
+        fuser_device_str(x, b, sizeof b);
+        return fuser_fail(err, FUSER_E_VALUE,
+                          "%s is on %s but x is on %s; move all tensors to one device", name, a, b);
+    }
+    return FUSER_OK;
+}
+
+int fuser_ffn_validate(const fuser_ffn_args *a, fuser_chain *c, fuser_err *err)
+{
+    char s1[160];
+    memset(c, 0, sizeof *c);
+    if (!a->x || !a->w_up || !a->w_down)
+        return fuser_fail(err, FUSER_E_VALUE, "x, w_up and w_down are required");
+
+    /* activation first: it needs no tensor */
+    int act = fuser_act_from_name(a->activation);
+    if (act < 0)
+        return fuser_fail(err, FUSER_E_VALUE, "activation: unknown activation '%s'; expected one of %s",
+                          a->activation ? a->activation : "(null)", fuser_act_choices());
+    c->act = (fuser_act)act;
+
+    /* x: [..., d_model]; leading dimensions flatten into M */
+    const fuser_tensor *x = a->x;
+    if (x->ndim < 1)
+        return fuser_fail(err, FUSER_E_VALUE,
+                          "x: expected a tensor of shape [..., d_model] with at least 1 dimension, got a "
+                          "0-dimensional tensor");
+    c->k = x->shape[x->ndim - 1];
+    c->m = 1;
+    for (int i = 0; i < x->ndim - 1; i++)
+        c->m *= x->shape[i];
+    if (c->k < 1)
+        return fuser_fail(err, FUSER_E_VALUE, "x: the last dimension (d_model) is 0; it must be >= 1");
+    c->dtype = x->dtype;
+
+    /* weights: nn.Linear layout [out_features, in_features] */
+    const fuser_tensor *wu = a->w_up;
+    if (wu->ndim != 2 || wu->shape[1] != c->k || wu->shape[0] < 1) {
+        fuser_shape_str(wu->shape, wu->ndim, s1, sizeof s1);
+        return fuser_fail(err, FUSER_E_VALUE,
+                          "w_up: expected shape [d_ff, %lld] (nn.Linear layout [out_features, in_features], "
+                          "in_features = x's last dimension %lld, d_ff >= 1), got %s",
+                          (long long)c->k, (long long)c->k, s1);
+    }
+    c->n = wu->shape[0];
+    const fuser_tensor *wd = a->w_down;
+    if (wd->ndim != 2 || wd->shape[1] != c->n || wd->shape[0] < 1) {
+        fuser_shape_str(wd->shape, wd->ndim, s1, sizeof s1);
+        return fuser_fail(err, FUSER_E_VALUE,
+                          "w_down: expected shape [d_out, %lld] (nn.Linear layout, in_features = d_ff = "
+                          "w_up.shape[0] = %lld, d_out >= 1), got %s",
+                          (long long)c->n, (long long)c->n, s1);
+    }
+    c->l = wd->shape[0];
+
+    struct { const fuser_tensor *t; const char *name; } all[] = {
+        {wu, "w_up"}, {wd, "w_down"}, {a->w_gate, "w_gate"}, {a->b_up, "b_up"},
+        {a->b_gate, "b_gate"}, {a->b_down, "b_down"}, {a->out, "out"},
+    };
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i].t && same_dtype_device(all[i].t, all[i].name, x, err))
+            return err->code;
+
+    if (a->w_gate) {
+        c->gated = 1;
+        if (expect_shape(a->w_gate, "w_gate", 2, c->n, c->k, "the same shape as w_up", err))
+            return err->code;
+    }
+    if (a->b_gate && !a->w_gate)
+        return fuser_fail(err, FUSER_E_VALUE, "b_gate: given without w_gate; pass w_gate too, or drop b_gate");
+    if (a->b_up && expect_shape(a->b_up, "b_up", 1, c->n, 0, "[d_ff]", err))
+        return err->code;
+    if (a->b_gate && expect_shape(a->b_gate, "b_gate", 1, c->n, 0, "[d_ff]", err))
+        return err->code;
+    if (a->b_down && expect_shape(a->b_down, "b_down", 1, c->l, 0, "[d_out]", err))
+        return err->code;
+    c->bias_up = a->b_up != NULL;
+    c->bias_gate = a->b_gate != NULL;
+    c->bias_down = a->b_down != NULL;
+
+    if (a->out) {
+        const fuser_tensor *o = a->out;
+        int ok = o->ndim == (x->ndim > 1 ? x->ndim : 1);
+        for (int i = 0; ok && i < x->ndim - 1; i++)
+            ok = o->shape[i] == x->shape[i];
+        ok = ok && o->shape[o->ndim - 1] == c->l;
+        if (!ok) {
+            int64_t want[FUSER_MAX_DIMS];
+            char s2[160];
+            for (int i = 0; i < x->ndim - 1; i++)
+                want[i] = x->shape[i];
+            want[x->ndim - 1] = c->l;
+            fuser_shape_str(want, x->ndim, s1, sizeof s1);
+            fuser_shape_str(o->shape, o->ndim, s2, sizeof s2);
+            return fuser_fail(err, FUSER_E_VALUE, "out: expected shape %s (x's leading dimensions + d_out), got %s",
+                              s1, s2);
+        }
+        for (size_t i = 0; i + 1 < sizeof all / sizeof all[0]; i++)
+            if (all[i].t && fuser_tensors_overlap(o, all[i].t))
+                return fuser_fail(err, FUSER_E_VALUE,
+                                  "out: its memory overlaps %s; pass a separate output tensor", all[i].name);
+        if (fuser_tensors_overlap(o, x))
+            return fuser_fail(err, FUSER_E_VALUE, "out: its memory overlaps x; pass a separate output tensor");
+    }
+    return fuser_chain_check(c, err);
+}

@@ -1,0 +1,25 @@
+"""fuser: fused transformer FFNs (GEMM -> activation or gate -> GEMM) in one kernel on NVIDIA Hopper.
+
+The intermediate activation stays on chip, spread over the distributed shared memory of a
+thread-block cluster (the FlashFuser dataflows). A C core plans, generates and JIT-compiles the
+kernel; this package is the PyTorch face of it.
+
+    >>> import torch, fuser
+    >>> x = torch.randn(3, 64)
+    >>> y = fuser.ffn(x, torch.randn(256, 64), torch.randn(64, 256), activation="gelu")
+    >>> y.shape
+    torch.Size([3, 64])
+
+``fuser.env()`` says what was found on this machine and, when the fused path is unavailable, why.
+"""
+__version__ = "0.1.0"
+
+from fuser._C import CacheError, CompileError, CudaError, FuserError, UnsupportedError
+from fuser._env import Env, env
+from fuser.ops import ffn
+from fuser.reference import ACTIVATIONS, ffn_reference
+
+__all__ = [
+    "ffn", "ffn_reference", "env", "Env", "ACTIVATIONS",
+    "FuserError", "CudaError", "CompileError", "CacheError", "UnsupportedError",
+]

@@ -1,0 +1,6 @@
+"""``python -m fuser``: see fuser/cli.py."""
+import sys
+
+from fuser.cli import main
+
+sys.exit(main())

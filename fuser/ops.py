@@ -1,0 +1,82 @@
+"""fuser's functional ops. ``ffn`` validates every argument in C (through DLPack, so errors are the same
+on every device) and runs the fused kernel where one applies, else the PyTorch reference."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from fuser import _C
+from fuser.reference import ffn_reference
+
+_TENSOR_ARGS = ("x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down", "out")
+
+
+def _export_view(obj):
+    """What C takes in: a detached view for torch tensors (torch refuses __dlpack__ on tensors that
+    require grad), anything else as it is (C decides whether it is a tensor)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach()
+    return obj
+
+
+def _as_torch(obj):
+    """A torch view of a validated argument (zero-copy for other DLPack producers)."""
+    if obj is None or isinstance(obj, torch.Tensor):
+        return obj
+    return torch.from_dlpack(obj)
+
+
+def _stream_of(x):
+    """The caller's current CUDA stream for x's device (passed to __dlpack__), or None off CUDA."""
+    if isinstance(x, torch.Tensor) and x.is_cuda:
+        return torch.cuda.current_stream(x.device).cuda_stream
+    return None
+
+
+def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, activation="gelu", out=None):
+    """A transformer feed-forward block in one call.
+
+    Computes ``act(x @ w_up.T + b_up) @ w_down.T + b_down``, or with ``w_gate`` the gated form
+    ``(act(x @ w_gate.T + b_gate) * (x @ w_up.T + b_up)) @ w_down.T + b_down`` (SwiGLU with
+    ``activation="silu"``, GeGLU with ``"gelu"``).
+
+    Args:
+        x: ``[..., d_model]``; leading dimensions are tokens (a 1-D ``x`` is one token).
+        w_up, w_gate: ``[d_ff, d_model]``, the ``nn.Linear`` layout ``[out_features, in_features]``.
+        w_down: ``[d_out, d_ff]``.
+        b_up, b_gate: ``[d_ff]``; b_down: ``[d_out]``; all optional.
+        activation: ``"relu"``, ``"gelu"`` (exact, erf), ``"gelu_tanh"`` or ``"silu"``.
+        out: optional ``[..., d_out]`` tensor to write the result into (must not overlap an input).
+
+    All tensors share one dtype (bfloat16, float16 or float32) and one device, are contiguous and
+    16-byte aligned. Bad arguments raise ``TypeError``/``ValueError`` naming the argument, what was
+    expected and what was given.
+
+    Returns:
+        ``[..., d_out]`` tensor (``out`` when given).
+
+    Example:
+        >>> import torch, fuser
+        >>> x = torch.randn(2, 5, 64)
+        >>> w_gate, w_up, w_down = torch.randn(172, 64), torch.randn(172, 64), torch.randn(64, 172)
+        >>> fuser.ffn(x, w_up, w_down, w_gate=w_gate, activation="silu").shape
+        torch.Size([2, 5, 64])
+    """
+    args = (x, w_up, w_down, w_gate, b_up, b_gate, b_down, out)
+    stream = _stream_of(x)
+    device_guard = torch.cuda.device(x.device) if stream is not None else contextlib.nullcontext()
+    with device_guard:
+        _C.ffn_check(*map(_export_view, args[:7]), activation=activation, out=_export_view(out), stream=stream)
+    x, w_up, w_down, w_gate, b_up, b_gate, b_down, out = map(_as_torch, args)
+    if out is not None and torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (x, w_up, w_down, w_gate, b_up, b_gate, b_down)):
+        raise ValueError("out: out= does not support autograd (an input requires grad); "
+                         "drop out= or run under torch.no_grad()")
+    y = ffn_reference(x, w_up, w_down, w_gate=w_gate, b_up=b_up, b_gate=b_gate, b_down=b_down,
+                      activation=activation)
+    if out is not None:
+        out.copy_(y)
+        return out
+    return y
+

@@ -1,0 +1,72 @@
+/* chain.h: the chain IR, fuser's description of one two-GEMM chain (a transformer FFN).
+ *
+ *   plain:  E = act(A . B^T [+ b1]) . D^T [+ b2]
+ *   gated:  E = (act(A . Bg^T [+ bg]) * (A . Bu^T [+ bu])) . D^T [+ b2]
+ *
+ * with A [M, K] (tokens x d_model), B/Bu/Bg [N, K] (d_ff x d_model, nn.Linear layout), D [L, N]
+ * (d_out x d_ff) and E [M, L]. Operands are 16-bit (or fp32 on the reference path); accumulation is
+ * fp32. This header also owns the activation table, and the validation of fuser.ffn's arguments,
+ * which produces a chain from tensors.
+ */
+#ifndef FUSER_CHAIN_H
+#define FUSER_CHAIN_H
+
+#include <stdint.h>
+
+#include "fuser/status.h"
+#include "fuser/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Activations. Values are stable (used in cache keys, plans and generated code). */
+typedef enum {
+    FUSER_ACT_RELU = 0,
+    FUSER_ACT_GELU = 1,      /* exact: 0.5 x (1 + erf(x / sqrt 2)) */
+    FUSER_ACT_GELU_TANH = 2, /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+    FUSER_ACT_SILU = 3,      /* x * sigmoid(x) */
+    FUSER_NUM_ACTS
+} fuser_act;
+
+/** "relu", "gelu", "gelu_tanh", "silu"; NULL for an invalid value. */
+const char *fuser_act_name(fuser_act a);
+/** -1 if unknown. */
+int fuser_act_from_name(const char *name);
+/** "relu, gelu, gelu_tanh, silu": for error messages. */
+const char *fuser_act_choices(void);
+/** The activation in double precision: the definition every kernel and reference is held to. */
+double fuser_act_eval(fuser_act a, double x);
+
+/** One chain. M may be 0 (an empty batch); every other extent is >= 1. */
+typedef struct fuser_chain {
+    int64_t m;        /* tokens */
+    int64_t k;        /* d_model (GEMM1 reduction) */
+    int64_t n;        /* d_ff (GEMM1 output, GEMM2 reduction) */
+    int64_t l;        /* d_out (GEMM2 output), usually d_model */
+    int gated;        /* 1: act(A Bg) * (A Bu) */
+    fuser_act act;
+    int bias_up;      /* b_up [N] present */
+    int bias_gate;    /* b_gate [N] present (gated only) */
+    int bias_down;    /* b_down [L] present */
+    fuser_dtype dtype;
+} fuser_chain;
+
+/** Check a chain on its own (extents, enum values). */
+int fuser_chain_check(const fuser_chain *c, fuser_err *err);
+
+/** Arguments of fuser.ffn, as validated views. Absent optional tensors are NULL. */
+typedef struct fuser_ffn_args {
+    const fuser_tensor *x, *w_up, *w_down, *w_gate, *b_up, *b_gate, *b_down, *out;
+    const char *activation;
+} fuser_ffn_args;
+
+/** Validate fuser.ffn's arguments against each other and fill `chain` (M = product of x's leading
+ * dimensions). Errors name the argument, the expected and the actual value:
+ * FUSER_E_TYPE for dtypes, FUSER_E_VALUE for shapes, devices, aliasing and the activation name. */
+int fuser_ffn_validate(const fuser_ffn_args *a, fuser_chain *chain, fuser_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FUSER_CHAIN_H */

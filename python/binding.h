@@ -1,0 +1,58 @@
+/* binding.h: shared declarations of the CPython binding (the C files in python/), the only code that includes
+ * Python.h. It turns core status codes into exceptions, takes tensors in through DLPack, and exposes
+ * the core as the module fuser._C. */
+#ifndef FUSER_BINDING_H
+#define FUSER_BINDING_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "fuser/status.h"
+#include "fuser/tensor.h"
+
+/* Per-module state (PEP 489 multi-phase init): the exception types and interned names. */
+typedef struct {
+    PyObject *FuserError;       /* RuntimeError subclass: base of fuser's environment errors */
+    PyObject *CudaError;        /* FuserError: driver / launch failures */
+    PyObject *CompileError;     /* FuserError: NVRTC failures; has .log */
+    PyObject *CacheError;       /* FuserError: kernel cache failures */
+    PyObject *UnsupportedError; /* FuserError: valid input the fused path cannot run */
+    PyObject *s_dlpack, *s_dlpack_device, *s_stream, *s_max_version, *max_version; /* (1, 0) */
+} fuser_state;
+
+fuser_state *fuser_get_state(PyObject *module);
+
+/* Raise the Python exception for a failed core call; returns NULL for `return fuser_raise(...)`. */
+PyObject *fuser_raise(fuser_state *st, const fuser_err *err);
+
+/* ---- DLPack intake (intake.c) ---- */
+
+/* A tensor taken in through DLPack: the validated view plus the managed tensor we now own. */
+typedef struct {
+    fuser_tensor t;
+    void *managed;  /* DLManagedTensor* or DLManagedTensorVersioned*; NULL: nothing to delete */
+    int versioned;
+    uint64_t flags;
+} fuser_held;
+
+enum {
+    FUSER_TAKE_WRITABLE = 1,  /* the tensor will be written (out=): refuse read-only or copied exports */
+    FUSER_TAKE_NO_CAPSULE = 2 /* refuse raw capsules (the caller needs to read the object again) */
+};
+
+/* Take `obj` (an object with __dlpack__, or a "dltensor"/"dltensor_versioned" capsule) and validate
+ * it. `stream` (None or int) is passed to __dlpack__ for CUDA tensors; 0 means the legacy default
+ * stream and is sent as 1, as the protocol requires. On success returns 0 and fills h; on failure
+ * returns -1 with an exception set. Either way the caller must call fuser_release(h) exactly once. */
+int fuser_take(fuser_state *st, PyObject *obj, const char *name, PyObject *stream, int opts, fuser_held *h);
+
+/* Call the managed tensor's deleter (once) and forget it. Safe on a zeroed or released fuser_held. */
+void fuser_release(fuser_held *h);
+
+/* ---- module functions, one file each ---- */
+PyObject *fuser_py_dlpack_info(PyObject *module, PyObject *args, PyObject *kwargs);
+PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs);
+PyObject *fuser_py_env(PyObject *module, PyObject *args, PyObject *kwargs);
+PyObject *fuser_py_embedded_headers(PyObject *module, PyObject *noargs);
+
+#endif /* FUSER_BINDING_H */

@@ -1,0 +1,71 @@
+/* ffn_bind.c: _C.ffn_check: fuser.ffn's arguments, taken in through DLPack and validated by the core.
+ * Every tensor taken is released exactly once, on success and on every error path. */
+#include "binding.h"
+
+#include "fuser/chain.h"
+
+enum { A_X, A_W_UP, A_W_DOWN, A_W_GATE, A_B_UP, A_B_GATE, A_B_DOWN, A_OUT, N_TENSOR_ARGS };
+static const char *const tensor_names[N_TENSOR_ARGS] = {"x", "w_up", "w_down", "w_gate",
+                                                        "b_up", "b_gate", "b_down", "out"};
+
+/* The chain as a dict (what the Python layer needs to dispatch). */
+static PyObject *chain_dict(const fuser_chain *c, const fuser_tensor *x)
+{
+    return Py_BuildValue("{s:L,s:L,s:L,s:L,s:O,s:s,s:O,s:O,s:O,s:s,s:s,s:i}", "m", (long long)c->m, "d_model",
+                         (long long)c->k, "d_ff", (long long)c->n, "d_out", (long long)c->l, "gated",
+                         c->gated ? Py_True : Py_False, "activation", fuser_act_name(c->act), "bias_up",
+                         c->bias_up ? Py_True : Py_False, "bias_gate", c->bias_gate ? Py_True : Py_False,
+                         "bias_down", c->bias_down ? Py_True : Py_False, "dtype", fuser_dtype_name(c->dtype),
+                         "device", x->device == FUSER_CPU ? "cpu" : "cuda", "device_id", x->device_id);
+}
+
+PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down",
+                             "activation", "out", "stream", NULL};
+    PyObject *obj[N_TENSOR_ARGS] = {NULL};
+    PyObject *act_obj = NULL, *stream = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOOOOOO:ffn_check", kwlist, &obj[A_X], &obj[A_W_UP],
+                                     &obj[A_W_DOWN], &obj[A_W_GATE], &obj[A_B_UP], &obj[A_B_GATE],
+                                     &obj[A_B_DOWN], &act_obj, &obj[A_OUT], &stream))
+        return NULL;
+    const char *activation = "gelu";
+    if (act_obj && act_obj != Py_None) {
+        if (!PyUnicode_Check(act_obj))
+            return PyErr_Format(PyExc_TypeError, "activation: expected a str (one of %s), got %s",
+                                fuser_act_choices(), Py_TYPE(act_obj)->tp_name);
+        activation = PyUnicode_AsUTF8(act_obj);
+        if (!activation)
+            return NULL;
+    }
+    if (stream != Py_None && !PyLong_Check(stream))
+        return PyErr_Format(PyExc_TypeError, "stream: expected None or an int (a cudaStream_t), got %s",
+                            Py_TYPE(stream)->tp_name);
+
+    fuser_state *st = fuser_get_state(module);
+    fuser_held held[N_TENSOR_ARGS];
+    const fuser_tensor *t[N_TENSOR_ARGS] = {NULL};
+    memset(held, 0, sizeof held);
+    PyObject *res = NULL;
+    for (int i = 0; i < N_TENSOR_ARGS; i++) {
+        if (!obj[i] || obj[i] == Py_None)
+            continue;
+        int opts = FUSER_TAKE_NO_CAPSULE | (i == A_OUT ? FUSER_TAKE_WRITABLE : 0);
+        if (fuser_take(st, obj[i], tensor_names[i], stream, opts, &held[i]))
+            goto done;
+        t[i] = &held[i].t;
+    }
+    fuser_ffn_args a = {t[A_X], t[A_W_UP], t[A_W_DOWN], t[A_W_GATE], t[A_B_UP], t[A_B_GATE], t[A_B_DOWN],
+                        t[A_OUT], activation};
+    fuser_chain chain;
+    fuser_err err;
+    fuser_err_clear(&err);
+    if (fuser_ffn_validate(&a, &chain, &err))
+        fuser_raise(st, &err);
+    else
+        res = chain_dict(&chain, t[A_X]);
+done:
+    for (int i = 0; i < N_TENSOR_ARGS; i++)
+        fuser_release(&held[i]);
+    return res;
+}

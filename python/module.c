@@ -1,0 +1,153 @@
+/* module.c: the extension module fuser._C: multi-phase initialisation (PEP 489), module state holding
+ * the exception types, the method table, and the mapping from core status codes to exceptions. */
+#include "binding.h"
+
+PyDoc_STRVAR(module_doc,
+             "fuser._C: the C core of fuser (planner, code generator, NVRTC JIT, DLPack intake).\n\n"
+             "Use the Python package `fuser`; this module is its implementation detail.");
+
+fuser_state *fuser_get_state(PyObject *module)
+{
+    return (fuser_state *)PyModule_GetState(module);
+}
+
+PyObject *fuser_raise(fuser_state *st, const fuser_err *err)
+{
+    PyObject *type;
+    switch (err->code) {
+    case FUSER_E_TYPE: type = PyExc_TypeError; break;
+    case FUSER_E_VALUE: type = PyExc_ValueError; break;
+    case FUSER_E_NOMEM: type = PyExc_MemoryError; break;
+    case FUSER_E_UNSUPPORTED: type = st->UnsupportedError; break;
+    case FUSER_E_CUDA: type = st->CudaError; break;
+    case FUSER_E_COMPILE: type = st->CompileError; break;
+    case FUSER_E_CACHE: type = st->CacheError; break;
+    default: type = st->FuserError; break;
+    }
+    PyErr_SetString(type, err->msg[0] ? err->msg : "fuser: unknown error");
+    return NULL;
+}
+
+PyDoc_STRVAR(dlpack_info_doc,
+             "dlpack_info(obj, stream=None, writable=False) -> dict\n\n"
+             "Take `obj` in through DLPack exactly as fuser's ops do (an object with __dlpack__, or a\n"
+             "'dltensor'/'dltensor_versioned' capsule, which is consumed), validate it, release it, and\n"
+             "describe it: data pointer, shape, dtype, device, whether the capsule was versioned.");
+PyDoc_STRVAR(ffn_check_doc,
+             "ffn_check(x, w_up, w_down, w_gate=None, b_up=None, b_gate=None, b_down=None,\n"
+             "          activation='gelu', out=None, stream=None) -> dict\n\n"
+             "Validate fuser.ffn's arguments through DLPack and return the chain they describe.");
+PyDoc_STRVAR(env_doc,
+             "env(device=0, nvrtc_dirs=()) -> dict\n\n"
+             "Find the CUDA driver and NVRTC (loading them on first use) and describe the GPU `device`,\n"
+             "the cache directory, and whether the fused path is available or exactly why not.");
+PyDoc_STRVAR(embedded_headers_doc,
+             "embedded_headers() -> dict[str, bytes]\n\n"
+             "The kernel templates (include/fuser/device/*.cuh) embedded at build time, by include name.");
+
+static PyMethodDef module_methods[] = {
+    {"dlpack_info", (PyCFunction)(void (*)(void))fuser_py_dlpack_info, METH_VARARGS | METH_KEYWORDS,
+     dlpack_info_doc},
+    {"ffn_check", (PyCFunction)(void (*)(void))fuser_py_ffn_check, METH_VARARGS | METH_KEYWORDS, ffn_check_doc},
+    {"env", (PyCFunction)(void (*)(void))fuser_py_env, METH_VARARGS | METH_KEYWORDS, env_doc},
+    {"embedded_headers", fuser_py_embedded_headers, METH_NOARGS, embedded_headers_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+/* Create an exception type, store it in *slot and add it to the module under `name`. */
+static int add_exception(PyObject *m, PyObject **slot, const char *qualname, const char *name, const char *doc,
+                         PyObject *base)
+{
+    *slot = PyErr_NewExceptionWithDoc(qualname, doc, base, NULL);
+    if (!*slot)
+        return -1;
+    return PyModule_AddObjectRef(m, name, *slot);
+}
+
+static int module_exec(PyObject *m)
+{
+    fuser_state *st = fuser_get_state(m);
+    if (add_exception(m, &st->FuserError, "fuser.FuserError", "FuserError",
+                      "Base class of fuser's environment and runtime errors (a RuntimeError).",
+                      PyExc_RuntimeError) ||
+        add_exception(m, &st->CudaError, "fuser.CudaError", "CudaError",
+                      "The CUDA driver is missing or a CUDA call failed.", st->FuserError) ||
+        add_exception(m, &st->CompileError, "fuser.CompileError", "CompileError",
+                      "NVRTC failed to compile a generated kernel; the message holds the log.", st->FuserError) ||
+        add_exception(m, &st->CacheError, "fuser.CacheError", "CacheError",
+                      "The on-disk kernel cache could not be read or written.", st->FuserError) ||
+        add_exception(m, &st->UnsupportedError, "fuser.UnsupportedError", "UnsupportedError",
+                      "Valid input that the fused path cannot run (the caller may fall back).", st->FuserError))
+        return -1;
+    st->s_dlpack = PyUnicode_InternFromString("__dlpack__");
+    st->s_dlpack_device = PyUnicode_InternFromString("__dlpack_device__");
+    st->s_stream = PyUnicode_InternFromString("stream");
+    st->s_max_version = PyUnicode_InternFromString("max_version");
+    st->max_version = Py_BuildValue("(ii)", 1, 0);
+    if (!st->s_dlpack || !st->s_dlpack_device || !st->s_stream || !st->s_max_version || !st->max_version)
+        return -1;
+    if (PyModule_AddIntConstant(m, "DLPACK_MAJOR", 1) || PyModule_AddIntConstant(m, "DLPACK_MINOR", 0) ||
+        PyModule_AddIntConstant(m, "ALIGN_BYTES", FUSER_ALIGN_BYTES))
+        return -1;
+    return 0;
+}
+
+#define STATE_FIELDS(X)                                                                                      \
+    X(FuserError) X(CudaError) X(CompileError) X(CacheError) X(UnsupportedError) X(s_dlpack)                 \
+    X(s_dlpack_device) X(s_stream) X(s_max_version) X(max_version)
+
+static int module_traverse(PyObject *m, visitproc visit, void *arg)
+{
+    fuser_state *st = fuser_get_state(m);
+    if (!st)
+        return 0;
+#define VISIT(f) Py_VISIT(st->f);
+    STATE_FIELDS(VISIT)
+#undef VISIT
+    return 0;
+}
+
+static int module_clear(PyObject *m)
+{
+    fuser_state *st = fuser_get_state(m);
+    if (!st)
+        return 0;
+#define CLEAR(f) Py_CLEAR(st->f);
+    STATE_FIELDS(CLEAR)
+#undef CLEAR
+    return 0;
+}
+
+static void module_free(void *m)
+{
+    module_clear((PyObject *)m);
+}
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, module_exec},
+#if PY_VERSION_HEX >= 0x030C0000
+    /* the core keeps no Python state outside module state; its process-wide tables are mutex-guarded */
+    {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
+#endif
+#if PY_VERSION_HEX >= 0x030D0000
+    {Py_mod_gil, Py_MOD_GIL_NOT_USED},
+#endif
+    {0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "fuser._C",
+    .m_doc = module_doc,
+    .m_size = sizeof(fuser_state),
+    .m_methods = module_methods,
+    .m_slots = module_slots,
+    .m_traverse = module_traverse,
+    .m_clear = module_clear,
+    .m_free = module_free,
+};
+
+PyMODINIT_FUNC PyInit__C(void)
+{
+    return PyModuleDef_Init(&module_def);
+}

@@ -1,0 +1,30 @@
+/* main.c: the C core's unit-test runner. Add each new test function to the table. */
+#include <stdio.h>
+
+#include "ctest.h"
+
+int ctest_failures;
+int ctest_checks;
+
+void test_tensor_validation(void);
+void test_ffn_validation(void);
+
+static const struct { const char *name; void (*fn)(void); } tests[] = {
+    {"tensor_validation", test_tensor_validation},
+    {"ffn_validation", test_ffn_validation},
+};
+
+int main(int argc, char **argv)
+{
+    int ran = 0;
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
+        if (argc > 1 && !strstr(tests[i].name, argv[1]))
+            continue;
+        int before = ctest_failures;
+        tests[i].fn();
+        printf("%-32s %s\n", tests[i].name, ctest_failures == before ? "ok" : "FAILED");
+        ran++;
+    }
+    printf("%d tests, %d checks, %d failures\n", ran, ctest_checks, ctest_failures);
+    return ctest_failures ? 1 : 0;
+}

@@ -1,0 +1,32 @@
+"""Shared test helpers: the Hopper-GPU gate and fresh random inputs."""
+import functools
+
+import pytest
+import torch
+
+
+@functools.lru_cache(maxsize=None)
+def hopper_reason():
+    """None when a Hopper GPU with a working fused path is present, else why not (the skip reason)."""
+    if not torch.cuda.is_available():
+        return "no CUDA GPU on this machine"
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) != (9, 0):
+        return f"GPU is sm_{major}{minor}, not Hopper (sm_90)"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = hopper_reason()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=f"needs an NVIDIA Hopper GPU: {reason}")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def rel_error(y, ref):
+    """||y - ref|| / ||ref|| in float64; NaN anywhere gives NaN (which fails every bound)."""
+    y, ref = y.double(), ref.double()
+    return float((y - ref).norm() / ref.norm().clamp_min(1e-300))

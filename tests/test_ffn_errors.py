@@ -1,0 +1,184 @@
+"""Every bad input to fuser.ffn raises a specific exception that names the argument, the expected and
+the actual value; none crashes, and the valid edge cases (M = 0, 1-D x, grad-requiring inputs) work."""
+import pytest
+import torch
+
+import fuser
+from dlpack_producer import KDLCUDA, FakeExporter, Producer
+
+K, N, L, M = 16, 48, 24, 5
+
+
+def args(dtype=torch.bfloat16, gated=False, bias=False):
+    g = torch.Generator().manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
+    a = dict(x=r(M, K), w_up=r(N, K), w_down=r(L, N))
+    if gated:
+        a["w_gate"] = r(N, K)
+    if bias:
+        a.update(b_up=r(N), b_down=r(L))
+        if gated:
+            a["b_gate"] = r(N)
+    return a
+
+
+def call(**over):
+    a = args(gated="w_gate" in over or "b_gate" in over)
+    a.update(over)
+    return fuser.ffn(**a)
+
+
+def test_valid_baseline():
+    assert call().shape == (M, L)
+
+
+@pytest.mark.parametrize("name", ["x", "w_up", "w_down"])
+def test_wrong_dtype(name):
+    a = args()
+    a[name] = a[name].double()
+    with pytest.raises(TypeError, match=rf"{name}: dtype float64 is not supported; expected bfloat16, float16 or float32"):
+        fuser.ffn(**a)
+    a[name] = a[name].to(torch.int32)
+    with pytest.raises(TypeError, match=rf"{name}: dtype int32"):
+        fuser.ffn(**a)
+
+
+@pytest.mark.parametrize("name", ["w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down"])
+def test_mixed_dtypes(name):
+    a = args(gated=True, bias=True)
+    a[name] = a[name].half()
+    with pytest.raises(TypeError, match=rf"{name}: dtype float16 does not match x's dtype bfloat16"):
+        fuser.ffn(**a)
+
+
+@pytest.mark.parametrize("name,shape,match", [
+    ("w_up", (N, K + 1), r"w_up: expected shape \[d_ff, 16\].*got \[48, 17\]"),
+    ("w_up", (N,), r"w_up: expected shape \[d_ff, 16\].*got \[48\]"),
+    ("w_up", (1, N, K), r"w_up: expected shape \[d_ff, 16\].*got \[1, 48, 16\]"),
+    ("w_down", (L, N + 2), r"w_down: expected shape \[d_out, 48\].*got \[24, 50\]"),
+    ("w_down", (N, L), r"w_down: expected shape \[d_out, 48\].*got \[48, 24\]"),
+    ("w_gate", (N + 1, K), r"w_gate: expected shape \[48, 16\] \(the same shape as w_up\), got \[49, 16\]"),
+    ("b_up", (N + 1,), r"b_up: expected shape \[48\] \(\[d_ff\]\), got \[49\]"),
+    ("b_up", (1, N), r"b_up: expected shape \[48\]"),
+    ("b_gate", (K,), r"b_gate: expected shape \[48\]"),
+    ("b_down", (N,), r"b_down: expected shape \[24\] \(\[d_out\]\), got \[48\]"),
+])
+def test_wrong_shapes(name, shape, match):
+    a = args(gated=True, bias=True)
+    a[name] = torch.randn(*shape).bfloat16()
+    with pytest.raises(ValueError, match=match):
+        fuser.ffn(**a)
+
+
+def test_zero_sized_and_degenerate_inputs():
+    a = args()
+    a["x"] = torch.randn(0, K).bfloat16()
+    assert fuser.ffn(**a).shape == (0, L)  # an empty batch is handled
+    a["x"] = torch.randn(K).bfloat16()
+    assert fuser.ffn(**a).shape == (L,)  # a 1-D x is one token
+    a["x"] = torch.randn(2, 3, 4, K).bfloat16()
+    assert fuser.ffn(**a).shape == (2, 3, 4, L)  # leading dimensions are tokens
+    a["x"] = torch.tensor(1.0).bfloat16()
+    with pytest.raises(ValueError, match="x: expected a tensor of shape \\[..., d_model\\]"):
+        fuser.ffn(**a)
+    with pytest.raises(ValueError, match="d_model\\) is 0"):
+        fuser.ffn(torch.randn(3, 0).bfloat16(), torch.randn(N, 0).bfloat16(), torch.randn(L, N).bfloat16())
+    with pytest.raises(ValueError, match="w_up: expected shape .*d_ff >= 1"):
+        fuser.ffn(torch.randn(3, K).bfloat16(), torch.randn(0, K).bfloat16(), torch.randn(L, 0).bfloat16())
+    with pytest.raises(ValueError, match="w_down: expected shape .*d_out >= 1"):
+        fuser.ffn(torch.randn(3, K).bfloat16(), torch.randn(N, K).bfloat16(), torch.randn(0, N).bfloat16())
+
+
+@pytest.mark.parametrize("name,make", [
+    ("x", lambda a: torch.randn(K, M).bfloat16().t()),
+    ("x", lambda a: torch.randn(M, 2 * K).bfloat16()[:, ::2]),
+    ("w_up", lambda a: torch.randn(K, N).bfloat16().t()),
+    ("w_down", lambda a: torch.randn(L, 2 * N).bfloat16()[:, N:]),
+    ("b_up", lambda a: torch.randn(2 * N).bfloat16()[::2]),
+])
+def test_non_contiguous(name, make):
+    a = args(bias=True)
+    a[name] = make(a)
+    with pytest.raises(ValueError, match=rf"{name}: strides .* are not contiguous row-major; pass {name}.contiguous\(\)"):
+        fuser.ffn(**a)
+
+
+def test_unaligned():
+    a = args()
+    a["x"] = torch.randn(M * K + 1).bfloat16()[1:].view(M, K)  # starts 2 bytes into the allocation
+    with pytest.raises(ValueError, match="x: data address 0x[0-9a-f]+ is not 16-byte aligned"):
+        fuser.ffn(**a)
+
+
+def test_tensors_on_different_devices():
+    """Without a GPU, a DLPack producer that claims CUDA stands in for a CUDA tensor."""
+    p = Producer()
+    a = args(dtype=torch.float32)
+    a["w_down"] = FakeExporter(p, device=(KDLCUDA, 0), shape=(L, N), dtype="float32")
+    with pytest.raises(ValueError, match="w_down is on cuda:0 but x is on cpu"):
+        fuser.ffn(**a)
+    assert p.deleted == 1
+
+
+@pytest.mark.parametrize("activation,exc,match", [
+    ("swish", ValueError, r"activation: unknown activation 'swish'; expected one of relu, gelu, gelu_tanh, silu"),
+    ("GELU", ValueError, "unknown activation 'GELU'"),
+    ("", ValueError, "unknown activation ''"),
+    (3, TypeError, "activation: expected a str"),
+])
+def test_unknown_activation(activation, exc, match):
+    with pytest.raises(exc, match=match):
+        call(activation=activation)
+
+
+def test_capsules_and_non_tensors():
+    a = args()
+    a["x"] = a["x"].__dlpack__(max_version=(1, 0))
+    with pytest.raises(TypeError, match="x: got a raw DLPack capsule"):
+        fuser.ffn(**a)
+    a = args()
+    cap = torch.utils.dlpack.to_dlpack(a["w_up"])
+    torch.from_dlpack(cap)  # consumed
+    a["w_up"] = cap
+    with pytest.raises(TypeError, match="w_up: got a raw DLPack capsule"):
+        fuser.ffn(**a)
+    for bad in ([[1.0] * K] * M, "x", 1.5):
+        a = args()
+        a["x"] = bad
+        with pytest.raises(TypeError, match="x: expected a tensor"):
+            fuser.ffn(**a)
+
+
+def test_b_gate_without_w_gate():
+    a = args()
+    a["b_gate"] = torch.randn(N).bfloat16()
+    with pytest.raises(ValueError, match="b_gate: given without w_gate"):
+        fuser.ffn(**a)
+
+
+def test_out_checks():
+    a = args()
+    with pytest.raises(ValueError, match=r"out: expected shape \[5, 24\] .*got \[5, 16\]"):
+        fuser.ffn(out=torch.empty(M, K).bfloat16(), **a)
+    with pytest.raises(ValueError, match=r"out: expected shape \[5, 24\]"):
+        fuser.ffn(out=torch.empty(M * L).bfloat16(), **a)
+    with pytest.raises(TypeError, match="out: dtype float32 does not match"):
+        fuser.ffn(out=torch.empty(M, L), **a)
+    # out aliasing an input: x itself (d_out == d_model here), and a view into w_up's memory
+    a2 = args()
+    a2["w_down"] = torch.randn(K, N).bfloat16()
+    with pytest.raises(ValueError, match="out: its memory overlaps x"):
+        fuser.ffn(out=a2["x"], **a2)
+    with pytest.raises(ValueError, match="out: its memory overlaps w_up"):
+        fuser.ffn(out=a["w_up"].view(-1)[: M * L].view(M, L), **a)
+
+
+def test_grad_requiring_inputs_are_passed_as_detached_views():
+    a = {k: v.float().requires_grad_() for k, v in args().items()}
+    y = fuser.ffn(**a)
+    assert y.requires_grad
+    with pytest.raises(ValueError, match="out= does not support autograd"):
+        fuser.ffn(out=torch.empty(M, L), **a)
+    with torch.no_grad():
+        out = torch.empty(M, L)
+        assert fuser.ffn(out=out, **a) is out
