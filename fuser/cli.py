@@ -2,6 +2,7 @@
 
 Commands:
     env     what fuser found (driver, GPU, NVRTC, cache) and whether the fused path is available
+    plan    plan one FFN shape and explain the choice (or print the top plans, or the JSON)
     demo    run a small random LLaMA-shaped FFN through fuser.ffn and check it against float64
 """
 from __future__ import annotations
@@ -13,6 +14,25 @@ import sys
 def _cmd_env(args):
     import fuser
     print(fuser.env(args.device))
+    return 0
+
+
+def _cmd_plan(args):
+    import json
+
+    import fuser
+    kw = dict(d_out=args.d_out, gated=args.gated, activation=args.activation, bias=args.bias, dtype=args.dtype,
+              target=args.target)
+    if args.fused is not None:
+        kw["fused"] = args.fused == "yes"
+    if args.dataflow:
+        kw["dataflows"] = args.dataflow
+    if args.top > 1:
+        for i, p in enumerate(fuser.plans(args.tokens, args.d_model, args.d_ff, k=args.top, **kw)):
+            print(f"{i + 1:3d}. {p.summary()}")
+        return 0
+    p = fuser.plan(args.tokens, args.d_model, args.d_ff, **kw)
+    print(json.dumps(p.to_dict(), indent=2) if args.json else p.explain())
     return 0
 
 
@@ -61,6 +81,21 @@ def main(argv=None):
     p = sub.add_parser("env", help="show what fuser found and whether the fused path is available")
     p.add_argument("--device", type=int, default=None, help="CUDA device ordinal (default: current)")
     p.set_defaults(func=_cmd_env)
+    p = sub.add_parser("plan", help="plan one FFN shape and explain the choice")
+    p.add_argument("--tokens", "-m", type=int, required=True, help="tokens (M)")
+    p.add_argument("--d-model", type=int, required=True)
+    p.add_argument("--d-ff", type=int, required=True)
+    p.add_argument("--d-out", type=int, default=None, help="output width (default: d_model)")
+    p.add_argument("--gated", action="store_true", help="gated FFN (SwiGLU with silu, GeGLU with gelu)")
+    p.add_argument("--activation", default="gelu", choices=["relu", "gelu", "gelu_tanh", "silu"])
+    p.add_argument("--bias", action="store_true")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--target", default=None, help="h200 or h100 (default: this machine's GPU, else h200)")
+    p.add_argument("--fused", choices=["yes", "no"], default=None, help="force or forbid fusion")
+    p.add_argument("--dataflow", action="append", help="require a dataflow (repeatable)")
+    p.add_argument("--top", type=int, default=1, help="list the best N plans instead of explaining one")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=_cmd_plan)
     p = sub.add_parser("demo", help="run a random LLaMA-shaped FFN and check it against float64")
     p.add_argument("--d-model", type=int, default=512)
     p.add_argument("--d-ff", type=int, default=1376)

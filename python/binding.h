@@ -54,5 +54,11 @@ PyObject *fuser_py_dlpack_info(PyObject *module, PyObject *args, PyObject *kwarg
 PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fuser_py_env(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fuser_py_embedded_headers(PyObject *module, PyObject *noargs);
+PyObject *fuser_py_search(PyObject *module, PyObject *args, PyObject *kwargs);
+PyObject *fuser_py_derive(PyObject *module, PyObject *args, PyObject *kwargs);
+PyObject *fuser_py_simulate(PyObject *module, PyObject *args, PyObject *kwargs);
+PyObject *fuser_py_targets(PyObject *module, PyObject *noargs);
+PyObject *fuser_py_target_for_device(PyObject *module, PyObject *args, PyObject *kwargs);
+PyObject *fuser_py_rules(PyObject *module, PyObject *noargs);
 
 #endif /* FUSER_BINDING_H */

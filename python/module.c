@@ -51,6 +51,16 @@ static PyMethodDef module_methods[] = {
     {"ffn_check", (PyCFunction)(void (*)(void))fuser_py_ffn_check, METH_VARARGS | METH_KEYWORDS, ffn_check_doc},
     {"env", (PyCFunction)(void (*)(void))fuser_py_env, METH_VARARGS | METH_KEYWORDS, env_doc},
     {"embedded_headers", fuser_py_embedded_headers, METH_NOARGS, embedded_headers_doc},
+    {"search", (PyCFunction)(void (*)(void))fuser_py_search, METH_VARARGS | METH_KEYWORDS,
+     "search(chain, target, k=1, constraints=None) -> (plans, stats): the k best plans."},
+    {"derive", (PyCFunction)(void (*)(void))fuser_py_derive, METH_VARARGS | METH_KEYWORDS,
+     "derive(plan, target) -> plan: validate, re-derive and re-cost a plan dict."},
+    {"simulate", (PyCFunction)(void (*)(void))fuser_py_simulate, METH_VARARGS | METH_KEYWORDS,
+     "simulate(plan, target, x, w_up, w_down, w_gate, b_up, b_gate, b_down, y) -> (traffic, barriers, flops)."},
+    {"targets", fuser_py_targets, METH_NOARGS, "targets() -> the built-in GPU targets."},
+    {"target_for_device", (PyCFunction)(void (*)(void))fuser_py_target_for_device, METH_VARARGS | METH_KEYWORDS,
+     "target_for_device(name, cc, sm_count, ...) -> a target built from a device's properties."},
+    {"rules", fuser_py_rules, METH_NOARGS, "rules() -> [(name, level, why)]: the pruning rules."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -8,10 +8,18 @@ int ctest_checks;
 
 void test_tensor_validation(void);
 void test_ffn_validation(void);
+void test_half_rounding(void);
+void test_plan_derive_errors(void);
+void test_search_accounting(void);
+void test_interpreter_checks(void);
 
 static const struct { const char *name; void (*fn)(void); } tests[] = {
     {"tensor_validation", test_tensor_validation},
     {"ffn_validation", test_ffn_validation},
+    {"half_rounding", test_half_rounding},
+    {"plan_derive_errors", test_plan_derive_errors},
+    {"search_accounting", test_search_accounting},
+    {"interpreter_checks", test_interpreter_checks},
 };
 
 int main(int argc, char **argv)

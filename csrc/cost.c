@@ -1,0 +1,191 @@
+/* cost.c: the analytical cost model: exact bytes per memory level and a time breakdown for a plan.
+ *
+ * Every byte count here is a closed form of the schedule in include/fuser/plan.h; csrc/interp.c
+ * executes the same schedule and counts the same bytes one load at a time. Sums over blocks factor
+ * into products because a block's in-bounds extent along tokens, d_ff, d_model and output depends
+ * only on its coordinate along that dimension (e.g. summed over all blocks, the in-bounds d_ff
+ * columns of every chunk add up to exactly d_ff). */
+#include "fuser/cost.h"
+
+#include <math.h>
+
+/* Compulsory global bytes of a chain: inputs once, output once. */
+static double compulsory_bytes(const fuser_chain *c)
+{
+    const double e = c->dtype == FUSER_F32 ? 4 : 2;
+    double w = (double)c->n * c->k * (c->gated ? 2 : 1) + (double)c->l * c->n;
+    double b = (double)c->n * (c->bias_up + c->bias_gate) + (double)c->l * c->bias_down;
+    return e * ((double)c->m * c->k + w + b + (double)c->m * c->l);
+}
+
+static double chain_flops(const fuser_chain *c)
+{
+    return 2.0 * c->m * c->n * ((double)c->k * (c->gated ? 2 : 1) + c->l);
+}
+
+double fuser_chain_floor_us(const fuser_chain *c, const fuser_target *t)
+{
+    double tc = chain_flops(c) / (t->mma_tflops * 1e6);
+    double tm = compulsory_bytes(c) / (t->hbm_gbs * 1e3);
+    return tc > tm ? tc : tm;
+}
+
+/* Global (l2) bytes by phase: GEMM1 operands, GEMM2 operands, and the rest (outputs, workspace). */
+typedef struct {
+    int64_t g1, g2, rest;
+} l2_split;
+
+static void traffic(const fuser_plan *p, fuser_traffic *out, l2_split *split)
+{
+    const fuser_chain *c = &p->chain;
+    const int64_t M = c->m, K = c->k, N = c->n, L = c->l;
+    const int64_t rows_blocks = p->grid_m * p->cls_m;   /* distinct (cm, im) */
+    const int64_t cols_blocks = p->grid_n * p->cls_n;   /* distinct (cn, in) */
+    const int64_t kmul = p->cls_k / p->ksplit;          /* 2 in gated spatial mode: gate and up blocks */
+    const int64_t nbias1 = c->bias_up + c->bias_gate;
+    const int64_t B = p->blocks, J = p->n_iters, LC = p->lc;
+    const int64_t bm = p->bm, bn = p->bn, bl = p->bl, sw = p->sw;
+
+    /* l2: every global load/store, in-bounds bytes */
+    l2_split s = {0, 0, 0};
+    s.g1 += 2 * M * K * J * cols_blocks * kmul;               /* X tiles, once per d_ff chunk */
+    s.g1 += 2 * p->parts * kmul * N * K * rows_blocks;        /* W_up / W_gate tiles */
+    s.g1 += 2 * nbias1 * N * rows_blocks * p->cls_k;          /* b_up / b_gate, every replica */
+    s.g2 += 2 * L * N * rows_blocks;                          /* W_down tiles */
+    s.rest += 2 * c->bias_down * L * rows_blocks;             /* b_down, once per stored share */
+    s.rest += 2 * M * L;                                      /* Y */
+    int64_t ws = 0;
+    if (p->grid_n > 1) {
+        ws = 2 * B * LC * bm * sw * 4;                        /* partial shares written, then read */
+        s.rest += ws + 4 * B * LC + 4 * p->tickets;           /* + ticket atomics and resets */
+    }
+    int64_t l2 = s.g1 + s.g2 + s.rest;
+    /* hbm: compulsory bytes plus the workspace round trip */
+    int64_t hbm = (int64_t)compulsory_bytes(c) + ws;
+    /* dsm: reads of peers' shared memory */
+    int64_t dsm = B * J * (p->cls_k - 1) * p->parts * bm * bn * 4      /* all_exchange */
+                + B * J * (p->cls_shuffle - 1) * bm * bn * 2          /* shuffle */
+                + B * LC * (p->cls_reduce - 1) * bm * sw * 4;         /* reduce_scatter */
+    /* smem: bytes written into shared memory */
+    int64_t smem = p->grid_m * p->grid_n * p->cls_m * p->cls_n * kmul * p->kt * J * (bm + p->parts * bn) *
+                   FUSER_BK * 2;                                      /* GEMM1 operand tiles */
+    smem += (p->cls_k > 1) * B * J * p->parts * bm * bn * 4;           /* published partials */
+    smem += B * J * p->cls_shuffle * bm * bn * 2;                      /* own H + copied slices */
+    smem += B * LC * p->cls_shuffle * J * bl * bn * 2;                 /* GEMM2 operand tiles */
+    smem += (p->cls_reduce > 1) * B * LC * bm * bl * 4;                /* published output partials */
+    out->hbm = hbm;
+    out->l2 = l2;
+    out->dsm = dsm;
+    out->smem = smem;
+    if (split)
+        *split = s;
+}
+
+void fuser_plan_traffic(const fuser_plan *p, fuser_traffic *out)
+{
+    traffic(p, out, NULL);
+}
+
+/* Bandwidth (bytes/s) the busy SMs pull from L2 when each keeps (stages - 1) tiles of
+ * `stage_bytes` in flight: the lesser of L2's aggregate rate and Little's law per SM. */
+static double l2_bw(const fuser_target *t, const fuser_plan *p, double sms, double stage_bytes)
+{
+    double per_sm = fmin(t->sm_load_gbs * 1e9, (p->stages - 1) * stage_bytes / (t->mem_latency_us * 1e-6));
+    return fmin(t->l2_gbs * 1e9, sms * per_sm);
+}
+
+/* Time of one library GEMM [m x k] x [k x n] (+ bias) as a separate kernel. */
+static double gemm_us(const fuser_target *t, double m, double k, double n, double e)
+{
+    /* NOTE: cuBLAS reaches ~0.87 of the burst matmul rate at large shapes (1.12-1.16x floor). */
+    double tc = 2 * m * k * n / (t->mma_tflops * 0.87 * 1e6);
+    double tm = e * (m * k + k * n + m * n) / (t->hbm_gbs * t->small_gemm_eff * 1e3);
+    return t->launch_us + (tc > tm ? tc : tm);
+}
+
+/* The unfused path as fuser runs it: PyTorch eager ops (cuBLAS GEMMs with fused bias, separate
+ * activation and product kernels, the intermediate through HBM). */
+static void cost_unfused(fuser_plan *p, const fuser_target *t)
+{
+    const fuser_chain *c = &p->chain;
+    const double e = c->dtype == FUSER_F32 ? 4 : 2, M = (double)c->m, K = (double)c->k, N = (double)c->n,
+                 L = (double)c->l;
+    fuser_cost *k = &p->cost;
+    /* the intermediate's HBM passes: plain: GEMM1 writes H, act reads and writes it, GEMM2 reads it (4);
+     * gated: gate and up written (2), act r+w (2), product reads 2 and writes 1 (3), GEMM2 reads (1): 8.
+     * The gated path also reads x twice. */
+    double ew_bytes = c->gated ? e * M * N * 5 : e * M * N * 2; /* the elementwise kernels' share */
+    double hbm = compulsory_bytes(c) + e * M * N * (c->gated ? 8 : 4) + (c->gated ? e * M * K : 0);
+    k->compute = gemm_us(t, M, K, N, e) * (c->gated ? 2 : 1) + gemm_us(t, M, N, L, e) - t->launch_us * (c->gated ? 3 : 2);
+    k->hbm = ew_bytes / (t->hbm_gbs * 1e3);
+    k->l2 = k->dsm = k->smem = k->sync = k->tail = 0;
+    k->launch = t->launch_us * (c->gated ? 5 : 3);
+    k->total = k->compute + k->hbm + k->launch;
+    k->useful_flops = k->flops = chain_flops(c);
+    k->waves = 0;
+    k->sms_used = t->sm_count;
+    p->traffic.hbm = (int64_t)hbm;
+    p->traffic.l2 = (int64_t)hbm;
+    p->traffic.dsm = p->traffic.smem = 0;
+}
+
+void fuser_plan_cost(fuser_plan *p, const fuser_target *t)
+{
+    if (!p->fused) {
+        cost_unfused(p, t);
+        return;
+    }
+    l2_split split;
+    traffic(p, &p->traffic, &split);
+    fuser_cost *k = &p->cost;
+    const int ci = fuser_cluster_size_index(p->cluster_size);
+    /* co-residency: blocks per SM by shared memory and registers, then clusters per wave */
+    int regs = (p->regs_est + 7) / 8 * 8;
+    int bps = t->smem_per_sm / (p->smem_bytes + 1024);
+    int by_regs = t->regs_per_sm / (FUSER_THREADS * regs);
+    if (by_regs < bps)
+        bps = by_regs;
+    if (bps > 8)
+        bps = 8;
+    if (bps < 1)
+        bps = 1;
+    int64_t per_wave = (int64_t)t->usable_sms[ci] * bps / p->cluster_size;
+    if (per_wave < 1)
+        per_wave = 1;
+    k->waves = (int)fuser_ceil_div(p->clusters, per_wave);
+    int64_t wave_blocks = fuser_min64(p->blocks, per_wave * p->cluster_size);
+    int64_t sms = fuser_min64(wave_blocks, t->usable_sms[ci]);
+    int share = (int)fuser_ceil_div(wave_blocks, sms); /* blocks sharing one SM */
+    k->sms_used = (int)sms;
+
+    const double clk = t->clock_ghz * 1e9;
+    const double kmul = p->cls_k / p->ksplit;
+    double f1 = (double)p->grid_m * p->grid_n * p->cls_m * p->cls_n * kmul * p->kt * FUSER_BK * p->n_iters *
+                p->parts * p->bm * p->bn * 2;
+    double f2 = (double)p->blocks * p->lc * p->bm * p->bl * p->cls_shuffle * p->n_iters * p->bn * 2;
+    k->flops = f1 + f2;
+    k->useful_flops = chain_flops(&p->chain);
+    /* compute: each wave runs its blocks' FLOPs on `sms` SMs at the main loop's rate */
+    double sm_rate = t->mma_tflops * 1e12 / t->sm_count * t->fused_mma_eff;
+    double per_block = k->flops / p->blocks;
+    k->compute = k->waves * per_block * share / sm_rate * 1e6;
+    const double stage1 = (double)(p->bm + p->parts * p->bn) * FUSER_BK * 2;
+    const double stage2 = (double)p->bl * (p->bn < FUSER_BK2 ? p->bn : FUSER_BK2) * 2;
+    k->l2 = (split.g1 / l2_bw(t, p, sms, stage1) + split.g2 / l2_bw(t, p, sms, stage2) +
+             split.rest / fmin(t->l2_gbs * 1e9, sms * t->sm_load_gbs * 1e9)) * 1e6;
+    /* HBM cannot stream faster than the SMs have loads in flight either */
+    double hbm_bw = fmin(t->hbm_gbs * 1e9, l2_bw(t, p, sms, stage1 < stage2 ? stage1 : stage2));
+    k->hbm = p->traffic.hbm / hbm_bw * 1e6;
+    k->dsm = ci > 0 ? p->traffic.dsm / (sms * t->dsm_bytes_per_clk[ci] * clk) * 1e6 : 0;
+    k->smem = p->traffic.smem / (sms * t->smem_bytes_per_clk * clk) * 1e6;
+    k->sync = k->waves * (double)p->barriers * t->barrier_cycles / clk * 1e6;
+    /* NOTE: each barrier-separated GEMM phase starts with an empty pipeline: ~1 global round trip
+     * (~1200 cycles) per d_ff chunk and per output chunk; the final workspace pass of
+     * inter_cluster_reduce is serial after the last partial lands. */
+    k->tail = k->waves * (double)(p->n_iters + p->lc) * 1200.0 / clk * 1e6;
+    if (p->grid_n > 1)
+        k->tail += (double)p->grid_n * p->bm * p->sw * 4 * p->lc / (t->sm_load_gbs * 1e9) * 1e6;
+    k->launch = t->launch_us;
+    double body = fmax(fmax(k->compute, k->hbm), fmax(fmax(k->l2, k->dsm), k->smem));
+    k->total = k->launch + body + k->sync + k->tail;
+}

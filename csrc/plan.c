@@ -1,0 +1,196 @@
+/* plan.c: a plan's derived geometry (grid, buffers, barriers, dataflows) and its hardware checks.
+ * The semantics are in include/fuser/plan.h; the cost model is in cost.c, the search in search.c. */
+#include "fuser/plan.h"
+
+#include <stdio.h>
+#include <string.h>
+
+int64_t fuser_min64(int64_t a, int64_t b) { return a < b ? a : b; }
+int64_t fuser_max64(int64_t a, int64_t b) { return a > b ? a : b; }
+int64_t fuser_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int64_t fuser_in_bounds(int64_t begin, int64_t len, int64_t limit)
+{
+    int64_t v = fuser_min64(begin + len, limit) - begin;
+    return v < 0 ? 0 : v > len ? len : v;
+}
+
+static const char *const df_names[FUSER_NUM_DATAFLOWS] = {"all_exchange", "shuffle", "reduce_scatter",
+                                                          "inter_cluster_reduce"};
+
+const char *fuser_dataflow_name(int i)
+{
+    return i >= 0 && i < FUSER_NUM_DATAFLOWS ? df_names[i] : NULL;
+}
+
+void fuser_plan_dataflow_str(const fuser_plan *p, char *buf, size_t n)
+{
+    if (!p->fused) {
+        snprintf(buf, n, "unfused");
+        return;
+    }
+    buf[0] = '\0';
+    for (int i = 0; i < FUSER_NUM_DATAFLOWS; i++)
+        if (p->dataflows & (1 << i)) {
+            if (buf[0])
+                fuser_strlcat(buf, "+", n);
+            fuser_strlcat(buf, df_names[i], n);
+        }
+    if (!buf[0])
+        snprintf(buf, n, "local");
+}
+
+void fuser_plan_unfused(const fuser_chain *c, fuser_plan *p)
+{
+    memset(p, 0, sizeof *p);
+    p->chain = *c;
+}
+
+static int pow2_upto16(int v) { return fuser_cluster_size_index(v) >= 0; }
+
+/* Cluster barriers each block passes, following the schedule in the header (and interp.c). */
+static int count_barriers(const fuser_plan *p)
+{
+    int b = 0;
+    if (p->order == FUSER_ORDER_N_OUTER) {
+        for (int j = 0; j < p->n_iters; j++) {
+            b += p->cls_k > 1;                                   /* partials published */
+            b += p->cls_k > 1 || p->cls_shuffle > 1;             /* H published, exchange buffer free */
+            b += p->cls_shuffle > 1 && j < p->n_iters - 1;       /* peers done copying my H slot */
+        }
+        b += p->cls_reduce > 1;                                  /* output partials published */
+    } else {
+        b += 2 * (p->cls_k > 1) * p->n_iters;                    /* publish partials; buffer free */
+        b += p->cls_shuffle > 1 && p->cls_k == 1;                /* all H published */
+        if (p->cls_reduce > 1)
+            b += 2 * p->lc - 1;                                  /* per chunk: publish; free (not after the last) */
+    }
+    if (p->cluster_size > 1)
+        b += 2;                                                  /* entry and exit */
+    return b;
+}
+
+static int align128(int64_t v) { return (int)((v + 127) / 128 * 128); }
+
+int fuser_plan_derive(fuser_plan *p, fuser_err *err)
+{
+    const fuser_chain *c = &p->chain;
+    if (fuser_chain_check(c, err))
+        return err->code;
+    if (!p->fused)
+        return FUSER_OK;
+    if (c->m < 1)
+        return fuser_fail(err, FUSER_E_VALUE, "a fused plan needs m >= 1 (an empty batch launches nothing)");
+    if (c->dtype == FUSER_F32)
+        return fuser_fail(err, FUSER_E_VALUE, "fused plans compute in 16-bit (bfloat16 or float16), not float32");
+    if (!pow2_upto16(p->cls_m) || !pow2_upto16(p->cls_n) || !pow2_upto16(p->cls_k) || !pow2_upto16(p->cls_l))
+        return fuser_fail(err, FUSER_E_VALUE, "cluster (%d, %d, %d, %d): every extent must be 1, 2, 4, 8 or 16",
+                          p->cls_m, p->cls_n, p->cls_k, p->cls_l);
+    p->cluster_size = p->cls_m * p->cls_n * p->cls_k;
+    if (p->cluster_size > 16)
+        return fuser_fail(err, FUSER_E_VALUE, "cluster (%d, %d, %d, %d) has %d blocks; at most 16", p->cls_m,
+                          p->cls_n, p->cls_k, p->cls_l, p->cluster_size);
+    if (p->cls_l % p->cls_k || (p->cls_n * p->cls_k) % p->cls_l)
+        return fuser_fail(err, FUSER_E_VALUE,
+                          "cluster (%d, %d, %d, %d): cls_l must be a multiple of cls_k and divide cls_n * cls_k",
+                          p->cls_m, p->cls_n, p->cls_k, p->cls_l);
+    if (p->bm != 16 && p->bm != 32 && p->bm != 64 && p->bm != 128)
+        return fuser_fail(err, FUSER_E_VALUE, "bm = %d: must be 16, 32, 64 or 128", p->bm);
+    if (!(p->bn == 32 || (p->bn % 64 == 0 && p->bn >= 64 && p->bn <= 256)))
+        return fuser_fail(err, FUSER_E_VALUE, "bn = %d: must be 32 or a multiple of 64 up to 256", p->bn);
+    if (p->bl < 32 || p->bl > 256 || p->bl % 32)
+        return fuser_fail(err, FUSER_E_VALUE, "bl = %d: must be a multiple of 32 in [32, 256]", p->bl);
+    if (p->n_iters < 1 || p->n_iters > 4096)
+        return fuser_fail(err, FUSER_E_VALUE, "n_iters = %d: must be in [1, 4096]", p->n_iters);
+    if (p->stages < 1 || p->stages > 8)
+        return fuser_fail(err, FUSER_E_VALUE, "stages = %d: must be in [1, 8]", p->stages);
+    if (p->order != FUSER_ORDER_N_OUTER && p->order != FUSER_ORDER_L_OUTER)
+        return fuser_fail(err, FUSER_E_VALUE, "unknown loop order %d", (int)p->order);
+    if (c->gated ? (p->gate_mode != FUSER_GATE_SPATIAL && p->gate_mode != FUSER_GATE_SEQUENTIAL)
+                 : p->gate_mode != FUSER_GATE_NONE)
+        return fuser_fail(err, FUSER_E_VALUE, "gate mode %d does not fit a %s chain", (int)p->gate_mode,
+                          c->gated ? "gated" : "plain");
+    if (p->gate_mode == FUSER_GATE_SPATIAL && p->cls_k % 2)
+        return fuser_fail(err, FUSER_E_VALUE, "gated spatial mode puts gate and up on different blocks: cls_k "
+                          "must be even, got %d", p->cls_k);
+
+    p->cls_shuffle = p->cls_l / p->cls_k;
+    p->cls_reduce = p->cls_n * p->cls_k / p->cls_l;
+    p->ksplit = p->gate_mode == FUSER_GATE_SPATIAL ? p->cls_k / 2 : p->cls_k;
+    p->parts = p->gate_mode == FUSER_GATE_SEQUENTIAL ? 2 : 1;
+    p->warps_m = p->bm / 16 < 4 ? p->bm / 16 : 4;
+    p->warps_n = (FUSER_THREADS / 32) / p->warps_m;
+    if (p->bn % (8 * p->warps_n) || p->bl % (8 * p->warps_n))
+        return fuser_fail(err, FUSER_E_VALUE, "bn = %d and bl = %d must be multiples of %d (8 columns x %d warps)",
+                          p->bn, p->bl, 8 * p->warps_n, p->warps_n);
+    if (p->bl % p->cls_reduce || (p->bl / p->cls_reduce) % 8)
+        return fuser_fail(err, FUSER_E_VALUE, "bl = %d must split into %d shares of a multiple of 8 columns",
+                          p->bl, p->cls_reduce);
+    p->sw = p->bl / p->cls_reduce;
+    p->kt = fuser_ceil_div(c->k, FUSER_BK);
+    p->kts = fuser_ceil_div(p->kt, p->ksplit);
+    p->nb = (int64_t)p->bn * p->n_iters;
+    p->nc = p->nb * p->cls_n;
+    p->grid_n = fuser_ceil_div(c->n, p->nc);
+    p->grid_m = fuser_ceil_div(c->m, (int64_t)p->cls_m * p->bm);
+    p->lp = fuser_ceil_div(fuser_ceil_div(c->l, p->cls_l), p->bl) * p->bl;
+    p->lc = (int)(p->lp / p->bl);
+    if (p->order == FUSER_ORDER_N_OUTER && p->lc != 1)
+        return fuser_fail(err, FUSER_E_VALUE,
+                          "n_outer keeps a block's output part in registers: it must be one chunk, but %lld "
+                          "columns per part need %d chunks of bl = %d", (long long)p->lp, p->lc, p->bl);
+    p->clusters = p->grid_m * p->grid_n;
+    p->blocks = p->clusters * p->cluster_size;
+    p->m_pad = p->grid_m * p->cls_m * p->bm;
+    p->l_pad = p->cls_l * p->lp;
+
+    const int k2 = p->bn < FUSER_BK2 ? p->bn : FUSER_BK2;
+    const int64_t pipe1 = (int64_t)p->stages * (p->bm + (int64_t)p->bn * p->parts) * FUSER_BK * 2;
+    const int64_t pipe2 = (int64_t)p->stages * p->bl * k2 * 2;
+    const int64_t xb1 = p->cls_k > 1 ? (int64_t)p->parts * p->bm * p->bn * 4 : 0;
+    const int64_t xb2 = p->cls_reduce > 1 ? (int64_t)p->bm * p->bl * 4 : 0;
+    const int64_t hg = (int64_t)p->cls_shuffle * (p->order == FUSER_ORDER_L_OUTER ? p->n_iters : 1) * p->bm *
+                       p->bn * 2;
+    if (hg > ((int64_t)1 << 30))
+        return fuser_fail(err, FUSER_E_VALUE, "the H buffer of this plan is %lld bytes", (long long)hg);
+    p->smem_pipe = align128(fuser_max64(pipe1, pipe2));
+    p->smem_xbuf = align128(fuser_max64(xb1, xb2));
+    p->smem_hg = align128(hg);
+    p->smem_bytes = p->smem_pipe + p->smem_xbuf + p->smem_hg + 128; /* + flags */
+
+    const int acc1 = p->parts * p->bm * p->bn / FUSER_THREADS;
+    const int acc2 = p->bm * p->bl / FUSER_THREADS;
+    /* NOTE: 64 = fragments (A 4-8, B 2-4 per n8 tile, double-buffered) + addresses, loop state */
+    p->regs_est = (p->order == FUSER_ORDER_N_OUTER ? acc1 + acc2 : (acc1 > acc2 ? acc1 : acc2)) + 64;
+
+    p->workspace_bytes = p->grid_n > 1 ? p->grid_n * p->m_pad * p->l_pad * 4 : 0;
+    p->tickets = p->grid_n > 1 ? p->grid_m * p->cls_m * p->cls_l * p->lc * p->cls_reduce : 0;
+    p->dataflows = (p->cls_k > 1 ? FUSER_DF_ALL_EXCHANGE : 0) | (p->cls_shuffle > 1 ? FUSER_DF_SHUFFLE : 0) |
+                   (p->cls_reduce > 1 ? FUSER_DF_REDUCE_SCATTER : 0) | (p->grid_n > 1 ? FUSER_DF_INTER_CLUSTER : 0);
+    p->barriers = count_barriers(p);
+    return FUSER_OK;
+}
+
+int fuser_plan_check_target(const fuser_plan *p, const fuser_target *t, fuser_err *err)
+{
+    if (!p->fused)
+        return FUSER_OK;
+    if (p->cluster_size > t->max_cluster)
+        return fuser_fail(err, FUSER_E_VALUE, "cluster of %d blocks exceeds %s's limit of %d", p->cluster_size,
+                          t->name, t->max_cluster);
+    if (p->smem_bytes > t->smem_per_block)
+        return fuser_fail(err, FUSER_E_VALUE, "%d bytes of shared memory per block exceed %s's %d",
+                          p->smem_bytes, t->name, t->smem_per_block);
+    int reg_cap = t->regs_per_sm / FUSER_THREADS;
+    if (reg_cap > t->max_regs_per_thread)
+        reg_cap = t->max_regs_per_thread;
+    if (p->regs_est > reg_cap)
+        return fuser_fail(err, FUSER_E_VALUE, "an estimated %d registers per thread exceed %s's %d", p->regs_est,
+                          t->name, reg_cap);
+    if (p->workspace_bytes > t->max_workspace)
+        return fuser_fail(err, FUSER_E_VALUE, "%lld bytes of workspace exceed the limit of %lld",
+                          (long long)p->workspace_bytes, (long long)t->max_workspace);
+    if (p->blocks > 0x7fffffffLL)
+        return fuser_fail(err, FUSER_E_VALUE, "%lld blocks exceed the grid limit", (long long)p->blocks);
+    return FUSER_OK;
+}

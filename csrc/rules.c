@@ -1,0 +1,178 @@
+/* rules.c: the pruning rules of the plan search, one named, commented predicate each, in one table.
+ * A rule runs at the search level where the fields it reads are set, and the search counts how many
+ * candidates it removed. Hardware limits are rules too; fuser_plan_check_target() re-checks them on
+ * every returned plan. */
+#include <stdint.h>
+
+#include "fuser/plan.h"
+#include "fuser/search.h"
+
+static int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+/* CHAIN: fused kernels compute in 16 bits with fp32 accumulation. */
+static int r_dtype(const fuser_plan *p, const fuser_target *t)
+{
+    (void)t;
+    return p->chain.dtype == FUSER_F32;
+}
+
+/* CHAIN: 16-byte loads and cp.async need every row of X, W_up, W_down and Y to start 16-byte
+ * aligned: d_model, d_ff and d_out must be multiples of 8 elements. */
+static int r_vector_alignment(const fuser_plan *p, const fuser_target *t)
+{
+    (void)t;
+    return p->chain.k % 8 || p->chain.n % 8 || p->chain.l % 8;
+}
+
+/* SHAPE: at most 16 blocks per cluster, and more than 8 only where the non-portable size is allowed. */
+static int r_cluster_limit(const fuser_plan *p, const fuser_target *t)
+{
+    int size = p->cls_m * p->cls_n * p->cls_k;
+    return size > 16 || size > t->max_cluster;
+}
+
+/* SHAPE: the GEMM2 view regroups the cls_n*cls_k blocks into cls_l output parts of cls_k blocks per
+ * shuffle group: cls_k must divide cls_l and cls_l must divide cls_n*cls_k. */
+static int r_cluster_divisibility(const fuser_plan *p, const fuser_target *t)
+{
+    (void)t;
+    return p->cls_l % p->cls_k || (p->cls_n * p->cls_k) % p->cls_l;
+}
+
+/* SHAPE: gated spatial mode splits the cls_k blocks into gate and up halves. */
+static int r_gated_spatial_even(const fuser_plan *p, const fuser_target *t)
+{
+    (void)t;
+    return p->gate_mode == FUSER_GATE_SPATIAL && p->cls_k % 2;
+}
+
+/* SHAPE: every K split must own at least one K step, or blocks idle through GEMM1. */
+static int r_k_split_waste(const fuser_plan *p, const fuser_target *t)
+{
+    (void)t;
+    int ksplit = p->gate_mode == FUSER_GATE_SPATIAL ? p->cls_k / 2 : p->cls_k;
+    int64_t kt = (p->chain.k + FUSER_BK - 1) / FUSER_BK;
+    return ksplit > kt;
+}
+
+/* BM: a block tile larger than the tokens (rounded up to 16) is mostly padding, and no block of the
+ * last cluster along tokens may own only rows beyond the tokens. */
+static int r_m_tile_waste(const fuser_plan *p, const fuser_target *t)
+{
+    (void)t;
+    int64_t rows = (int64_t)p->cls_m * p->bm;
+    int64_t grid_m = (p->chain.m + rows - 1) / rows;
+    return p->bm > round_up(p->chain.m, 16) || (grid_m * p->cls_m - 1) * p->bm >= p->chain.m;
+}
+
+/* BN: the 8 warps tile bm x bn in m16n8 pieces: bn must be a multiple of 8 x (warps along n). */
+static int r_warp_tiling_bn(const fuser_plan *p, const fuser_target *t)
+{
+    (void)t;
+    int wm = p->bm / 16 < 4 ? p->bm / 16 : 4;
+    return p->bn % (8 * (8 / wm));
+}
+
+/* NITERS: no block may own a d_ff slice entirely beyond d_ff (it would only add zeros), and the
+ * cluster's d_ff range should not be much wider than d_ff itself. */
+static int r_idle_blocks(const fuser_plan *p, const fuser_target *t)
+{
+    (void)t;
+    int64_t nb = (int64_t)p->bn * p->n_iters;
+    int64_t nc = nb * p->cls_n;
+    int64_t grid_n = (p->chain.n + nc - 1) / nc;
+    return (grid_n - 1) * nc + (p->cls_n - 1) * nb >= p->chain.n;
+}
+
+/* NITERS: inter_cluster_reduce keeps fp32 partials of the whole output per d_ff cluster in global
+ * memory: grid_n x tokens x d_out x 4 bytes (a lower bound here; exact at FULL) must fit the budget. */
+static int r_workspace_bound(const fuser_plan *p, const fuser_target *t)
+{
+    int64_t nc = (int64_t)p->bn * p->n_iters * p->cls_n;
+    int64_t grid_n = (p->chain.n + nc - 1) / nc;
+    int64_t rows = round_up(p->chain.m, (int64_t)p->cls_m * p->bm);
+    return grid_n > 1 && grid_n * rows * p->chain.l * 4 > t->max_workspace;
+}
+
+/* BL: the reduction over d_ff may sit outside the output loop only while the output tile stays in
+ * registers: n_outer needs each block's output part to be one chunk of bl columns. */
+static int r_reduction_innermost(const fuser_plan *p, const fuser_target *t)
+{
+    (void)t;
+    if (p->order != FUSER_ORDER_N_OUTER)
+        return 0;
+    int64_t part = (p->chain.l + p->cls_l - 1) / p->cls_l;
+    return part > p->bl || p->bl > 256; /* 256: the widest output tile the 8 warps keep in registers */
+}
+
+/* BL: bl is tiled by the warps (8 columns each) and split into cls_reduce shares of 8-column
+ * multiples for the reduce-scatter. */
+static int r_warp_tiling_bl(const fuser_plan *p, const fuser_target *t)
+{
+    (void)t;
+    int wm = p->bm / 16 < 4 ? p->bm / 16 : 4;
+    int reduce = p->cls_n * p->cls_k / p->cls_l;
+    return p->bl % (8 * (8 / wm)) || p->bl % reduce || (p->bl / reduce) % 8;
+}
+
+/* BL: no output part or chunk may be entirely padding: the last part must own real columns, and bl
+ * may not be wider than a part needs. */
+static int r_output_waste(const fuser_plan *p, const fuser_target *t)
+{
+    (void)t;
+    int64_t part = (p->chain.l + p->cls_l - 1) / p->cls_l;
+    int64_t lp = round_up(part, p->bl);
+    return (p->cls_l - 1) * lp >= p->chain.l || p->bl >= 2 * round_up(part, 32);
+}
+
+/* FULL: shared memory (pipeline stages, exchange buffer, H slices) must fit one block's opt-in limit. */
+static int r_smem_capacity(const fuser_plan *p, const fuser_target *t)
+{
+    return p->smem_bytes > t->smem_per_block;
+}
+
+/* FULL: the accumulators live in registers; 256 threads may use at most regs_per_sm / 256 each. */
+static int r_registers(const fuser_plan *p, const fuser_target *t)
+{
+    int cap = t->regs_per_sm / FUSER_THREADS;
+    return p->regs_est > (cap < t->max_regs_per_thread ? cap : t->max_regs_per_thread);
+}
+
+/* FULL: the exact workspace (padded tokens and outputs) must fit the budget. */
+static int r_workspace_limit(const fuser_plan *p, const fuser_target *t)
+{
+    return p->workspace_bytes > t->max_workspace;
+}
+
+/* FULL: at least two pipeline stages, so loads overlap the math; one more stage only if it fits. */
+static int r_stages(const fuser_plan *p, const fuser_target *t)
+{
+    (void)t;
+    return p->stages < 2;
+}
+
+const fuser_rule fuser_rules[] = {
+    {"dtype", "fused kernels compute in bfloat16/float16 with fp32 accumulation", FUSER_LEVEL_CHAIN, r_dtype},
+    {"vector_alignment", "d_model, d_ff and d_out must be multiples of 8 for 16-byte rows", FUSER_LEVEL_CHAIN,
+     r_vector_alignment},
+    {"cluster_limit", "at most 16 blocks per cluster (8 where 16 is not allowed)", FUSER_LEVEL_SHAPE,
+     r_cluster_limit},
+    {"cluster_divisibility", "cls_k | cls_l | cls_n * cls_k", FUSER_LEVEL_SHAPE, r_cluster_divisibility},
+    {"gated_spatial_even", "gate and up halves need an even cls_k", FUSER_LEVEL_SHAPE, r_gated_spatial_even},
+    {"k_split_waste", "every K split owns at least one K step", FUSER_LEVEL_SHAPE, r_k_split_waste},
+    {"m_tile_waste", "tiles and clusters not mostly padding rows", FUSER_LEVEL_BM, r_m_tile_waste},
+    {"warp_tiling_bn", "bn divisible by the warps' 8-column pieces", FUSER_LEVEL_BN, r_warp_tiling_bn},
+    {"idle_blocks", "no block owns only columns beyond d_ff", FUSER_LEVEL_NITERS, r_idle_blocks},
+    {"workspace_bound", "inter-cluster partials fit the workspace budget", FUSER_LEVEL_NITERS,
+     r_workspace_bound},
+    {"reduction_innermost", "n_outer keeps one output chunk per block in registers", FUSER_LEVEL_BL,
+     r_reduction_innermost},
+    {"warp_tiling_bl", "bl divisible by warps and reduce-scatter shares", FUSER_LEVEL_BL, r_warp_tiling_bl},
+    {"output_waste", "no output part or chunk entirely padding", FUSER_LEVEL_BL, r_output_waste},
+    {"stages", "at least two pipeline stages", FUSER_LEVEL_FULL, r_stages},
+    {"smem_capacity", "shared memory within the per-block limit", FUSER_LEVEL_FULL, r_smem_capacity},
+    {"registers", "estimated registers within the per-thread budget", FUSER_LEVEL_FULL, r_registers},
+    {"workspace_limit", "exact workspace within the budget", FUSER_LEVEL_FULL, r_workspace_limit},
+};
+const int fuser_num_rules = (int)(sizeof fuser_rules / sizeof fuser_rules[0]);
+_Static_assert(sizeof fuser_rules / sizeof fuser_rules[0] <= FUSER_MAX_RULES, "raise FUSER_MAX_RULES");

@@ -1,0 +1,251 @@
+/* search.c: enumerate the plan space level by level, prune with the rule table (counting what each
+ * rule removed), score survivors with the cost model, keep the k best. Deterministic: ties keep
+ * enumeration order. The unfused path is one more candidate. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#include "fuser/search.h"
+
+#include <string.h>
+#include <time.h>
+
+#include "fuser/cost.h"
+
+static const int cls_set[] = {1, 2, 4, 8, 16};
+static const int bm_set[] = {16, 32, 64, 128};
+static const int bn_set[] = {32, 64, 128, 256};
+static const int bl_set[] = {64, 128, 256}; /* l_outer; n_outer uses the one bl that fits its part */
+static const int stage_set[] = {2, 3, 4};
+/* d_ff clusters to aim for; n_iters follows from each (duplicates dropped) */
+static const int grid_n_targets[] = {1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64,
+                                     80, 96, 112, 128, 160, 192, 224, 256};
+#define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+#define N_ORDER_BL (1 + COUNT(bl_set))     /* n_outer: 1 bl, l_outer: bl_set */
+#define MAX_NITERS COUNT(grid_n_targets)
+
+void fuser_constraints_init(fuser_constraints *c)
+{
+    memset(c, 0, sizeof *c);
+    c->order = c->gate_mode = c->fused = -1;
+}
+
+/* ---- the k best, sorted ascending by predicted time (stable) ---- */
+typedef struct {
+    fuser_plan *v;
+    int n, k;
+} topk;
+
+static void topk_push(topk *h, const fuser_plan *p)
+{
+    if (h->n == h->k && !(p->cost.total < h->v[h->n - 1].cost.total))
+        return;
+    int i = h->n < h->k ? h->n++ : h->n - 1;
+    while (i > 0 && p->cost.total < h->v[i - 1].cost.total) {
+        h->v[i] = h->v[i - 1];
+        i--;
+    }
+    h->v[i] = *p;
+}
+
+/* n_iters values for a (cls_n, bn): one per targeted number of d_ff clusters, ascending, unique. */
+static int niters_set(int64_t n, int cls_n, int bn, int *out)
+{
+    int cnt = 0;
+    for (int i = 0; i < MAX_NITERS; i++) {
+        int64_t v = (n + (int64_t)grid_n_targets[i] * cls_n * bn - 1) / ((int64_t)grid_n_targets[i] * cls_n * bn);
+        if (v < 1)
+            v = 1;
+        if (cnt && out[cnt - 1] == v)
+            continue;
+        if (cnt && out[cnt - 1] < v) /* grid targets beyond what d_ff allows give the same n_iters */
+            continue;
+        out[cnt++] = (int)v;
+    }
+    return cnt;
+}
+
+static int64_t leaves_bn(const fuser_chain *c, int cls_n, int bn)
+{
+    int tmp[MAX_NITERS];
+    return (int64_t)niters_set(c->n, cls_n, bn, tmp) * N_ORDER_BL * COUNT(stage_set);
+}
+
+static int64_t leaves_bm(const fuser_chain *c, int cls_n)
+{
+    int64_t s = 0;
+    for (int i = 0; i < COUNT(bn_set); i++)
+        s += leaves_bn(c, cls_n, bn_set[i]);
+    return s;
+}
+
+static int64_t leaves_shape(const fuser_chain *c, int cls_n) { return COUNT(bm_set) * leaves_bm(c, cls_n); }
+
+static int n_gate_modes(const fuser_chain *c) { return c->gated ? 2 : 1; }
+
+static int64_t leaves_all(const fuser_chain *c)
+{
+    int64_t s = 0;
+    for (int n = 0; n < COUNT(cls_set); n++)
+        s += leaves_shape(c, cls_set[n]) * COUNT(cls_set) * COUNT(cls_set) * COUNT(cls_set);
+    return s * n_gate_modes(c);
+}
+
+/* Run the rules of one level; on rejection charge `leaves` to the rule and return 1. */
+static int pruned(const fuser_plan *p, const fuser_target *t, fuser_level lvl, int64_t leaves,
+                  fuser_search_stats *st)
+{
+    for (int r = 0; r < fuser_num_rules; r++)
+        if (fuser_rules[r].level == lvl && fuser_rules[r].reject(p, t)) {
+            st->pruned[r] += leaves;
+            return 1;
+        }
+    return 0;
+}
+
+static int free_or(int want, int have) { return want <= 0 || want == have; }
+
+int fuser_search(const fuser_chain *c, const fuser_target *t, const fuser_constraints *cons_in, int k,
+                 fuser_plan *out, int *n_out, fuser_search_stats *st, fuser_err *err)
+{
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    memset(st, 0, sizeof *st);
+    *n_out = 0;
+    fuser_constraints cons;
+    if (cons_in)
+        cons = *cons_in;
+    else
+        fuser_constraints_init(&cons);
+    if (fuser_chain_check(c, err))
+        return err->code;
+    if (c->m < 1)
+        return fuser_fail(err, FUSER_E_VALUE, "m (tokens) must be >= 1 to plan, got %lld", (long long)c->m);
+    if (fuser_target_check(t, err))
+        return err->code;
+    if (k < 1 || k > 64)
+        return fuser_fail(err, FUSER_E_VALUE, "k must be in [1, 64], got %d", k);
+    topk best = {out, 0, k};
+
+    /* the unfused path */
+    st->candidates = 1;
+    fuser_plan p;
+    fuser_plan_unfused(c, &p);
+    if (cons.fused != 1 && !cons.dataflows_all) {
+        fuser_plan_cost(&p, t);
+        topk_push(&best, &p);
+        st->scored++;
+    } else {
+        st->constrained++;
+    }
+
+    /* the fused space */
+    st->candidates += leaves_all(c);
+    fuser_plan_unfused(c, &p);
+    p.fused = 1;
+    if (cons.fused == 0) {
+        st->constrained += leaves_all(c);
+        goto done;
+    }
+    if (pruned(&p, t, FUSER_LEVEL_CHAIN, leaves_all(c), st))
+        goto done;
+    const int modes[2] = {c->gated ? FUSER_GATE_SPATIAL : FUSER_GATE_NONE, FUSER_GATE_SEQUENTIAL};
+    for (int gi = 0; gi < n_gate_modes(c); gi++)
+    for (int im = 0; im < COUNT(cls_set); im++)
+    for (int in = 0; in < COUNT(cls_set); in++)
+    for (int ik = 0; ik < COUNT(cls_set); ik++)
+    for (int il = 0; il < COUNT(cls_set); il++) {
+        p.gate_mode = (fuser_gate_mode)modes[gi];
+        p.cls_m = cls_set[im], p.cls_n = cls_set[in], p.cls_k = cls_set[ik], p.cls_l = cls_set[il];
+        int64_t lv = leaves_shape(c, p.cls_n);
+        if (pruned(&p, t, FUSER_LEVEL_SHAPE, lv, st))
+            continue;
+        if (!(cons.gate_mode < 0 || cons.gate_mode == (int)p.gate_mode) || !free_or(cons.cls_m, p.cls_m) ||
+            !free_or(cons.cls_n, p.cls_n) || !free_or(cons.cls_k, p.cls_k) || !free_or(cons.cls_l, p.cls_l)) {
+            st->constrained += lv;
+            continue;
+        }
+        for (int ib = 0; ib < COUNT(bm_set); ib++) {
+            p.bm = bm_set[ib];
+            lv = leaves_bm(c, p.cls_n);
+            if (pruned(&p, t, FUSER_LEVEL_BM, lv, st))
+                continue;
+            if (!free_or(cons.bm, p.bm)) {
+                st->constrained += lv;
+                continue;
+            }
+            for (int jn = 0; jn < COUNT(bn_set); jn++) {
+                p.bn = bn_set[jn];
+                int nis[MAX_NITERS];
+                int nni = niters_set(c->n, p.cls_n, p.bn, nis);
+                lv = (int64_t)nni * N_ORDER_BL * COUNT(stage_set);
+                if (pruned(&p, t, FUSER_LEVEL_BN, lv, st))
+                    continue;
+                if (!free_or(cons.bn, p.bn)) {
+                    st->constrained += lv;
+                    continue;
+                }
+                for (int ni = 0; ni < nni; ni++) {
+                    p.n_iters = nis[ni];
+                    lv = N_ORDER_BL * COUNT(stage_set);
+                    if (pruned(&p, t, FUSER_LEVEL_NITERS, lv, st))
+                        continue;
+                    if (!free_or(cons.n_iters, p.n_iters)) {
+                        st->constrained += lv;
+                        continue;
+                    }
+                    for (int ob = 0; ob < N_ORDER_BL; ob++) {
+                        p.order = ob == 0 ? FUSER_ORDER_N_OUTER : FUSER_ORDER_L_OUTER;
+                        if (ob == 0) {
+                            /* the narrowest legal bl holding the whole part */
+                            int wm = p.bm / 16 < 4 ? p.bm / 16 : 4;
+                            int reduce = p.cls_n * p.cls_k / p.cls_l;
+                            int64_t part = (c->l + p.cls_l - 1) / p.cls_l;
+                            int unit = 32;
+                            while (unit % (8 * (8 / wm)) || unit % (8 * reduce))
+                                unit += 32;
+                            int64_t bl = (part + unit - 1) / unit * unit;
+                            p.bl = (int)(bl < 4096 ? bl : 4096); /* wider than 256: rejected below */
+                        } else {
+                            p.bl = bl_set[ob - 1];
+                        }
+                        lv = COUNT(stage_set);
+                        if (pruned(&p, t, FUSER_LEVEL_BL, lv, st))
+                            continue;
+                        if (!(cons.order < 0 || cons.order == (int)p.order) || !free_or(cons.bl, p.bl)) {
+                            st->constrained += lv;
+                            continue;
+                        }
+                        for (int is = 0; is < COUNT(stage_set); is++) {
+                            p.stages = stage_set[is];
+                            fuser_plan q = p;
+                            fuser_err derr;
+                            if (fuser_plan_derive(&q, &derr)) {
+                                return fuser_fail(err, FUSER_E_INTERNAL,
+                                                  "internal: a candidate passed the rules but is invalid: %s",
+                                                  derr.msg);
+                            }
+                            if (pruned(&q, t, FUSER_LEVEL_FULL, 1, st))
+                                continue;
+                            if (!free_or(cons.stages, q.stages) ||
+                                (q.dataflows & cons.dataflows_all) != cons.dataflows_all ||
+                                (q.dataflows & cons.dataflows_none)) {
+                                st->constrained++;
+                                continue;
+                            }
+                            fuser_plan_cost(&q, t);
+                            st->scored++;
+                            topk_push(&best, &q);
+                        }
+                    }
+                }
+            }
+        }
+    }
+done:
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    st->search_ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+    *n_out = best.n;
+    if (!best.n)
+        return fuser_fail(err, FUSER_E_VALUE,
+                          "no plan satisfies the constraints for this chain (m=%lld, d_model=%lld, d_ff=%lld, "
+                          "d_out=%lld)", (long long)c->m, (long long)c->k, (long long)c->n, (long long)c->l);
+    return FUSER_OK;
+}

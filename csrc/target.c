@@ -1,0 +1,144 @@
+/* target.c: built-in GPU targets (measured H200 numbers; H100 SXM scaled from them) and targets built
+ * from a live device's properties. */
+#include "fuser/target.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+int fuser_cluster_size_index(int size)
+{
+    for (int i = 0; i < FUSER_NUM_CLUSTER_SIZES; i++)
+        if (size == 1 << i)
+            return i;
+    return -1;
+}
+
+/* NOTE: every number below is a measurement on one H200 (shared docs, h200-baselines.md) unless its
+ * comment says otherwise; `python -m fuser calibrate` will re-measure them per GPU. */
+static const fuser_target builtin[] = {
+    {
+        .name = "h200",
+        .sm_count = 132,
+        .usable_sms = {132, 132, 120, 120, 112}, /* occupancy query at >= 128 KB smem per block */
+        .smem_per_block = 232448,
+        .smem_per_sm = 233472,
+        .regs_per_sm = 65536,
+        .max_regs_per_thread = 255,
+        .max_cluster = 16,
+        .clock_ghz = 1.70,          /* 1.41-1.98 GHz seen under the 700 W cap; a mid value */
+        .hbm_gbs = 4480.0,          /* read-only stream, 16-byte loads */
+        .l2_gbs = 8500.0,           /* L2-resident reads, 7.4-8.9 TB/s */
+        .sm_load_gbs = 110.0,       /* derived: ~64 B/clk per SM of load throughput at 1.7 GHz */
+        .mem_latency_us = 0.7,      /* not yet measured: ~1200 cycles under load, assumed */
+        .dsm_bytes_per_clk = {0.0, 16.4, 12.4, 15.5, 15.0}, /* remote ld.shared::cluster.v4 */
+        .smem_bytes_per_clk = 127.3,
+        .barrier_cycles = 390.0,    /* cluster.sync at 256 threads: between 355 (128) and 430 (384) */
+        .launch_us = 2.5,           /* derived from graph-vs-eager gaps at small M */
+        .mma_tflops = 767.9,        /* torch.matmul 8192^3 bf16 */
+        .fused_mma_eff = 0.45,      /* not yet measured: mma.sync main loop, assumed */
+        .small_gemm_eff = 0.80,     /* cuBLAS GEMMs alone at M <= 16 reach ~0.8-0.95 of HBM */
+        .max_workspace = (int64_t)256 << 20,
+    },
+    {
+        .name = "h100",
+        .sm_count = 132,
+        .usable_sms = {132, 132, 120, 120, 112},
+        .smem_per_block = 232448,
+        .smem_per_sm = 233472,
+        .regs_per_sm = 65536,
+        .max_regs_per_thread = 255,
+        .max_cluster = 16,
+        .clock_ghz = 1.70,
+        .hbm_gbs = 3130.0,          /* scaled: 3.35 TB/s spec x the H200's measured 0.93 efficiency */
+        .l2_gbs = 8500.0,
+        .sm_load_gbs = 110.0,
+        .mem_latency_us = 0.7,
+        .dsm_bytes_per_clk = {0.0, 16.4, 12.4, 15.5, 15.0},
+        .smem_bytes_per_clk = 127.3,
+        .barrier_cycles = 390.0,
+        .launch_us = 2.5,
+        .mma_tflops = 767.9,
+        .fused_mma_eff = 0.45,
+        .small_gemm_eff = 0.80,
+        .max_workspace = (int64_t)256 << 20,
+    },
+};
+
+const fuser_target *fuser_target_builtin(const char *name)
+{
+    for (size_t i = 0; name && i < sizeof builtin / sizeof builtin[0]; i++)
+        if (!strcmp(name, builtin[i].name))
+            return &builtin[i];
+    return NULL;
+}
+
+const char *fuser_target_names(void)
+{
+    return "h200, h100";
+}
+
+int fuser_target_from_device(const fuser_device_props *p, fuser_target *t, fuser_err *err)
+{
+    if (p->cc_major != 9 || p->cc_minor != 0)
+        return fuser_fail(err, FUSER_E_UNSUPPORTED, "%s is sm_%d%d: fuser's planner models Hopper (sm_90) only",
+                          p->name, p->cc_major, p->cc_minor);
+    *t = builtin[0];
+    snprintf(t->name, sizeof t->name, "%.63s", p->name);
+    const double ref_sms = t->sm_count;
+    if (p->sm_count > 0) {
+        /* the GPC layout of a smaller part is unknown: keep the measured stranding fractions */
+        for (int i = 0; i < FUSER_NUM_CLUSTER_SIZES; i++)
+            t->usable_sms[i] = (int)floor(t->usable_sms[i] * p->sm_count / ref_sms);
+        t->l2_gbs *= p->sm_count / ref_sms;
+        t->sm_count = p->sm_count;
+    }
+    if (p->smem_per_block_optin > 0)
+        t->smem_per_block = p->smem_per_block_optin;
+    if (p->smem_per_sm > 0)
+        t->smem_per_sm = p->smem_per_sm;
+    if (p->regs_per_sm > 0)
+        t->regs_per_sm = p->regs_per_sm;
+    if (p->mem_clock_khz > 0 && p->mem_bus_bits > 0) {
+        /* DDR: 2 transfers per clock; the H200 streams 0.915 of its theoretical 4.92 TB/s */
+        double theoretical = 2.0 * p->mem_clock_khz * 1e3 * p->mem_bus_bits / 8.0 / 1e9;
+        t->hbm_gbs = 0.915 * theoretical;
+    }
+    return fuser_target_check(t, err);
+}
+
+int fuser_target_check(const fuser_target *t, fuser_err *err)
+{
+    const struct { const char *name; double v; } pos[] = {
+        {"sm_count", t->sm_count}, {"smem_per_block", t->smem_per_block}, {"smem_per_sm", t->smem_per_sm},
+        {"regs_per_sm", t->regs_per_sm}, {"max_regs_per_thread", t->max_regs_per_thread},
+        {"clock_ghz", t->clock_ghz}, {"hbm_gbs", t->hbm_gbs}, {"l2_gbs", t->l2_gbs},
+        {"sm_load_gbs", t->sm_load_gbs}, {"mem_latency_us", t->mem_latency_us},
+        {"smem_bytes_per_clk", t->smem_bytes_per_clk},
+        {"barrier_cycles", t->barrier_cycles}, {"mma_tflops", t->mma_tflops},
+        {"fused_mma_eff", t->fused_mma_eff}, {"small_gemm_eff", t->small_gemm_eff},
+    };
+    for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
+        if (!(pos[i].v > 0) || !isfinite(pos[i].v))
+            return fuser_fail(err, FUSER_E_VALUE, "target %s: %s must be positive, got %g", t->name, pos[i].name,
+                              pos[i].v);
+    if (t->fused_mma_eff > 1 || t->small_gemm_eff > 1)
+        return fuser_fail(err, FUSER_E_VALUE, "target %s: efficiencies must be in (0, 1]", t->name);
+    if (t->max_cluster != 8 && t->max_cluster != 16)
+        return fuser_fail(err, FUSER_E_VALUE, "target %s: max_cluster must be 8 or 16, got %d", t->name,
+                          t->max_cluster);
+    for (int i = 0; i < FUSER_NUM_CLUSTER_SIZES; i++) {
+        if (t->usable_sms[i] < (1 << i) || t->usable_sms[i] > t->sm_count)
+            return fuser_fail(err, FUSER_E_VALUE, "target %s: usable_sms[%d] = %d is impossible with %d SMs",
+                              t->name, 1 << i, t->usable_sms[i], t->sm_count);
+        if (i > 0 && !(t->dsm_bytes_per_clk[i] > 0))
+            return fuser_fail(err, FUSER_E_VALUE, "target %s: dsm_bytes_per_clk[%d] must be positive", t->name,
+                              1 << i);
+    }
+    if (t->smem_per_block > t->smem_per_sm)
+        return fuser_fail(err, FUSER_E_VALUE, "target %s: smem_per_block %d exceeds smem_per_sm %d", t->name,
+                          t->smem_per_block, t->smem_per_sm);
+    if (t->max_workspace < 0)
+        return fuser_fail(err, FUSER_E_VALUE, "target %s: max_workspace must be >= 0", t->name);
+    return FUSER_OK;
+}

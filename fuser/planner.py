@@ -1,0 +1,327 @@
+"""The planner in Python: ``fuser.plan`` / ``fuser.plans`` search the plan space of one FFN in the C core
+and return ``fuser.Plan`` objects that explain themselves, round-trip through JSON, and run on the CPU
+plan interpreter (``fuser.simulate``)."""
+from __future__ import annotations
+
+import json
+
+from fuser import _C
+
+#: The dataflow primitives, in the order plans list them.
+DATAFLOWS = ("all_exchange", "shuffle", "reduce_scatter", "inter_cluster_reduce")
+_DF_BIT = {name: 1 << i for i, name in enumerate(DATAFLOWS)}
+_CONSTRAINT_KEYS = ("bm", "bn", "bl", "n_iters", "stages", "order", "gate_mode")
+
+
+def default_target():
+    """The target to plan for: this machine's Hopper GPU when there is one, else the H200 defaults."""
+    from fuser._env import env
+    e = env()
+    if e.gpu_name and e.compute_capability == (9, 0):
+        raw = _C.env(device=e.device)
+        return _C.target_for_device(raw["gpu_name"], tuple(raw["compute_capability"]), raw["sm_count"],
+                                    raw["smem_per_block_optin"], raw["smem_per_sm"], raw["l2_bytes"],
+                                    raw["clock_khz"], raw["mem_clock_khz"], raw["mem_bus_bits"])
+    return "h200"
+
+
+def _chain(m, d_model, d_ff, d_out, gated, activation, bias, dtype):
+    d_out = d_model if d_out is None else d_out
+    for name, v in (("m", m), ("d_model", d_model), ("d_ff", d_ff), ("d_out", d_out)):
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise TypeError(f"{name}: expected an int, got {type(v).__name__}")
+    if not isinstance(activation, str):
+        raise TypeError(f"activation: expected a str, got {type(activation).__name__}")
+    dtype = str(dtype).replace("torch.", "")
+    return dict(m=m, d_model=d_model, d_ff=d_ff, d_out=d_out, gated=bool(gated),
+                activation=activation, bias_up=bool(bias), bias_gate=bool(bias) and bool(gated),
+                bias_down=bool(bias), dtype=dtype)
+
+
+def _constraints(fused, cluster, dataflows, avoid, kw):
+    cons = {}
+    if fused is not None:
+        cons["fused"] = int(bool(fused))
+    if cluster is not None:
+        if len(cluster) != 4:
+            raise ValueError(f"cluster: expected (cls_m, cls_n, cls_k, cls_l), got {cluster!r}")
+        cons.update(zip(("cls_m", "cls_n", "cls_k", "cls_l"), map(int, cluster)))
+    for key, names in (("dataflows_all", dataflows), ("dataflows_none", avoid)):
+        if names:
+            bits = 0
+            for n in ([names] if isinstance(names, str) else names):
+                if n not in _DF_BIT:
+                    raise ValueError(f"dataflow: unknown dataflow {n!r}; expected one of {', '.join(DATAFLOWS)}")
+                bits |= _DF_BIT[n]
+            cons[key] = bits
+    for k, v in kw.items():
+        if k not in _CONSTRAINT_KEYS:
+            raise TypeError(f"plan() got an unexpected keyword argument {k!r}")
+        if v is not None:
+            cons[k] = v
+    return cons or None
+
+
+def plans(m, d_model, d_ff, *, d_out=None, gated=False, activation="gelu", bias=False, dtype="bfloat16",
+          target=None, k=10, fused=None, cluster=None, dataflows=None, avoid=None, **tiles):
+    """The ``k`` best plans for one FFN, fastest predicted first.
+
+    Arguments as for :func:`plan`; ``k`` is at most 64.
+
+    Example:
+        >>> import fuser
+        >>> ps = fuser.plans(128, 4096, 14336, gated=True, activation="silu", k=3)
+        >>> [p.predicted_us <= q.predicted_us for p, q in zip(ps, ps[1:])]
+        [True, True]
+    """
+    chain = _chain(m, d_model, d_ff, d_out, gated, activation, bias, dtype)
+    tgt = default_target() if target is None else target
+    raw, stats = _C.search(chain, tgt, k=k, constraints=_constraints(fused, cluster, dataflows, avoid, tiles))
+    return [Plan(d, stats, raw) for d in raw]
+
+
+def plan(m, d_model, d_ff, *, d_out=None, gated=False, activation="gelu", bias=False, dtype="bfloat16",
+         target=None, fused=None, cluster=None, dataflows=None, avoid=None, **tiles):
+    """Plan one FFN: how ``fuser.ffn`` would run it on ``target``.
+
+    Args:
+        m: tokens; d_model, d_ff: the FFN's widths; d_out: output width (default d_model).
+        gated: SwiGLU/GeGLU form; activation: "relu", "gelu", "gelu_tanh" or "silu"; bias: all biases.
+        dtype: "bfloat16" or "float16" (float32 chains always run unfused).
+        target: a built-in name ("h200", "h100"), a dict of target fields, or None for this machine's
+            GPU (the H200 defaults without one).
+        fused: force (True) or forbid (False) fusion; cluster: force (cls_m, cls_n, cls_k, cls_l);
+        dataflows / avoid: dataflow names the plan must use / must not use;
+        bm, bn, bl, n_iters, stages, order ("n_outer"/"l_outer"), gate_mode ("spatial"/"sequential"):
+            force a tile or schedule parameter.
+
+    Returns a :class:`Plan`; ``plan.explain()`` says why it was chosen over the runner-up.
+
+    Example:
+        >>> import fuser
+        >>> p = fuser.plan(128, 4096, 14336, gated=True, activation="silu")
+        >>> p.search_ms < 1000 and p.predicted_us > 0
+        True
+    """
+    ps = plans(m, d_model, d_ff, d_out=d_out, gated=gated, activation=activation, bias=bias, dtype=dtype,
+               target=target, k=24, fused=fused, cluster=cluster, dataflows=dataflows, avoid=avoid, **tiles)
+    best = ps[0]
+    best._runner_up = next((p for p in ps[1:] if p._shape_key() != best._shape_key()), None)
+    return best
+
+
+class Plan:
+    """How one FFN runs on one GPU: fused (cluster shape, tiles, dataflows) or unfused, with its predicted
+    time broken down by component and the bytes it moves per memory level.
+
+    Attributes: ``fused``, ``dataflow`` (e.g. "shuffle+inter_cluster_reduce"), ``dataflows`` (tuple),
+    ``cluster`` (cls_m, cls_n, cls_k, cls_l), ``tiles`` (dict), ``stages``, ``order``, ``gate_mode``,
+    ``predicted_us``, ``traffic`` (bytes: hbm, l2, dsm, smem), ``breakdown`` (microseconds by component),
+    ``candidates``, ``pruned`` (rule -> candidates removed), ``search_ms``, ``floor_us``, ``chain``,
+    ``derived`` (grid, buffers, barriers), ``target``.
+    """
+
+    def __init__(self, d, stats=None, siblings=None):
+        self._d = d
+        stats = stats or {}
+        self.candidates = stats.get("candidates", 0)
+        self.scored = stats.get("scored", 0)
+        self.pruned = dict(stats.get("pruned", {}))
+        self.search_ms = stats.get("search_ms", 0.0)
+        self.floor_us = stats.get("floor_us", 0.0)
+        self.target = stats.get("target", {})
+        self._runner_up = None
+
+    # ---- attributes ----
+    chain = property(lambda self: dict(self._d["chain"]))
+    fused = property(lambda self: self._d["fused"])
+    dataflow = property(lambda self: self._d["dataflow"])
+    dataflows = property(lambda self: tuple(self._d.get("dataflows", ())))
+    traffic = property(lambda self: dict(self._d["traffic"]))
+    derived = property(lambda self: dict(self._d.get("derived", {})))
+    predicted_us = property(lambda self: self._d["cost"]["total"])
+
+    @property
+    def breakdown(self):
+        c = self._d["cost"]
+        return {k: c[k] for k in ("launch", "compute", "hbm", "l2", "dsm", "smem", "sync", "tail", "total")}
+
+    @property
+    def cluster(self):
+        return tuple(self._d["params"]["cluster"]) if self.fused else None
+
+    @property
+    def tiles(self):
+        if not self.fused:
+            return None
+        p = self._d["params"]
+        return {"bm": p["bm"], "bn": p["bn"], "bl": p["bl"], "n_iters": p["n_iters"], "bk": 64}
+
+    stages = property(lambda self: self._d["params"]["stages"] if self.fused else None)
+    order = property(lambda self: self._d["params"]["order"] if self.fused else None)
+    gate_mode = property(lambda self: self._d["params"]["gate_mode"] if self.fused else None)
+    runner_up = property(lambda self: self._runner_up)
+
+    def _shape_key(self):
+        if not self.fused:
+            return ("unfused",)
+        p = self._d["params"]
+        return (self.dataflow, tuple(p["cluster"]), p["order"], p["gate_mode"])
+
+    # ---- serialisation ----
+    def to_dict(self):
+        """A JSON-able dict; :meth:`from_dict` re-validates and re-derives it."""
+        d = json.loads(json.dumps(self._d))
+        d["search"] = {"candidates": self.candidates, "scored": self.scored, "pruned": self.pruned,
+                       "search_ms": self.search_ms, "floor_us": self.floor_us}
+        d["target"] = self.target
+        if self._runner_up is not None:
+            d["runner_up"] = self._runner_up.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d):
+        """Rebuild a plan from :meth:`to_dict`'s output (e.g. after ``json.loads``). The core checks it
+        against the target's limits and recomputes every derived number, so a stale or edited plan
+        cannot describe something other than what will run.
+
+        Example:
+            >>> import json, fuser
+            >>> p = fuser.plan(64, 768, 3072, activation="gelu")
+            >>> q = fuser.Plan.from_dict(json.loads(json.dumps(p.to_dict())))
+            >>> q.to_dict() == p.to_dict()
+            True
+        """
+        if not isinstance(d, dict):
+            raise TypeError(f"Plan.from_dict: expected a dict, got {type(d).__name__}")
+        target = d.get("target") or "h200"
+        raw = _C.derive(d, target)
+        stats = dict(d.get("search", {}))
+        stats["target"] = target
+        p = cls(raw, stats)
+        if d.get("runner_up"):
+            p._runner_up = cls.from_dict(d["runner_up"])
+        return p
+
+    def __eq__(self, other):
+        return isinstance(other, Plan) and self.to_dict() == other.to_dict()
+
+    # ---- text ----
+    def _head(self):
+        c = self._d["chain"]
+        form = ("gated " if c["gated"] else "") + c["activation"]
+        bias = "with biases" if c["bias_up"] or c["bias_down"] else "no bias"
+        return (f"{c['m']} tokens, d_model {c['d_model']}, d_ff {c['d_ff']} -> d_out {c['d_out']}, {form}, {bias}, "
+                f"{c['dtype']}")
+
+    def summary(self):
+        """One line: the choice and its predicted time."""
+        if not self.fused:
+            return f"unfused (PyTorch eager ops), predicted {self.predicted_us:.1f} us"
+        p = self._d["params"]
+        return (f"fused {self.dataflow}, cluster {tuple(p['cluster'])}, bm={p['bm']} bn={p['bn']}x{p['n_iters']} "
+                f"bl={p['bl']}, {p['stages']} stages, {p['order']}"
+                + (f", gate {p['gate_mode']}" if p["gate_mode"] != "none" else "")
+                + f", predicted {self.predicted_us:.1f} us")
+
+    def __repr__(self):
+        return f"<fuser.Plan {self.summary()}>"
+
+    def _describe_dataflows(self):
+        d, p, c = self.derived, self._d["params"], self._d["chain"]
+        lines = []
+        if "all_exchange" in self.dataflows:
+            op = "multiply gate by up" if p["gate_mode"] == "spatial" else "add their K-split partials"
+            lines.append(f"all_exchange: {p['cluster'][2]} blocks per H tile {op} over DSM "
+                         f"({d['parts']} fp32 tile(s) of {p['bm']}x{p['bn']} per block per chunk)")
+        if "shuffle" in self.dataflows:
+            lines.append(f"shuffle: rings of {d['cls_shuffle']} blocks pass their H slices around, so each multiplies "
+                         f"{d['cls_shuffle'] * d['nb']} d_ff columns with its own W_down columns")
+        if "reduce_scatter" in self.dataflows:
+            lines.append(f"reduce_scatter: {d['cls_reduce']} groups sum partial output tiles over DSM; each block "
+                         f"stores a {p['bm']}x{d['sw']} share")
+        if "inter_cluster_reduce" in self.dataflows:
+            lines.append(f"inter_cluster_reduce: {d['grid_n']} clusters along d_ff sum fp32 partials through a "
+                         f"{d['workspace_bytes'] / 1e6:.1f} MB workspace; the last to arrive adds them in order "
+                         f"(deterministic)")
+        if not lines:
+            lines.append("no inter-block exchange: each block computes whole output tiles on its own")
+        return lines
+
+    def _bound(self):
+        b = self.breakdown
+        keys = ("compute", "hbm", "l2", "dsm", "smem")
+        top = max(keys, key=lambda k: b[k])
+        return top, b[top]
+
+    def explain(self):
+        """A readable account of the choice, its predicted time and traffic, and the runner-up."""
+        b, tr = self.breakdown, self.traffic
+        out = [f"FFN: {self._head()}; target {self.target.get('name', '?')}"]
+        if self.fused:
+            d, p = self.derived, self._d["params"]
+            out.append("Choice: fused, " + self.dataflow)
+            out.append(f"  cluster (cls_m, cls_n, cls_k, cls_l) = {tuple(p['cluster'])}: {d['cluster_size']} blocks; "
+                       f"{d['grid_n']} cluster(s) along d_ff x {d['grid_m']} along tokens = {d['blocks']} blocks, "
+                       f"{self._d['cost']['waves']} wave(s) on {self._d['cost']['sms_used']} SMs")
+            order = ("outputs stay in registers while d_ff streams (n_outer)" if p["order"] == "n_outer"
+                     else "each block keeps its whole H slice in shared memory, then loops over outputs (l_outer)")
+            gate = {"none": "", "spatial": "; gate and up on different blocks",
+                    "sequential": "; gate and up in the same block"}[p["gate_mode"]]
+            out.append(f"  tiles: {p['bm']} token rows x {p['bn']} d_ff columns x {p['n_iters']} chunk(s), output "
+                       f"chunks of {p['bl']}; {p['stages']} pipeline stages; {order}{gate}")
+            out.append(f"  shared memory {d['smem_bytes']} B per block, ~{d['regs_est']} registers per thread, "
+                       f"{d['barriers']} cluster barriers")
+            out += ["  " + line for line in self._describe_dataflows()]
+        else:
+            out.append("Choice: unfused: PyTorch eager ops (library GEMMs, the intermediate through HBM)")
+        top, val = self._bound()
+        out.append(f"  predicted {b['total']:.1f} us = launch {b['launch']:.1f} + max(compute {b['compute']:.1f}, "
+                   f"hbm {b['hbm']:.1f}, l2 {b['l2']:.1f}, dsm {b['dsm']:.1f}, smem {b['smem']:.1f}) + sync "
+                   f"{b['sync']:.1f} + tail {b['tail']:.1f}; bound by {top}")
+        out.append(f"  traffic: HBM {tr['hbm'] / 1e6:.1f} MB, L2 {tr['l2'] / 1e6:.1f} MB, DSM {tr['dsm'] / 1e6:.1f} MB, "
+                   f"shared memory {tr['smem'] / 1e6:.1f} MB")
+        if self.floor_us:
+            out.append(f"  roofline floor {self.floor_us:.1f} us: predicted {b['total'] / self.floor_us:.2f}x the floor")
+        r = self._runner_up
+        if r is not None:
+            delta = r.predicted_us - self.predicted_us
+            why = (f"{delta:.1f} us slower" if delta > 0.05 else "tied; the enumeration order decides")
+            rtop, _ = r._bound()
+            out.append(f"Runner-up: {r.summary()} ({why}; bound by {rtop})")
+        if self.candidates:
+            top_rules = sorted(((v, k) for k, v in self.pruned.items() if v), reverse=True)
+            rules = ", ".join(f"{k} {v:,}" for v, k in top_rules)
+            out.append(f"Search: {self.candidates:,} candidates, {self.scored:,} scored, in {self.search_ms:.1f} ms; "
+                       f"pruned by {rules}")
+        return "\n".join(out)
+
+
+def simulate(plan, x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None):
+    """Run ``plan`` on the CPU plan interpreter: each simulated block uses only its own shared memory and
+    reaches peers through explicit DSM copies, accumulating in fp32 and rounding where the kernel does.
+
+    Tensors are CPU tensors in the plan's dtype with the plan's shapes (x: [m, d_model]).
+    Returns ``(y, traffic)`` with traffic the bytes counted per level (equal to ``plan.traffic``).
+
+    Example:
+        >>> import torch, fuser
+        >>> p = fuser.plan(16, 64, 128, activation="relu")
+        >>> x, w1, w2 = (torch.randn(*s).bfloat16() for s in [(16, 64), (128, 64), (64, 128)])
+        >>> y, traffic = fuser.simulate(p, x, w1, w2)
+        >>> traffic == p.traffic
+        True
+    """
+    import torch
+    if not isinstance(plan, Plan):
+        raise TypeError(f"plan: expected a fuser.Plan, got {type(plan).__name__}")
+    c = plan.chain
+    dtype = getattr(torch, c["dtype"])
+    y = torch.empty(c["m"], c["d_out"], dtype=dtype)
+
+    def view(t):
+        return None if t is None else (t.detach() if isinstance(t, torch.Tensor) else t)
+
+    traffic, _barriers, _flops = _C.simulate(plan._d, plan.target or "h200", view(x), view(w_up), view(w_down),
+                                             view(w_gate), view(b_up), view(b_gate), view(b_down), y)
+    return y, traffic

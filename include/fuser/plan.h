@@ -1,0 +1,139 @@
+/* plan.h: a plan, i.e. how one chain runs on one target: the cluster shape, the block tiles, the loop
+ * order and the dataflows between blocks, plus everything derived from them (grid, buffers, traffic,
+ * predicted time). This header is the contract that the cost model, the CPU plan interpreter, the code
+ * generator and the kernel templates all implement; docs/dataflows.md explains it with pictures.
+ *
+ * A fused plan runs a grid of clusters. Cluster (cm, cn) owns rows [cm*cls_m*bm, +cls_m*bm) of the
+ * tokens and the d_ff range [cn*nc, +nc). Its cls_m*cls_n*cls_k blocks are, by rank
+ * r = ik*(cls_n*cls_m) + in*cls_m + im:
+ *   GEMM1 view: block (im, in, ik) computes the partial H tile of rows im and d_ff slice `in`
+ *     (bn*n_iters contiguous columns, processed bn at a time) over K-split ik.
+ *     all_exchange (cls_k > 1): the cls_k blocks of one (im, in) read each other's fp32 partials over
+ *     DSM and each forms the complete tile, adding (K split) or multiplying (gate x up); the
+ *     activation is applied and H is rounded to 16 bits. Every replica then holds the same H tile.
+ *   GEMM2 view: shuffle group g = in / cls_shuffle, position s = in % cls_shuffle, output part
+ *     lpart = s*cls_k + ik (cls_l = cls_shuffle*cls_k parts of lp columns each).
+ *     shuffle (cls_shuffle > 1): the blocks of a group copy each other's H slices over DSM (ring order),
+ *     so each multiplies the group's whole d_ff range with its own W_down columns.
+ *     reduce_scatter (cls_reduce > 1): the cls_reduce groups hold partial output tiles of the same
+ *     columns; each block sums one share (bl/cls_reduce columns) of every group's tile over DSM.
+ *     inter_cluster_reduce (grid_n > 1): clusters along d_ff write fp32 partial shares to a global
+ *     workspace; per share tile, the last block to arrive (an atomic ticket) sums all of them in
+ *     cluster order (deterministic), adds b_down, rounds and stores.
+ * Loop orders: n_outer keeps the output tile in registers and streams d_ff chunks (each block has one
+ * output chunk); l_outer computes the block's whole H slice first (it stays in shared memory) and
+ * then loops over output chunks.
+ * Gated chains: spatial mode puts gate and up on different blocks (cls_k = 2 x K-split, exchange
+ * multiplies); sequential mode computes both in one block (two accumulators, exchange adds both).
+ */
+#ifndef FUSER_PLAN_H
+#define FUSER_PLAN_H
+
+#include <stdint.h>
+
+#include "fuser/chain.h"
+#include "fuser/status.h"
+#include "fuser/target.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { FUSER_ORDER_N_OUTER = 0, FUSER_ORDER_L_OUTER = 1 } fuser_order;
+typedef enum { FUSER_GATE_NONE = 0, FUSER_GATE_SPATIAL = 1, FUSER_GATE_SEQUENTIAL = 2 } fuser_gate_mode;
+
+/* Dataflow bits (a plan uses a set of them). */
+enum {
+    FUSER_DF_ALL_EXCHANGE = 1 << 0,
+    FUSER_DF_SHUFFLE = 1 << 1,
+    FUSER_DF_REDUCE_SCATTER = 1 << 2,
+    FUSER_DF_INTER_CLUSTER = 1 << 3,
+};
+#define FUSER_NUM_DATAFLOWS 4
+/** Name of dataflow bit i ("all_exchange", ...). */
+const char *fuser_dataflow_name(int bit_index);
+
+/* Fixed kernel constants (see include/fuser/device/): 8 warps; K step of GEMM1; K step of GEMM2. */
+#define FUSER_THREADS 256
+#define FUSER_BK 64
+#define FUSER_BK2 64
+
+/* Bytes moved per memory level. hbm: compulsory global traffic (each input byte read once, each output
+ * byte written once, the workspace written and read); l2: every global load and store issued by any
+ * block (in-bounds bytes); dsm: bytes read from another block's shared memory; smem: bytes written
+ * into shared memory (operand tiles, received DSM data, exchange buffers). */
+typedef struct {
+    int64_t hbm, l2, dsm, smem;
+} fuser_traffic;
+
+/* Predicted time in microseconds, by component. `total` = launch + max(compute, hbm, l2, dsm, smem)
+ * + sync + tail (the minimax of the paper's cost model plus the serial terms it leaves out). */
+typedef struct {
+    double compute, hbm, l2, dsm, smem, sync, launch, tail, total;
+    double flops;        /* executed, including padded tiles */
+    double useful_flops; /* the chain's own FLOPs */
+    int waves;           /* ceil(clusters / co-resident clusters) */
+    int sms_used;
+} fuser_cost;
+
+typedef struct fuser_plan {
+    fuser_chain chain;
+    int fused;                       /* 0: the unfused path (library GEMMs + elementwise kernels) */
+    /* --- searched --- */
+    int cls_m, cls_n, cls_k, cls_l;  /* cluster shape (the paper's notation) */
+    int bm, bn, bl;                  /* block tiles: token rows, d_ff columns per chunk, output columns per chunk */
+    int n_iters;                     /* d_ff chunks per block: a block's d_ff slice is bn * n_iters wide */
+    int stages;                      /* cp.async pipeline depth */
+    fuser_order order;
+    fuser_gate_mode gate_mode;
+    /* --- derived by fuser_plan_derive --- */
+    int cluster_size;                /* cls_m * cls_n * cls_k */
+    int cls_shuffle, cls_reduce;     /* cls_l / cls_k, cls_n * cls_k / cls_l */
+    int ksplit, parts;               /* K splits; fp32 partial tiles a block publishes (2: gated sequential) */
+    int warps_m, warps_n;            /* warp grid of the 8 warps over a bm x (bn | bl) tile */
+    int64_t kt, kts;                 /* K steps in total, per split */
+    int64_t nb, nc;                  /* d_ff slice per block, per cluster */
+    int64_t lp;                      /* output columns per output part (a multiple of bl) */
+    int lc;                          /* output chunks per part: lp / bl */
+    int sw;                          /* share width: bl / cls_reduce */
+    int64_t grid_m, grid_n;          /* clusters along tokens, along d_ff */
+    int64_t clusters, blocks;
+    int64_t m_pad, l_pad;            /* grid_m*cls_m*bm, cls_l*lp */
+    int smem_bytes;                  /* dynamic shared memory per block */
+    int smem_pipe, smem_xbuf, smem_hg; /* its parts */
+    int regs_est;                    /* estimated registers per thread */
+    int64_t workspace_bytes;         /* fp32 partials for inter_cluster_reduce (0 if grid_n == 1) */
+    int64_t tickets;                 /* int32 counters for inter_cluster_reduce */
+    int barriers;                    /* cluster barriers per block */
+    int dataflows;                   /* FUSER_DF_* bits */
+    /* --- filled by the cost model --- */
+    fuser_traffic traffic;
+    fuser_cost cost;
+} fuser_plan;
+
+/** Fill the derived fields of a plan whose chain and searched fields are set. Checks structural
+ * validity (divisibility of the cluster shape, tile shapes, ranges) and returns FUSER_E_VALUE naming
+ * the first violated condition. It does not check hardware limits (see fuser_plan_check_target). */
+int fuser_plan_derive(fuser_plan *p, fuser_err *err);
+
+/** Check a derived plan against a target's hardware limits (shared memory, registers, cluster size,
+ * workspace); FUSER_E_VALUE naming the limit. The unfused plan always passes. */
+int fuser_plan_check_target(const fuser_plan *p, const fuser_target *t, fuser_err *err);
+
+/** A plan for the unfused path of a chain. */
+void fuser_plan_unfused(const fuser_chain *c, fuser_plan *p);
+
+/** Short text of the dataflow set: "all_exchange+shuffle", "local" (none), or "unfused". */
+void fuser_plan_dataflow_str(const fuser_plan *p, char *buf, size_t n);
+
+/** Block-level geometry helpers (shared by the interpreter and the cost model). */
+int64_t fuser_min64(int64_t a, int64_t b);
+int64_t fuser_max64(int64_t a, int64_t b);
+int64_t fuser_ceil_div(int64_t a, int64_t b);
+/** How many of the `len` indices starting at `begin` are below `limit`. */
+int64_t fuser_in_bounds(int64_t begin, int64_t len, int64_t limit);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FUSER_PLAN_H */

@@ -1,0 +1,68 @@
+/* target.h: the GPU target model, a plain data table per GPU that the cost model and the pruning
+ * rules read. Defaults for the H200 and H100 SXM come from measurements (h200-baselines.md in the
+ * shared docs); fuser_target_from_device() builds one from a live device's properties. No function
+ * here touches CUDA: the caller passes the properties in. */
+#ifndef FUSER_TARGET_H
+#define FUSER_TARGET_H
+
+#include <stdint.h>
+
+#include "fuser/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Cluster sizes fuser may use, and the index of each in the per-size tables below. */
+#define FUSER_NUM_CLUSTER_SIZES 5 /* 1, 2, 4, 8, 16 */
+int fuser_cluster_size_index(int size); /* -1 if not a power of two in [1, 16] */
+
+typedef struct fuser_target {
+    char name[64];
+    int sm_count;
+    int usable_sms[FUSER_NUM_CLUSTER_SIZES]; /* SMs a grid of 1-block-per-SM clusters of each size can
+                                                fill (uneven GPCs strand SMs: 132/132/120/120/112) */
+    int smem_per_block;          /* opt-in maximum dynamic shared memory per block, bytes */
+    int smem_per_sm;             /* bytes */
+    int regs_per_sm;             /* 32-bit registers */
+    int max_regs_per_thread;
+    int max_cluster;             /* 16 where the non-portable size is allowed, else 8 */
+    double clock_ghz;            /* sustained SM clock under load */
+    double hbm_gbs;              /* HBM bandwidth a streaming kernel reaches, GB/s */
+    double l2_gbs;               /* aggregate L2 read bandwidth, GB/s */
+    double sm_load_gbs;          /* global-load bandwidth one SM can pull, GB/s */
+    double mem_latency_us;       /* global load latency under load: bytes in flight / latency bounds an
+                                    SM's bandwidth (Little's law), so pipeline depth matters */
+    double dsm_bytes_per_clk[FUSER_NUM_CLUSTER_SIZES]; /* remote smem reads per SM per clock */
+    double smem_bytes_per_clk;   /* local shared memory per SM per clock */
+    double barrier_cycles;       /* one cluster barrier (arrive.release + wait.acquire) */
+    double launch_us;            /* one kernel launch on a busy stream */
+    double mma_tflops;           /* dense 16-bit matmul rate of a cuBLAS-class kernel, TFLOP/s */
+    double fused_mma_eff;        /* fraction of mma_tflops fuser's current GEMM main loop reaches */
+    double small_gemm_eff;       /* fraction of hbm_gbs library GEMMs reach when weight-streaming */
+    int64_t max_workspace;       /* bytes of global scratch a plan may use (inter-cluster partials) */
+} fuser_target;
+
+/** Named defaults: "h200", "h100" (H100 SXM). NULL if unknown. */
+const fuser_target *fuser_target_builtin(const char *name);
+/** Comma-separated names of the built-in targets, for error messages. */
+const char *fuser_target_names(void);
+
+/** Properties of a live device, as read from the driver. */
+typedef struct {
+    char name[256];
+    int cc_major, cc_minor, sm_count, smem_per_block_optin, smem_per_sm, regs_per_sm, l2_bytes;
+    int clock_khz, mem_clock_khz, mem_bus_bits;
+} fuser_device_props;
+
+/** A target for a live device: measured Hopper constants, scaled by the device's own SM count,
+ * clocks, memory bus and shared memory. Fails (FUSER_E_UNSUPPORTED) for devices that are not sm_90. */
+int fuser_target_from_device(const fuser_device_props *p, fuser_target *out, fuser_err *err);
+
+/** Check a target's numbers are usable (positive, in range); FUSER_E_VALUE saying which is not. */
+int fuser_target_check(const fuser_target *t, fuser_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FUSER_TARGET_H */
