@@ -8,10 +8,14 @@ int ctest_checks;
 
 void test_tensor_validation(void);
 void test_ffn_validation(void);
+void test_sha256_vectors(void);
+void test_sha256_splits(void);
 
 static const struct { const char *name; void (*fn)(void); } tests[] = {
     {"tensor_validation", test_tensor_validation},
     {"ffn_validation", test_ffn_validation},
+    {"sha256_vectors", test_sha256_vectors},
+    {"sha256_splits", test_sha256_splits},
 };
 
 int main(int argc, char **argv)
