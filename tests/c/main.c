@@ -10,12 +10,18 @@ void test_tensor_validation(void);
 void test_ffn_validation(void);
 void test_sha256_vectors(void);
 void test_sha256_splits(void);
+void test_cache_key(void);
+void test_cache_entry_format(void);
+void test_cache_disk(void);
 
 static const struct { const char *name; void (*fn)(void); } tests[] = {
     {"tensor_validation", test_tensor_validation},
     {"ffn_validation", test_ffn_validation},
     {"sha256_vectors", test_sha256_vectors},
     {"sha256_splits", test_sha256_splits},
+    {"cache_key", test_cache_key},
+    {"cache_entry_format", test_cache_entry_format},
+    {"cache_disk", test_cache_disk},
 };
 
 int main(int argc, char **argv)
