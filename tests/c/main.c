@@ -13,6 +13,8 @@ void test_sha256_splits(void);
 void test_cache_key(void);
 void test_cache_entry_format(void);
 void test_cache_disk(void);
+void test_launch_config(void);
+void test_launch_driver(void);
 
 static const struct { const char *name; void (*fn)(void); } tests[] = {
     {"tensor_validation", test_tensor_validation},
@@ -22,6 +24,8 @@ static const struct { const char *name; void (*fn)(void); } tests[] = {
     {"cache_key", test_cache_key},
     {"cache_entry_format", test_cache_entry_format},
     {"cache_disk", test_cache_disk},
+    {"launch_config", test_launch_config},
+    {"launch_driver", test_launch_driver},
 };
 
 int main(int argc, char **argv)
