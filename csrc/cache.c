@@ -171,19 +171,31 @@ static int is_key(const unsigned char *s, size_t n)
     return 1;
 }
 
-/* Read the alias of `any_key` into key. FUSER_OK, or FUSER_E_CACHE (absent, unreadable, invalid). */
-static int follow_alias(const char *root, const char *any_key, char key[FUSER_SHA256_HEX], fuser_err *err)
+/* Read the file of `key` (with extension `ext`) under root into *buf; its path goes to path[PATH_BYTES].
+ * FUSER_OK, or FUSER_E_CACHE ("no entry <path>" when absent). */
+static int read_cached(const char *root, const char *key, const char *ext, char *path, unsigned char **buf,
+                       size_t *n, struct stat *st, fuser_err *err)
 {
-    char path[PATH_BYTES], why[128];
-    if (fuser_cache_path(root, any_key, ".fza", path, sizeof path))
+    char why[128];
+    if (fuser_cache_path(root, key, ext, path, PATH_BYTES))
         return fuser_fail(err, FUSER_E_CACHE, "cache path too long under %s", root);
-    unsigned char *buf;
-    size_t n;
-    struct stat st;
-    int e = read_file(path, &buf, &n, &st);
+    int e = read_file(path, buf, n, st);
     if (e)
         return fuser_fail(err, FUSER_E_CACHE, e == ENOENT ? "no entry %s" : "cannot read %s: %s", path,
                           errtext(e, why, sizeof why));
+    return FUSER_OK;
+}
+
+/* Read the alias of `any_key` into key. FUSER_OK, or FUSER_E_CACHE (absent, unreadable, invalid). */
+static int follow_alias(const char *root, const char *any_key, char key[FUSER_SHA256_HEX], fuser_err *err)
+{
+    char path[PATH_BYTES];
+    unsigned char *buf;
+    size_t n;
+    struct stat st;
+    int rc = read_cached(root, any_key, ".fza", path, &buf, &n, &st, err);
+    if (rc)
+        return rc;
     if (n && buf[n - 1] == '\n')
         n--;
     int ok = is_key(buf, n);
@@ -202,28 +214,21 @@ static int follow_alias(const char *root, const char *any_key, char key[FUSER_SH
 int fuser_cache_load(const char *root, const char *key, int by_alias, fuser_cubin *out, fuser_cache_meta *m,
                      fuser_err *err)
 {
-    char path[PATH_BYTES], why[128], entry_key[FUSER_SHA256_HEX];
-    memset(out, 0, sizeof *out);
-    memset(m, 0, sizeof *m);
-    if (by_alias) {
-        int rc = follow_alias(root, key, entry_key, err);
-        if (rc)
-            return rc;
-    } else {
-        fuser_strlcpy(entry_key, key, sizeof entry_key);
-    }
-    if (fuser_cache_path(root, entry_key, ".fzk", path, sizeof path))
-        return fuser_fail(err, FUSER_E_CACHE, "cache path too long under %s", root);
+    char path[PATH_BYTES], entry_key[FUSER_SHA256_HEX];
     unsigned char *buf;
     size_t n;
     struct stat st;
-    int e = read_file(path, &buf, &n, &st);
-    if (e)
-        return fuser_fail(err, FUSER_E_CACHE, e == ENOENT ? "no entry %s" : "cannot read %s: %s", path,
-                          errtext(e, why, sizeof why));
+    memset(out, 0, sizeof *out);
+    memset(m, 0, sizeof *m);
+    fuser_strlcpy(entry_key, key, sizeof entry_key);
+    int rc = by_alias ? follow_alias(root, key, entry_key, err) : FUSER_OK;
+    if (rc == FUSER_OK)
+        rc = read_cached(root, entry_key, ".fzk", path, &buf, &n, &st, err);
+    if (rc)
+        return rc;
     fuser_err derr;
     fuser_err_clear(&derr);
-    int rc = fuser_cache_decode(buf, n, out, m, &derr);
+    rc = fuser_cache_decode(buf, n, out, m, &derr);
     free(buf);
     if (rc == FUSER_OK && strcmp(m->key, entry_key) != 0)
         rc = fuser_fail(&derr, FUSER_E_CACHE, "it holds the entry of another key");

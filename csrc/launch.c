@@ -100,7 +100,9 @@ int fuser_launch_config(fuser_dim3 grid, fuser_dim3 block, fuser_dim3 cluster, u
                         fuser_cu_stream stream, fuser_cu_launch_attr *attr, fuser_cu_launch_config *cfg,
                         fuser_err *err)
 {
-    const struct { const char *what; fuser_dim3 d; } dims[] = {{"grid", grid}, {"block", block}, {"cluster", cluster}};
+    const struct { const char *what; fuser_dim3 d; } dims[] = {
+        {"grid", grid}, {"block", block}, {"cluster", cluster},
+    };
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
         if (!dims[i].d.x || !dims[i].d.y || !dims[i].d.z)
             return fuser_fail(err, FUSER_E_VALUE, "%s (%u, %u, %u) has a zero dimension", dims[i].what, dims[i].d.x,
@@ -167,17 +169,27 @@ static int use_context(const fuser_driver *drv, const fuser_kernel *k, fuser_err
     return r == FUSER_CUDA_SUCCESS ? FUSER_OK : cu_fail(drv, r, err, "setting the current context", k);
 }
 
-int fuser_kernel_launch(const fuser_driver *drv, fuser_kernel *k, fuser_dim3 grid, fuser_dim3 block,
-                        fuser_dim3 cluster, unsigned int dyn_smem, fuser_cu_stream stream, void **args,
-                        fuser_err *err)
+/* Everything before the driver call of a launch or an occupancy query: the configuration, the context,
+ * the function attributes (occupancy honours the same ones). */
+static int ready(const fuser_driver *drv, fuser_kernel *k, fuser_dim3 grid, fuser_dim3 block, fuser_dim3 cluster,
+                 unsigned int dyn_smem, fuser_cu_stream stream, fuser_cu_launch_attr *attr,
+                 fuser_cu_launch_config *cfg, fuser_err *err)
 {
-    fuser_cu_launch_attr attr;
-    fuser_cu_launch_config cfg;
-    int rc = fuser_launch_config(grid, block, cluster, dyn_smem, stream, &attr, &cfg, err);
+    int rc = fuser_launch_config(grid, block, cluster, dyn_smem, stream, attr, cfg, err);
     if (rc == FUSER_OK)
         rc = use_context(drv, k, err);
     if (rc == FUSER_OK)
         rc = prepare(drv, k, cluster, dyn_smem, err);
+    return rc;
+}
+
+int fuser_kernel_launch(const fuser_driver *drv, fuser_kernel *k, fuser_dim3 grid, fuser_dim3 block,
+                        fuser_dim3 cluster, unsigned int dyn_smem, fuser_cu_stream stream, void **args,
+                        fuser_err *err)
+{
+    fuser_cu_launch_attr attr; /* on this stack frame: alive through the launch, private to this thread */
+    fuser_cu_launch_config cfg;
+    int rc = ready(drv, k, grid, block, cluster, dyn_smem, stream, &attr, &cfg, err);
     if (rc)
         return rc;
     fuser_cu_result r = drv->cuLaunchKernelEx(&cfg, k->func, args, NULL);
@@ -196,11 +208,7 @@ int fuser_kernel_max_active_clusters(const fuser_driver *drv, fuser_kernel *k, f
     fuser_cu_launch_attr attr;
     fuser_cu_launch_config cfg;
     *n = 0;
-    int rc = fuser_launch_config(cluster, block, cluster, dyn_smem, NULL, &attr, &cfg, err);
-    if (rc == FUSER_OK)
-        rc = use_context(drv, k, err);
-    if (rc == FUSER_OK)
-        rc = prepare(drv, k, cluster, dyn_smem, err); /* occupancy honours the same attributes */
+    int rc = ready(drv, k, cluster, block, cluster, dyn_smem, NULL, &attr, &cfg, err); /* grid: one cluster */
     if (rc)
         return rc;
     fuser_cu_result r = drv->cuOccupancyMaxActiveClusters(n, k->func, &cfg);

@@ -10,7 +10,8 @@ int fuser_str_list(PyObject *seq, const char *what, PyObject **keep, const char 
     *keep = NULL;
     *out = NULL;
     if (PyUnicode_Check(seq) || PyBytes_Check(seq)) { /* a lone string is a sequence too, of letters */
-        PyErr_Format(PyExc_TypeError, "%s: expected a sequence of str, got a single %s", what, Py_TYPE(seq)->tp_name);
+        PyErr_Format(PyExc_TypeError, "%s: expected a sequence of str, got a single %s", what,
+                     Py_TYPE(seq)->tp_name);
         return -1;
     }
     *keep = PySequence_List(seq);

@@ -112,7 +112,8 @@ static int header_table(PyObject *obj, PyObject **keep, fuser_embedded_file **ou
         return -1;
     }
     for (Py_ssize_t i = 0; i < len; i++) {
-        PyObject *item = PyList_GET_ITEM(*keep, i), *key = PyTuple_GET_ITEM(item, 0), *val = PyTuple_GET_ITEM(item, 1);
+        PyObject *item = PyList_GET_ITEM(*keep, i);
+        PyObject *key = PyTuple_GET_ITEM(item, 0), *val = PyTuple_GET_ITEM(item, 1);
         char *data;
         Py_ssize_t size;
         if (!PyUnicode_Check(key) || !PyBytes_Check(val)) {

@@ -2,11 +2,13 @@
 GPU: compiling sm_90a cluster code against the embedded headers alone, compile errors with their log,
 cache hits that need no NVRTC, cache keys, corrupted entries rebuilt, concurrent writers, and a cache
 that cannot be written. Tests that compile skip when NVRTC is not installed."""
+import glob
 import hashlib
 import json
 import multiprocessing
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -310,3 +312,33 @@ def test_cache_disable(nvrtc, cache, monkeypatch):
 def test_cache_dir_follows_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSER_CACHE_DIR", str(tmp_path))
     assert jit.cache_dir() == str(tmp_path) == fuser.env().cache_dir
+
+
+def test_readme_example_runs(nvrtc, cache):
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    block = re.search(r"### Compiling kernels.*?```python\n(.*?)```", text, re.S).group(1)
+    scope = {}
+    exec(block, scope)
+    k = scope["k"]
+    assert k.cubin[:4] == b"\x7fELF" and k.kernels[0]["name"] == "fill" and k.spill_bytes == 0
+    assert jit.compile_source(scope["src"], "fill.cu").cache_hit
+
+
+@pytest.mark.gpu
+def test_probe_launches_with_clusters_on_hopper(nvrtc, cache, tmp_path):
+    """launch.c on a real GPU: clusters of 2, 8 and 16 (non-portable) blocks, >48 KB dynamic smem."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("needs a C compiler")
+    cubin = tmp_path / "probe.cubin"
+    cubin.write_bytes(jit.compile_source(PROBE, "probe.cu").cubin)
+    exe = tmp_path / "gpu_probe"
+    sources = sorted(glob.glob(os.path.join(ROOT, "csrc", "*.c")))
+    subprocess.run([cc, "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-Wno-missing-field-initializers",
+                    "-I" + os.path.join(ROOT, "include"), *sources, os.path.join(ROOT, "tests/c/embedded_fixture.c"),
+                    os.path.join(ROOT, "tests/c/gpu_probe.c"), "-o", str(exe), "-ldl", "-lpthread", "-lm"],
+                   check=True)
+    r = subprocess.run([str(exe), str(cubin)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count(": ok") == 3

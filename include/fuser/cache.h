@@ -84,8 +84,8 @@ int fuser_cache_path(const char *root, const char *key, const char *ext, char *b
 
 /** Read the entry of `key` under `root`. FUSER_OK is a hit (out and m filled). Anything else is a miss:
  * FUSER_E_CACHE with the reason ("no entry <path>", "cannot read <path>: ...", or "invalid entry <path>
- * (why); deleted": the file was unlinked), or FUSER_E_NOMEM. With by_alias, `key` is an "any NVRTC" key: the alias is followed to the
- * entry it names, whose recorded any_key must match. */
+ * (why); deleted": the file was unlinked), or FUSER_E_NOMEM. With by_alias, `key` is an "any NVRTC"
+ * key: the alias is followed to the entry it names, whose recorded any_key must match. */
 int fuser_cache_load(const char *root, const char *key, int by_alias, fuser_cubin *out, fuser_cache_meta *m,
                      fuser_err *err);
 

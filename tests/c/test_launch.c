@@ -175,15 +175,16 @@ void test_launch_driver(void)
           FUSER_OK);
     CHECK(fake.launches == 1 && fake.set_attr_calls == 0);
     CHECK(fake.launched.grid_x == 132 && fake.launched.shared_bytes == 40 * 1024 && fake.launched.num_attrs == 1);
-    CHECK(fake.launched_attr.id == FUSER_CU_LAUNCH_ATTR_CLUSTER_DIMENSION && fake.launched_attr.value.cluster_dim.x == 2);
+    CHECK(fake.launched_attr.id == FUSER_CU_LAUNCH_ATTR_CLUSTER_DIMENSION);
+    CHECK(fake.launched_attr.value.cluster_dim.x == 2 && fake.launched_attr.value.cluster_dim.y == 1);
 
     CHECK(fuser_kernel_launch(&d, &k, dim(132, 1, 1), dim(384, 1, 1), dim(2, 1, 1), 47 * 1024, NULL, NULL, &err) ==
           FUSER_OK); /* exactly the default 48 KB - 1 KB static */
     CHECK(fake.set_attr_calls == 0);
 
     /* 47.5 KB dynamic + 1 KB static is over the 48 KB default: raised */
-    CHECK(fuser_kernel_launch(&d, &k, dim(132, 1, 1), dim(384, 1, 1), dim(2, 1, 1), 47 * 1024 + 512, NULL, NULL, &err) ==
-          FUSER_OK);
+    CHECK(fuser_kernel_launch(&d, &k, dim(132, 1, 1), dim(384, 1, 1), dim(2, 1, 1), 47 * 1024 + 512, NULL, NULL,
+                              &err) == FUSER_OK);
     CHECK(fake.set_attr_calls == 1 && fake.last_attr == FUSER_CU_FUNC_ATTR_MAX_DYNAMIC_SHARED_SIZE_BYTES);
     CHECK(fake.last_value == 47 * 1024 + 512);
 
@@ -211,12 +212,12 @@ void test_launch_driver(void)
     /* the driver's refusals, described */
     CHECK(fuser_kernel_launch(&d, &k, dim(8, 1, 1), dim(384, 1, 1), dim(1, 1, 1), 300000, NULL, NULL, &err) ==
           FUSER_E_CUDA);
-    CHECK_ERR(&err, FUSER_E_CUDA, "MAX_DYNAMIC_SHARED_SIZE_BYTES) of kernel probe failed: CUDA_ERROR_INVALID_VALUE");
+    CHECK_ERR(&err, FUSER_E_CUDA, "SHARED_SIZE_BYTES) of kernel probe failed: CUDA_ERROR_INVALID_VALUE");
     CHECK(atomic_load(&k.dyn_smem_limit) == 200000);
     fake.launch_result = 912;
     CHECK(fuser_kernel_launch(&d, &k, dim(8, 1, 1), dim(384, 1, 1), dim(8, 1, 1), 0, NULL, NULL, &err) ==
           FUSER_E_CUDA);
-    CHECK_ERR(&err, FUSER_E_CUDA, "cluster (8, 1, 1), 0 bytes dynamic smem) failed: CUDA_ERROR_INVALID_CLUSTER_SIZE");
+    CHECK_ERR(&err, FUSER_E_CUDA, "cluster (8, 1, 1), 0 bytes dynamic smem) failed: CUDA_ERROR_INVALID_CLUSTER");
     fake.launch_result = 0;
 
     /* a new thread (no current context) gets the kernel's; another context is refused */
