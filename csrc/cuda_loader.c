@@ -64,7 +64,7 @@ static const char *const driver_syms[] = {
     "cuDeviceGetAttribute", "cuGetErrorName", "cuGetErrorString", "cuCtxGetCurrent", "cuCtxSetCurrent",
     "cuCtxSynchronize", "cuDevicePrimaryCtxRetain", "cuModuleLoadData", "cuModuleUnload",
     "cuModuleGetFunction", "cuFuncSetAttribute", "cuFuncGetAttribute", "cuLaunchKernelEx",
-    "cuOccupancyMaxActiveClusters", "cuStreamSynchronize",
+    "cuOccupancyMaxActiveClusters", "cuStreamSynchronize", "cuCtxGetDevice",
 };
 #define N_DRIVER_SYMS ((int)(sizeof driver_syms / sizeof driver_syms[0]))
 _Static_assert(sizeof(fuser_driver) == offsetof(fuser_driver, cuInit) + N_DRIVER_SYMS * sizeof(void *),
@@ -140,6 +140,22 @@ _Static_assert(sizeof(fuser_nvrtc) ==
 static const char *const nvrtc_sonames[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
 #define N_SONAMES ((int)(sizeof nvrtc_sonames / sizeof nvrtc_sonames[0]))
 
+/* NOTE: libnvrtc dlopens libnvrtc-builtins.so.<major>.<minor> by bare name at compile time, and has
+ * no RPATH; from a wheel folder (not on the loader's path) that fails with "failed to open
+ * libnvrtc-builtins". Loading it from libnvrtc's own folder first makes the later lookup by soname
+ * find it. A failure here is not fatal: the system loader may still find it. */
+static void preload_builtins(const fuser_nvrtc *v)
+{
+    char dir[sizeof v->path], file[sizeof v->path + 64];
+    fuser_strlcpy(dir, v->path, sizeof dir);
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+        return;
+    *slash = '\0';
+    if (snprintf(file, sizeof file, "%s/libnvrtc-builtins.so.%d.%d", dir, v->major, v->minor) < (int)sizeof file)
+        dlopen(file, RTLD_NOW | RTLD_LOCAL); /* kept open for the life of the process, as libnvrtc is */
+}
+
 /* Try one candidate file (or soname); on success fill nvrtc and return 0. */
 static int try_nvrtc(const char *file, char *tried, size_t ntried)
 {
@@ -163,6 +179,7 @@ static int try_nvrtc(const char *file, char *tried, size_t ntried)
         return -1;
     }
     loaded_path((void *)v.nvrtcVersion, file, v.path, sizeof v.path);
+    preload_builtins(&v);
     nvrtc = v;
     nvrtc_loaded = 1;
     return 0;

@@ -15,12 +15,13 @@ kernel; this package is the PyTorch face of it.
 __version__ = "0.1.0"
 
 from fuser._C import CacheError, CompileError, CudaError, FuserError, UnsupportedError
+from fuser import jit
 from fuser._env import Env, env
 from fuser.ops import ffn
 from fuser.planner import DATAFLOWS, Plan, plan, plans, simulate
 from fuser.reference import ACTIVATIONS, ffn_reference
 
 __all__ = [
-    "ffn", "ffn_reference", "env", "Env", "ACTIVATIONS", "plan", "plans", "Plan", "simulate", "DATAFLOWS",
+    "ffn", "ffn_reference", "env", "Env", "ACTIVATIONS", "plan", "plans", "Plan", "simulate", "DATAFLOWS", "jit",
     "FuserError", "CudaError", "CompileError", "CacheError", "UnsupportedError",
 ]

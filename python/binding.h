@@ -49,6 +49,11 @@ int fuser_take(fuser_state *st, PyObject *obj, const char *name, PyObject *strea
 /* Call the managed tensor's deleter (once) and forget it. Safe on a zeroed or released fuser_held. */
 void fuser_release(fuser_held *h);
 
+/* Convert a sequence of str (argument `what`) into a NULL-terminated C array whose strings are borrowed
+ * from *keep (a new list). Returns 0, or -1 with an exception set. Either way the caller releases
+ * *out with PyMem_Free and *keep with Py_XDECREF (env_bind.c). */
+int fuser_str_list(PyObject *seq, const char *what, PyObject **keep, const char ***out, int *n);
+
 /* ---- module functions, one file each ---- */
 PyObject *fuser_py_dlpack_info(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs);
@@ -60,5 +65,8 @@ PyObject *fuser_py_simulate(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fuser_py_targets(PyObject *module, PyObject *noargs);
 PyObject *fuser_py_target_for_device(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fuser_py_rules(PyObject *module, PyObject *noargs);
+PyObject *fuser_py_jit_compile(PyObject *module, PyObject *args, PyObject *kwargs);
+PyObject *fuser_py_cache_key(PyObject *module, PyObject *args, PyObject *kwargs);
+PyObject *fuser_py_cache_dir(PyObject *module, PyObject *noargs);
 
 #endif /* FUSER_BINDING_H */

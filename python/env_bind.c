@@ -1,12 +1,19 @@
-/* env_bind.c: _C.env (driver, GPU, NVRTC, cache, fused-path availability) and _C.embedded_headers. */
+/* env_bind.c: _C.env (driver, GPU, NVRTC, cache, fused-path availability) and _C.embedded_headers, and the
+ * str-sequence helper the bindings share. */
 #include "binding.h"
 
 #include "fuser/cuda.h"
 #include "fuser/embedded.h"
 
-/* Convert a Python sequence of str into a NULL-terminated C array borrowed from `keep` (a list). */
-static int str_list(PyObject *seq, PyObject **keep, const char ***out, int *n)
+int fuser_str_list(PyObject *seq, const char *what, PyObject **keep, const char ***out, int *n)
 {
+    *keep = NULL;
+    *out = NULL;
+    if (PyUnicode_Check(seq) || PyBytes_Check(seq)) { /* a lone string is a sequence too, of letters */
+        PyErr_Format(PyExc_TypeError, "%s: expected a sequence of str, got a single %s", what,
+                     Py_TYPE(seq)->tp_name);
+        return -1;
+    }
     *keep = PySequence_List(seq);
     if (!*keep)
         return -1;
@@ -19,7 +26,7 @@ static int str_list(PyObject *seq, PyObject **keep, const char ***out, int *n)
     for (Py_ssize_t i = 0; i < len; i++) {
         PyObject *s = PyList_GET_ITEM(*keep, i);
         if (!PyUnicode_Check(s)) {
-            PyErr_Format(PyExc_TypeError, "nvrtc_dirs: expected str entries, got %s", Py_TYPE(s)->tp_name);
+            PyErr_Format(PyExc_TypeError, "%s: expected str entries, got %s", what, Py_TYPE(s)->tp_name);
             return -1;
         }
         (*out)[i] = PyUnicode_AsUTF8(s);
@@ -40,7 +47,7 @@ PyObject *fuser_py_env(PyObject *module, PyObject *args, PyObject *kwargs)
     (void)module;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|iO:env", kwlist, &device, &dirs_obj))
         return NULL;
-    if (dirs_obj && str_list(dirs_obj, &keep, &dirs, &ndirs))
+    if (dirs_obj && fuser_str_list(dirs_obj, "nvrtc_dirs", &keep, &dirs, &ndirs))
         goto done;
     fuser_env e;
     Py_BEGIN_ALLOW_THREADS

@@ -44,6 +44,16 @@ PyDoc_STRVAR(env_doc,
 PyDoc_STRVAR(embedded_headers_doc,
              "embedded_headers() -> dict[str, bytes]\n\n"
              "The kernel templates (include/fuser/device/*.cuh) embedded at build time, by include name.");
+PyDoc_STRVAR(jit_compile_doc,
+             "jit_compile(source, name, options=(), nvrtc_dirs=()) -> dict\n\n"
+             "Compile CUDA `source` for sm_90a through the disk cache (NVRTC runs without the GIL). Returns\n"
+             "cubin, log, registers, spill_bytes, shared_bytes, kernels, cache_hit, cache_state, cache_note\n"
+             "and key. A compile error raises CompileError with the full log as .log.");
+PyDoc_STRVAR(cache_key_doc,
+             "cache_key(source, name, options=(), nvrtc_version=(13, 0), headers=None) -> str\n\n"
+             "The kernel-cache key of a compile (nvrtc_version=None: the any-NVRTC alias key; headers: a\n"
+             "{name: bytes} dict in place of the embedded kernel templates).");
+PyDoc_STRVAR(cache_dir_doc, "cache_dir() -> str\n\nThe kernel cache directory (entries live under its v1/).");
 
 static PyMethodDef module_methods[] = {
     {"dlpack_info", (PyCFunction)(void (*)(void))fuser_py_dlpack_info, METH_VARARGS | METH_KEYWORDS,
@@ -61,6 +71,10 @@ static PyMethodDef module_methods[] = {
     {"target_for_device", (PyCFunction)(void (*)(void))fuser_py_target_for_device, METH_VARARGS | METH_KEYWORDS,
      "target_for_device(name, cc, sm_count, ...) -> a target built from a device's properties."},
     {"rules", fuser_py_rules, METH_NOARGS, "rules() -> [(name, level, why)]: the pruning rules."},
+    {"jit_compile", (PyCFunction)(void (*)(void))fuser_py_jit_compile, METH_VARARGS | METH_KEYWORDS,
+     jit_compile_doc},
+    {"cache_key", (PyCFunction)(void (*)(void))fuser_py_cache_key, METH_VARARGS | METH_KEYWORDS, cache_key_doc},
+    {"cache_dir", fuser_py_cache_dir, METH_NOARGS, cache_dir_doc},
     {NULL, NULL, 0, NULL},
 };
 

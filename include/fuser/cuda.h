@@ -49,6 +49,7 @@ typedef unsigned long long fuser_cu_deviceptr;
 #define FUSER_CU_ATTR_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN 97
 #define FUSER_CU_ATTR_CLUSTER_LAUNCH 120
 /* CUfunction_attribute values */
+#define FUSER_CU_FUNC_ATTR_MAX_THREADS_PER_BLOCK 0
 #define FUSER_CU_FUNC_ATTR_NUM_REGS 4
 #define FUSER_CU_FUNC_ATTR_LOCAL_SIZE_BYTES 3
 #define FUSER_CU_FUNC_ATTR_SHARED_SIZE_BYTES 1
@@ -100,6 +101,7 @@ typedef struct fuser_driver {
     fuser_cu_result (*cuLaunchKernelEx)(const fuser_cu_launch_config *, fuser_cu_function, void **, void **);
     fuser_cu_result (*cuOccupancyMaxActiveClusters)(int *, fuser_cu_function, const fuser_cu_launch_config *);
     fuser_cu_result (*cuStreamSynchronize)(fuser_cu_stream);
+    fuser_cu_result (*cuCtxGetDevice)(fuser_cu_device *);
 } fuser_driver;
 
 /* ---- NVRTC ---- */

@@ -51,6 +51,7 @@ int cuFuncGetAttribute(int *v, int a, void *f) { (void)a; (void)f; *v = 0; retur
 int cuLaunchKernelEx(const void *c, void *f, void **p, void **e) { (void)c; (void)f; (void)p; (void)e; return 1; }
 int cuOccupancyMaxActiveClusters(int *n, void *f, const void *c) { (void)f; (void)c; *n = 0; return 0; }
 int cuStreamSynchronize(void *s) { (void)s; return 0; }
+int cuCtxGetDevice(int *d) { *d = 0; return 0; }
 
 /* NVRTC */
 int nvrtcVersion(int *major, int *minor)

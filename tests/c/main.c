@@ -12,6 +12,13 @@ void test_half_rounding(void);
 void test_plan_derive_errors(void);
 void test_search_accounting(void);
 void test_interpreter_checks(void);
+void test_sha256_vectors(void);
+void test_sha256_splits(void);
+void test_cache_key(void);
+void test_cache_entry_format(void);
+void test_cache_disk(void);
+void test_launch_config(void);
+void test_launch_driver(void);
 
 static const struct { const char *name; void (*fn)(void); } tests[] = {
     {"tensor_validation", test_tensor_validation},
@@ -20,6 +27,13 @@ static const struct { const char *name; void (*fn)(void); } tests[] = {
     {"plan_derive_errors", test_plan_derive_errors},
     {"search_accounting", test_search_accounting},
     {"interpreter_checks", test_interpreter_checks},
+    {"sha256_vectors", test_sha256_vectors},
+    {"sha256_splits", test_sha256_splits},
+    {"cache_key", test_cache_key},
+    {"cache_entry_format", test_cache_entry_format},
+    {"cache_disk", test_cache_disk},
+    {"launch_config", test_launch_config},
+    {"launch_driver", test_launch_driver},
 };
 
 int main(int argc, char **argv)

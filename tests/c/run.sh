@@ -9,5 +9,5 @@ out=${FUSER_CTEST_BIN:-$here/fuser_ctest}
 flags=(-std=c11 -O1 -g -Wall -Wextra -Werror -Wno-missing-field-initializers -I"$root/include" -I"$here")
 san=(-fsanitize=address,undefined -fno-omit-frame-pointer)
 if ! echo 'int main(void){return 0;}' | "$cc" "${san[@]}" -x c - -o /dev/null 2>/dev/null; then san=(); fi
-"$cc" "${flags[@]}" "${san[@]}" "$root"/csrc/*.c "$here"/test_*.c "$here"/main.c -o "$out" -ldl -lpthread -lm
+"$cc" "${flags[@]}" "${san[@]}" "$root"/csrc/*.c "$here"/test_*.c "$here"/embedded_fixture.c "$here"/main.c -o "$out" -ldl -lpthread -lm
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "$out" "$@"
