@@ -12,8 +12,8 @@
 /* NOTE: NVRTC must know sm_90a and cluster PTX: CUDA 12.0+; 12.4+ is the oldest we test against. */
 #define FUSER_MIN_NVRTC_MAJOR 12
 #define FUSER_MIN_NVRTC_MINOR 4
-/* The fused kernels are not part of this build yet: fuser.ffn runs the PyTorch reference. */
-#define FUSER_HAVE_FUSED_KERNELS 0
+/* The fused kernels are part of this build (include/fuser/device/ffn.cuh). */
+#define FUSER_HAVE_FUSED_KERNELS 1
 
 void fuser_cache_dir(char *buf, size_t n)
 {

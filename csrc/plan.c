@@ -184,6 +184,7 @@ int fuser_plan_check_target(const fuser_plan *p, const fuser_target *t, fuser_er
     int reg_cap = t->regs_per_sm / FUSER_THREADS;
     if (reg_cap > t->max_regs_per_thread)
         reg_cap = t->max_regs_per_thread;
+    reg_cap -= FUSER_REG_HEADROOM;
     if (p->regs_est > reg_cap)
         return fuser_fail(err, FUSER_E_VALUE, "an estimated %d registers per thread exceed %s's %d", p->regs_est,
                           t->name, reg_cap);

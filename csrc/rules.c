@@ -131,11 +131,12 @@ static int r_smem_capacity(const fuser_plan *p, const fuser_target *t)
     return p->smem_bytes > t->smem_per_block;
 }
 
-/* FULL: the accumulators live in registers; 256 threads may use at most regs_per_sm / 256 each. */
+/* FULL: the accumulators live in registers; 256 threads may use at most regs_per_sm / 256 each, less
+ * the headroom ptxas needs beyond the estimate (FUSER_REG_HEADROOM) so that nothing spills. */
 static int r_registers(const fuser_plan *p, const fuser_target *t)
 {
     int cap = t->regs_per_sm / FUSER_THREADS;
-    return p->regs_est > (cap < t->max_regs_per_thread ? cap : t->max_regs_per_thread);
+    return p->regs_est > (cap < t->max_regs_per_thread ? cap : t->max_regs_per_thread) - FUSER_REG_HEADROOM;
 }
 
 /* FULL: the exact workspace (padded tokens and outputs) must fit the budget. */

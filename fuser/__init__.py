@@ -18,10 +18,11 @@ from fuser._C import CacheError, CompileError, CudaError, FuserError, Unsupporte
 from fuser import jit
 from fuser._env import Env, env
 from fuser.ops import ffn
+from fuser.runtime import Kernel, compile
 from fuser.planner import DATAFLOWS, Plan, plan, plans, simulate
 from fuser.reference import ACTIVATIONS, ffn_reference
 
 __all__ = [
-    "ffn", "ffn_reference", "env", "Env", "ACTIVATIONS", "plan", "plans", "Plan", "simulate", "DATAFLOWS", "jit",
+    "ffn", "ffn_reference", "env", "Env", "ACTIVATIONS", "plan", "plans", "Plan", "simulate", "DATAFLOWS", "jit", "compile", "Kernel",
     "FuserError", "CudaError", "CompileError", "CacheError", "UnsupportedError",
 ]

@@ -3,6 +3,7 @@ on every device) and runs the fused kernel where one applies, else the PyTorch r
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 
@@ -34,7 +35,30 @@ def _stream_of(x):
     return None
 
 
-def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, activation="gelu", out=None):
+_FUSED_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _fused_plan(chain, tensors, plan):
+    """The fused plan to run, or None to compute the reference (not CUDA, not 16-bit, autograd needed,
+    no Hopper/NVRTC, or the planner predicts that fusing does not pay)."""
+    x = tensors[0]
+    if not isinstance(x, torch.Tensor) or not x.is_cuda or x.dtype not in _FUSED_DTYPES or chain["m"] == 0:
+        return None
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return None
+    if os.environ.get("FUSER_DISABLE", "") not in ("", "0"):
+        return None
+    from fuser import runtime
+    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    if not runtime.fused_available(device)[0]:
+        return None
+    if plan is None:
+        plan = runtime.plan_for(chain, device)
+    return plan if plan.fused else None
+
+
+def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, activation="gelu", out=None,
+        plan=None):
     """A transformer feed-forward block in one call.
 
     Computes ``act(x @ w_up.T + b_up) @ w_down.T + b_down``, or with ``w_gate`` the gated form
@@ -48,10 +72,16 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
         b_up, b_gate: ``[d_ff]``; b_down: ``[d_out]``; all optional.
         activation: ``"relu"``, ``"gelu"`` (exact, erf), ``"gelu_tanh"`` or ``"silu"``.
         out: optional ``[..., d_out]`` tensor to write the result into (must not overlap an input).
+        plan: optional :class:`fuser.Plan` for this chain to run instead of the planner's choice (a fused
+            plan runs where the fused path is available; see ``fuser.env()``).
 
     All tensors share one dtype (bfloat16, float16 or float32) and one device, are contiguous and
     16-byte aligned. Bad arguments raise ``TypeError``/``ValueError`` naming the argument, what was
     expected and what was given.
+
+    On a Hopper GPU, 16-bit CUDA tensors run one cluster-fused kernel when the planner predicts it pays
+    (``fuser.plan`` explains the choice); elsewhere, for float32, or when gradients are needed, the
+    PyTorch reference runs. ``FUSER_DISABLE=1`` forces the reference.
 
     Returns:
         ``[..., d_out]`` tensor (``out`` when given).
@@ -67,8 +97,19 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
     stream = _stream_of(x)
     device_guard = torch.cuda.device(x.device) if stream is not None else contextlib.nullcontext()
     with device_guard:
-        _C.ffn_check(*map(_export_view, args[:7]), activation=activation, out=_export_view(out), stream=stream)
+        chain = _C.ffn_check(*map(_export_view, args[:7]), activation=activation, out=_export_view(out),
+                             stream=stream)
     x, w_up, w_down, w_gate, b_up, b_gate, b_down, out = map(_as_torch, args)
+    if plan is not None:
+        _check_plan(plan, chain)
+    fused = _fused_plan(chain, (x, w_up, w_down, w_gate, b_up, b_gate, b_down), plan)
+    if fused is not None:
+        from fuser import runtime
+        y = out if out is not None else torch.empty(*x.shape[:-1], w_down.shape[0], dtype=x.dtype, device=x.device)
+        with device_guard:
+            runtime.run(fused, *map(_export_view, (x, w_up, w_down, w_gate, b_up, b_gate, b_down)), activation,
+                        y.detach())
+        return y
     if out is not None and torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (x, w_up, w_down, w_gate, b_up, b_gate, b_down)):
         raise ValueError("out: out= does not support autograd (an input requires grad); "
@@ -80,3 +121,15 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
         return out
     return y
 
+
+
+def _check_plan(plan, chain):
+    from fuser.planner import Plan
+    if not isinstance(plan, Plan):
+        raise TypeError(f"plan: expected a fuser.Plan, got {type(plan).__name__}")
+    pc = plan.chain
+    keys = ("d_model", "d_ff", "d_out", "gated", "activation", "bias_up", "bias_gate", "bias_down", "dtype")
+    diff = [k for k in keys if pc[k] != chain[k]]
+    if diff:
+        raise ValueError("plan: it was made for a different FFN (" + ", ".join(f"{k} {pc[k]!r} vs {chain[k]!r}"
+                                                                            for k in diff) + ")")

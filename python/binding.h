@@ -65,8 +65,19 @@ PyObject *fuser_py_simulate(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fuser_py_targets(PyObject *module, PyObject *noargs);
 PyObject *fuser_py_target_for_device(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fuser_py_rules(PyObject *module, PyObject *noargs);
+PyObject *fuser_py_codegen(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fuser_py_jit_compile(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fuser_py_cache_key(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fuser_py_cache_dir(PyObject *module, PyObject *noargs);
+
+/* ---- plans and targets from Python objects (plan_bind.c); -1 with an exception set on failure ---- */
+struct fuser_plan;
+struct fuser_target;
+int fuser_target_from_obj(PyObject *obj, struct fuser_target *t);
+int fuser_plan_from_dict(PyObject *d, const struct fuser_target *t, struct fuser_plan *p);
+
+PyObject *fuser_py_load_kernel(PyObject *module, PyObject *args, PyObject *kwargs);
+PyObject *fuser_py_ffn_launch(PyObject *module, PyObject *args, PyObject *kwargs);
+PyObject *fuser_py_kernel_info(PyObject *module, PyObject *args);
 
 #endif /* FUSER_BINDING_H */

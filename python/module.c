@@ -71,6 +71,15 @@ static PyMethodDef module_methods[] = {
     {"target_for_device", (PyCFunction)(void (*)(void))fuser_py_target_for_device, METH_VARARGS | METH_KEYWORDS,
      "target_for_device(name, cc, sm_count, ...) -> a target built from a device's properties."},
     {"rules", fuser_py_rules, METH_NOARGS, "rules() -> [(name, level, why)]: the pruning rules."},
+    {"load_kernel", (PyCFunction)(void (*)(void))fuser_py_load_kernel, METH_VARARGS | METH_KEYWORDS,
+     "load_kernel(plan, target, cubin, device) -> kernel: load a compiled plan onto a GPU."},
+    {"ffn_launch", (PyCFunction)(void (*)(void))fuser_py_ffn_launch, METH_VARARGS | METH_KEYWORDS,
+     "ffn_launch(kernel, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, y, scratch, tickets_cap,\n"
+     "           stream):\n"
+     "validate the tensors against the kernel's chain and launch it on the stream."},
+    {"kernel_info", fuser_py_kernel_info, METH_VARARGS, "kernel_info(kernel) -> dict of the loaded function."},
+    {"codegen", (PyCFunction)(void (*)(void))fuser_py_codegen, METH_VARARGS | METH_KEYWORDS,
+     "codegen(plan, target) -> str: the CUDA specialisation of a fused plan."},
     {"jit_compile", (PyCFunction)(void (*)(void))fuser_py_jit_compile, METH_VARARGS | METH_KEYWORDS,
      jit_compile_doc},
     {"cache_key", (PyCFunction)(void (*)(void))fuser_py_cache_key, METH_VARARGS | METH_KEYWORDS, cache_key_doc},

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "fuser/codegen.h"
 #include "fuser/cost.h"
 #include "fuser/interp.h"
 #include "fuser/plan.h"
@@ -133,7 +134,7 @@ fail:
 }
 
 /* A target from a name ("h200"), or a dict (a built-in's fields overridden by the dict's). */
-static int target_from_obj(PyObject *obj, fuser_target *t)
+int fuser_target_from_obj(PyObject *obj, fuser_target *t)
 {
     if (PyUnicode_Check(obj)) {
         const char *name = PyUnicode_AsUTF8(obj);
@@ -309,7 +310,7 @@ static PyObject *plan_to_dict(const fuser_plan *p)
 }
 
 /* A plan from a dict: chain + fused + params; everything else is re-derived and re-costed on t. */
-static int plan_from_dict(PyObject *d, const fuser_target *t, fuser_plan *p)
+int fuser_plan_from_dict(PyObject *d, const fuser_target *t, fuser_plan *p)
 {
     if (!PyDict_Check(d)) {
         PyErr_Format(PyExc_TypeError, "plan: expected a dict, got %s", Py_TYPE(d)->tp_name);
@@ -394,7 +395,7 @@ PyObject *fuser_py_search(PyObject *module, PyObject *args, PyObject *kwargs)
         return NULL;
     fuser_chain c;
     fuser_target t;
-    if (chain_from_dict(cd, &c) || target_from_obj(td, &t))
+    if (chain_from_dict(cd, &c) || fuser_target_from_obj(td, &t))
         return NULL;
     fuser_constraints cons;
     fuser_constraints_init(&cons);
@@ -474,7 +475,7 @@ PyObject *fuser_py_derive(PyObject *module, PyObject *args, PyObject *kwargs)
         return NULL;
     fuser_target t;
     fuser_plan p;
-    if (target_from_obj(td, &t) || plan_from_dict(pd, &t, &p))
+    if (fuser_target_from_obj(td, &t) || fuser_plan_from_dict(pd, &t, &p))
         return NULL;
     return plan_to_dict(&p);
 }
@@ -543,7 +544,7 @@ PyObject *fuser_py_simulate(PyObject *module, PyObject *args, PyObject *kwargs)
         return NULL;
     fuser_target t;
     fuser_plan p;
-    if (target_from_obj(td, &t) || plan_from_dict(pd, &t, &p))
+    if (fuser_target_from_obj(td, &t) || fuser_plan_from_dict(pd, &t, &p))
         return NULL;
     fuser_state *st = fuser_get_state(module);
     fuser_held h[NT];
@@ -599,4 +600,23 @@ done:
     for (int i = 0; i < NT; i++)
         fuser_release(&h[i]);
     return res;
+}
+
+/* codegen(plan, target) -> str: the kernel specialisation for a fused plan. */
+PyObject *fuser_py_codegen(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"plan", "target", NULL};
+    PyObject *pd, *td;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO:codegen", kwlist, &pd, &td))
+        return NULL;
+    fuser_target t;
+    fuser_plan p;
+    if (fuser_target_from_obj(td, &t) || fuser_plan_from_dict(pd, &t, &p))
+        return NULL;
+    char buf[8192];
+    fuser_err err;
+    fuser_err_clear(&err);
+    if (fuser_codegen(&p, buf, sizeof buf, &err))
+        return fuser_raise(fuser_get_state(module), &err);
+    return PyUnicode_FromString(buf);
 }

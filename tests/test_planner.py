@@ -137,7 +137,7 @@ def independent_limits(p, t):
     smem = up(pipe) + up(xbuf) + up(hg) + 128
     assert smem == p.derived["smem_bytes"]
     assert smem <= t["smem_per_block"]
-    regs_cap = min(t["regs_per_sm"] // 256, t["max_regs_per_thread"])
+    regs_cap = min(t["regs_per_sm"] // 256, t["max_regs_per_thread"]) - 40  # headroom: no spills
     acc1, acc2 = parts * bm * bn // 256, bm * bl // 256
     regs = (acc1 + acc2 if q["order"] == "n_outer" else max(acc1, acc2)) + 64
     assert regs <= regs_cap

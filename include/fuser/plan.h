@@ -55,6 +55,10 @@ const char *fuser_dataflow_name(int bit_index);
 
 /* Fixed kernel constants (see include/fuser/device/): 8 warps; K step of GEMM1; K step of GEMM2. */
 #define FUSER_THREADS 256
+/* NOTE: registers the estimate leaves to ptxas' own choices (fragments in flight, addresses). In a
+ * sweep of 232 generated kernels every plan estimated at <= 208 compiled without spills, and the
+ * only spilling one was estimated at 224; so plans must estimate at most (cap - 40). */
+#define FUSER_REG_HEADROOM 40
 #define FUSER_BK 64
 #define FUSER_BK2 64
 

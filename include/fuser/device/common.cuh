@@ -1,6 +1,7 @@
-/* common.cuh: the base of fuser's kernel templates: fixed-width types and small helpers, written so
- * the templates compile under NVRTC with no CUDA toolkit headers on the include path (a user may have
- * only torch's wheels). Device code only; embedded into the extension and handed to NVRTC in memory. */
+/* common.cuh: the base of fuser's kernel templates: fixed-width types, 16-bit conversions and small
+ * helpers, written so the templates compile under NVRTC with no CUDA toolkit headers on the include
+ * path (a user may have only torch's wheels). Device code only; embedded into the extension and
+ * handed to NVRTC in memory. */
 #pragma once
 
 #ifndef __CUDACC_RTC__
@@ -21,5 +22,54 @@ namespace fuser {
 /* ceil(a / b) for positive integers, usable in constant expressions. */
 template <typename T>
 FUSER_DEVICE constexpr T ceil_div(T a, T b) { return (a + b - 1) / b; }
+
+template <typename T>
+FUSER_DEVICE constexpr T cmin(T a, T b) { return a < b ? a : b; }
+template <typename T>
+FUSER_DEVICE constexpr T cmax(T a, T b) { return a > b ? a : b; }
+
+/* 16-bit element types by the core's dtype code (0 bfloat16, 1 float16). */
+enum { DT_BF16 = 0, DT_F16 = 1 };
+
+/* One 16-bit value to fp32. */
+template <int DT>
+FUSER_DEVICE float to_float(uint16_t h)
+{
+    if constexpr (DT == DT_BF16) {
+        return __uint_as_float(((uint32_t)h) << 16);
+    } else {
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+        return f;
+    }
+}
+
+/* Two fp32 values to a packed pair of 16-bit values, round to nearest even (lo in the low half). */
+template <int DT>
+FUSER_DEVICE uint32_t pack2(float lo, float hi)
+{
+    uint32_t r;
+    if constexpr (DT == DT_BF16)
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    else
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+/* Activations in fp32 (the definitions of include/fuser/chain.h). */
+enum { ACT_RELU = 0, ACT_GELU = 1, ACT_GELU_TANH = 2, ACT_SILU = 3 };
+
+template <int ACT>
+FUSER_DEVICE float activate(float x)
+{
+    if constexpr (ACT == ACT_RELU)
+        return x > 0.f ? x : 0.f;
+    else if constexpr (ACT == ACT_GELU)
+        return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    else if constexpr (ACT == ACT_GELU_TANH)
+        return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+    else
+        return x / (1.0f + expf(-x));
+}
 
 } // namespace fuser

@@ -1,0 +1,154 @@
+"""Running fused plans: ``fuser.compile`` (plan -> CUBIN through NVRTC and the disk cache, no GPU
+needed), loading onto a device, the per-stream scratch buffer (inter-cluster workspace and its tickets),
+the plan cache, and the fused branch of ``fuser.ffn``. Nothing here synchronises the device."""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+
+import torch
+
+from fuser import _C
+from fuser._env import nvrtc_wheel_dirs
+
+_lock = threading.Lock()
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """A plan compiled for sm_90a. ``shared_bytes`` is the dynamic shared memory a launch asks for (the
+    kernel has no static shared memory); ``registers``/``spill_bytes`` come from ptxas' report."""
+
+    plan: object
+    source: str
+    cubin: bytes
+    log: str
+    registers: int
+    spill_bytes: int
+    shared_bytes: int
+    cache_hit: bool
+    key: str
+
+
+def compile(plan):  # noqa: A001 - the public name the issue asks for
+    """Compile a fused plan to a CUBIN for sm_90a (NVRTC, through the on-disk cache). Needs NVRTC, not a GPU.
+
+    Example:
+        >>> import fuser
+        >>> p = fuser.plan(64, 768, 3072, activation="gelu", fused=True, target="h200")
+        >>> k = fuser.compile(p)  # doctest: +SKIP
+        >>> k.spill_bytes  # doctest: +SKIP
+        0
+    """
+    from fuser.planner import Plan
+    if not isinstance(plan, Plan):
+        raise TypeError(f"plan: expected a fuser.Plan, got {type(plan).__name__}")
+    if not plan.fused:
+        raise ValueError("plan: an unfused plan runs PyTorch ops; there is nothing to compile")
+    source = _C.codegen(plan._d, plan.target or "h200")
+    r = _C.jit_compile(source, "fuser_ffn", nvrtc_dirs=nvrtc_wheel_dirs())
+    return Kernel(plan=plan, source=source, cubin=r["cubin"], log=r["log"], registers=r["registers"],
+                  spill_bytes=r["spill_bytes"], shared_bytes=plan.derived["smem_bytes"] + r["shared_bytes"],
+                  cache_hit=r["cache_hit"], key=r["key"])
+
+
+# ---- loaded kernels, scratch, plans: process-wide caches ----
+
+_loaded = {}                       # (cache key, device) -> kernel capsule
+_scratch = {}                      # (device, stream) -> (tensor, tickets_cap)
+_plans = collections.OrderedDict()  # chain key -> Plan (LRU)
+_PLAN_CACHE_SIZE = 4096
+_env_ok = {}                       # device -> (fused available, why)
+
+
+def load(kernel, device):
+    """Load a compiled kernel onto CUDA device `device` (once per process)."""
+    key = (kernel.key, device)
+    with _lock:
+        k = _loaded.get(key)
+    if k is None:
+        with torch.cuda.device(device):
+            torch.cuda.current_stream()  # torch's context is current on this thread
+            k = _C.load_kernel(kernel.plan._d, kernel.plan.target or "h200", kernel.cubin, device)
+        with _lock:
+            k = _loaded.setdefault(key, k)
+    return k
+
+
+def _scratch_for(plan, m, device, stream):
+    """A float32 buffer for this stream: zeroed tickets first, then the inter-cluster workspace."""
+    d = plan.derived
+    cls_m, bm = plan.cluster[0], plan.tiles["bm"]
+    grid_m = -(-m // (cls_m * bm))
+    # one ticket per share tile, and fp32 partials of every d_ff cluster: both follow the token count
+    tickets = grid_m * cls_m * plan.cluster[3] * d["lc"] * d["cls_reduce"] if d["grid_n"] > 1 else 0
+    ws = d["grid_n"] * grid_m * cls_m * bm * d["l_pad"] if d["grid_n"] > 1 else 0
+    key = (device, stream)
+    buf = _scratch.get(key)
+    if buf is None or buf[1] < tickets or buf[0].numel() < buf[1] + ws:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("fuser: this call needs a larger workspace than was allocated before CUDA graph "
+                               "capture; run the model once with the same shapes before capturing")
+        cap = max(tickets, 4096, buf[1] if buf else 0)
+        need = cap + max(ws, buf[0].numel() - buf[1] if buf else 0)
+        buf = (torch.zeros(need, dtype=torch.float32, device=device), cap)
+        _scratch[key] = buf
+    return buf
+
+
+def fused_available(device):
+    """(True, "") when fused kernels can run on CUDA device `device`, else (False, why)."""
+    r = _env_ok.get(device)
+    if r is None:
+        from fuser._env import env
+        e = env(device)
+        r = _env_ok[device] = (e.fused_available, e.why)
+    return r
+
+
+def plan_for(chain, device):
+    """The cached plan for a chain (from fuser.ffn's validation) on a device."""
+    key = (chain["m"], chain["d_model"], chain["d_ff"], chain["d_out"], chain["gated"], chain["activation"],
+           chain["bias_up"], chain["bias_gate"], chain["bias_down"], chain["dtype"], device)
+    with _lock:
+        p = _plans.get(key)
+        if p is not None:
+            _plans.move_to_end(key)
+            return p
+    from fuser.planner import Plan, default_target
+    with torch.cuda.device(device):
+        target = default_target()
+    raw, stats = _C.search({k: chain[k] for k in ("m", "d_model", "d_ff", "d_out", "gated", "activation", "bias_up",
+                                                  "bias_gate", "bias_down", "dtype")}, target, k=1)
+    p = Plan(raw[0], stats)
+    with _lock:
+        _plans[key] = p
+        while len(_plans) > _PLAN_CACHE_SIZE:
+            _plans.popitem(last=False)
+    return p
+
+
+_compiled = {}  # plan params + chain (without m) -> Kernel
+
+
+def kernel_for(plan):
+    """The compiled kernel of a fused plan (compiled once per process; the disk cache spans processes)."""
+    key = _C.codegen(plan._d, plan.target or "h200")
+    k = _compiled.get(key)
+    if k is None:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("fuser: a new kernel would be compiled during CUDA graph capture; run the model "
+                               "once with the same shapes before capturing")
+        k = _compiled.setdefault(key, compile(plan))
+    return k
+
+
+def run(plan, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, y):
+    """Launch a fused plan on the current stream of x's device; y is written in place."""
+    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    kernel = load(kernel_for(plan), device)
+    stream = torch.cuda.current_stream(device).cuda_stream
+    m = y.numel() // y.shape[-1] if y.dim() else 1
+    scratch, cap = _scratch_for(plan, m, device, stream)
+    _C.ffn_launch(kernel, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, y, scratch, cap, stream)

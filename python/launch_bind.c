@@ -1,0 +1,225 @@
+/* launch_bind.c: run fused plans on the GPU: _C.load_kernel (a compiled plan's CUBIN into the current
+ * context of a device) and _C.ffn_launch (take the tensors through DLPack, check them against the
+ * kernel's own chain so a mismatch can never become an out-of-bounds access, launch on the caller's
+ * stream). No synchronisation, no allocation, no compilation in the launch path. */
+#include "binding.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuser/chain.h"
+#include "fuser/cuda.h"
+#include "fuser/launch.h"
+#include "fuser/plan.h"
+
+#define KERNEL_CAPSULE "fuser.kernel"
+
+/* A loaded plan. Modules stay loaded for the life of the process (a launch may still be queued when
+ * Python drops the object); the host-side struct is freed with the capsule. */
+typedef struct {
+    fuser_kernel k;
+    fuser_plan plan;
+} loaded;
+
+/* Scratch layout: [tickets_cap int32 tickets, zero between launches][workspace floats].
+ * Must match FfnParams in include/fuser/device/ffn.cuh. */
+typedef struct {
+    const void *x, *w_up, *w_gate, *w_down, *b_up, *b_gate, *b_down;
+    void *y;
+    float *ws;
+    int *tickets;
+    int m;
+    int grid_m;
+} ffn_params;
+
+static void capsule_free(PyObject *cap)
+{
+    free(PyCapsule_GetPointer(cap, KERNEL_CAPSULE));
+}
+
+static loaded *get_loaded(PyObject *obj)
+{
+    loaded *l = PyCapsule_IsValid(obj, KERNEL_CAPSULE) ? PyCapsule_GetPointer(obj, KERNEL_CAPSULE) : NULL;
+    if (!l)
+        PyErr_SetString(PyExc_TypeError, "kernel: expected a kernel from fuser._C.load_kernel");
+    return l;
+}
+
+PyObject *fuser_py_load_kernel(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"plan", "target", "cubin", "device", NULL};
+    PyObject *pd, *td;
+    Py_buffer cubin;
+    int device = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOy*i:load_kernel", kwlist, &pd, &td, &cubin, &device))
+        return NULL;
+    fuser_state *st = fuser_get_state(module);
+    fuser_target t;
+    loaded *l = calloc(1, sizeof *l);
+    PyObject *res = NULL;
+    if (!l) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (fuser_target_from_obj(td, &t) || fuser_plan_from_dict(pd, &t, &l->plan))
+        goto done;
+    if (!l->plan.fused) {
+        PyErr_SetString(PyExc_ValueError, "plan: an unfused plan has no kernel to load");
+        goto done;
+    }
+    fuser_err err;
+    fuser_err_clear(&err);
+    const fuser_driver *drv = fuser_driver_get(&err);
+    int rc = drv ? FUSER_OK : err.code;
+    if (drv) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = fuser_kernel_load(drv, device, cubin.buf, "fuser_ffn", &l->k, &err);
+        Py_END_ALLOW_THREADS
+    }
+    if (rc) {
+        fuser_raise(st, &err);
+        goto done;
+    }
+    res = PyCapsule_New(l, KERNEL_CAPSULE, capsule_free);
+    if (res)
+        l = NULL;
+done:
+    free(l);
+    PyBuffer_Release(&cubin);
+    return res;
+}
+
+PyObject *fuser_py_kernel_info(PyObject *module, PyObject *args)
+{
+    PyObject *obj;
+    (void)module;
+    if (!PyArg_ParseTuple(args, "O:kernel_info", &obj))
+        return NULL;
+    loaded *l = get_loaded(obj);
+    if (!l)
+        return NULL;
+    int clusters = 0;
+    fuser_err err;
+    fuser_err_clear(&err);
+    const fuser_driver *drv = fuser_driver_get(&err);
+    fuser_dim3 block = {FUSER_THREADS, 1, 1}, cluster = {(unsigned)l->plan.cluster_size, 1, 1};
+    if (!drv || fuser_kernel_max_active_clusters(drv, &l->k, block, cluster, (unsigned)l->plan.smem_bytes,
+                                                 &clusters, &err))
+        return fuser_raise(fuser_get_state(module), &err);
+    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i}", "registers", l->k.num_regs, "local_bytes", l->k.local_bytes,
+                         "static_shared_bytes", l->k.static_smem_bytes, "dynamic_shared_bytes", l->plan.smem_bytes,
+                         "device", l->k.device, "max_active_clusters", clusters);
+}
+
+/* Does the chain of the tensors match the chain the kernel was generated for (except m)? */
+static int same_chain(const fuser_chain *a, const fuser_chain *b)
+{
+    return a->k == b->k && a->n == b->n && a->l == b->l && a->gated == b->gated && a->act == b->act &&
+           a->bias_up == b->bias_up && a->bias_gate == b->bias_gate && a->bias_down == b->bias_down &&
+           a->dtype == b->dtype;
+}
+
+PyObject *fuser_py_ffn_launch(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"kernel", "x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down", "activation",
+                             "y", "scratch", "tickets_cap", "stream", NULL};
+    enum { X, WU, WD, WG, BU, BG, BD, Y, S, NT };
+    static const char *const names[NT] = {"x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down", "y", "scratch"};
+    PyObject *kobj, *obj[NT] = {NULL};
+    const char *activation;
+    unsigned long long stream = 0;
+    long long tickets_cap = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOsOOLK:ffn_launch", kwlist, &kobj, &obj[X], &obj[WU],
+                                     &obj[WD], &obj[WG], &obj[BU], &obj[BG], &obj[BD], &activation, &obj[Y], &obj[S],
+                                     &tickets_cap, &stream))
+        return NULL;
+    loaded *l = get_loaded(kobj);
+    if (!l)
+        return NULL;
+    fuser_state *st = fuser_get_state(module);
+    fuser_held h[NT];
+    memset(h, 0, sizeof h);
+    PyObject *res = NULL;
+    const fuser_tensor *t[NT] = {NULL};
+    /* the stream: the caller's current one; __dlpack__ then needs no cross-stream synchronisation */
+    PyObject *stream_obj = PyLong_FromUnsignedLongLong(stream);
+    if (!stream_obj)
+        return NULL;
+    for (int i = 0; i < NT; i++) {
+        if (obj[i] == Py_None)
+            continue;
+        if (fuser_take(st, obj[i], names[i], stream_obj, i == Y ? FUSER_TAKE_WRITABLE : 0, &h[i]))
+            goto done;
+        t[i] = &h[i].t;
+    }
+    if (!t[Y] || !t[S]) {
+        PyErr_SetString(PyExc_ValueError, "ffn_launch: y and scratch are required");
+        goto done;
+    }
+    fuser_ffn_args a = {t[X], t[WU], t[WD], t[WG], t[BU], t[BG], t[BD], t[Y], activation};
+    fuser_chain c;
+    fuser_err err;
+    fuser_err_clear(&err);
+    if (fuser_ffn_validate(&a, &c, &err)) {
+        fuser_raise(st, &err);
+        goto done;
+    }
+    const fuser_plan *p = &l->plan;
+    if (!same_chain(&c, &p->chain)) {
+        PyErr_Format(PyExc_ValueError,
+                     "ffn_launch: the tensors describe d_model %lld, d_ff %lld, d_out %lld, %s %s; the kernel was "
+                     "compiled for d_model %lld, d_ff %lld, d_out %lld, %s %s (with other biases or gating?)",
+                     (long long)c.k, (long long)c.n, (long long)c.l, fuser_dtype_name(c.dtype), fuser_act_name(c.act),
+                     (long long)p->chain.k, (long long)p->chain.n, (long long)p->chain.l,
+                     fuser_dtype_name(p->chain.dtype), fuser_act_name(p->chain.act));
+        goto done;
+    }
+    if (t[X]->device != FUSER_CUDA || t[X]->device_id != l->k.device) {
+        PyErr_Format(PyExc_ValueError, "x: the kernel was loaded on cuda:%d; the tensors are elsewhere", l->k.device);
+        goto done;
+    }
+    const int64_t grid_m = fuser_ceil_div(c.m, (int64_t)p->cls_m * p->bm);
+    const int64_t m_pad = grid_m * p->cls_m * p->bm;
+    const int64_t ws_floats = p->grid_n > 1 ? p->grid_n * m_pad * p->l_pad : 0;
+    /* tickets follow the run-time token count: one per share tile */
+    const int64_t tickets = p->grid_n > 1 ? grid_m * p->cls_m * p->cls_l * p->lc * p->cls_reduce : 0;
+    const fuser_tensor *sc = t[S];
+    if (sc->dtype != FUSER_F32 || sc->device != FUSER_CUDA || sc->device_id != l->k.device ||
+        tickets_cap < tickets || sc->numel < tickets_cap + ws_floats) {
+        PyErr_Format(PyExc_ValueError,
+                     "scratch: expected a float32 tensor on cuda:%d holding %lld zeroed tickets (room for %lld) "
+                     "then %lld workspace floats, got %lld %s elements", l->k.device, (long long)tickets,
+                     tickets_cap, (long long)ws_floats, (long long)sc->numel, fuser_dtype_name(sc->dtype));
+        goto done;
+    }
+    if (c.m > 0x7fffffffLL / 2) {
+        PyErr_Format(PyExc_ValueError, "x: %lld tokens exceed the kernel's int32 indexing", (long long)c.m);
+        goto done;
+    }
+    if (c.m == 0) {
+        res = Py_NewRef(Py_None);
+        goto done;
+    }
+    {
+        ffn_params prm = {t[X]->data, t[WU]->data, t[WG] ? t[WG]->data : NULL, t[WD]->data,
+                          t[BU] ? t[BU]->data : NULL, t[BG] ? t[BG]->data : NULL, t[BD] ? t[BD]->data : NULL,
+                          t[Y]->data, (float *)sc->data + tickets_cap, (int *)sc->data, (int)c.m,
+                          (int)grid_m};
+        void *argv[] = {&prm};
+        const fuser_driver *drv = fuser_driver_get(&err);
+        fuser_dim3 grid = {(unsigned)(grid_m * p->grid_n * p->cluster_size), 1, 1};
+        fuser_dim3 block = {FUSER_THREADS, 1, 1}, cluster = {(unsigned)p->cluster_size, 1, 1};
+        int rc = drv ? fuser_kernel_launch(drv, &l->k, grid, block, cluster, (unsigned)p->smem_bytes,
+                                           (fuser_cu_stream)(uintptr_t)stream, argv, &err)
+                     : err.code;
+        if (rc)
+            fuser_raise(st, &err);
+        else
+            res = Py_NewRef(Py_None);
+    }
+done:
+    for (int i = 0; i < NT; i++)
+        fuser_release(&h[i]);
+    Py_DECREF(stream_obj);
+    return res;
+}

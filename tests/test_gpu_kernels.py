@@ -1,0 +1,84 @@
+"""Fused kernels on a Hopper GPU (marked gpu; skipped with a reason elsewhere): the correctness matrix
+(tests/gpu/matrix.py), the fused path of fuser.ffn, DLPack on CUDA streams, recovery from a failed
+launch, and the planner's choice running end to end."""
+import json
+import os
+
+import pytest
+import torch
+
+import fuser
+from fuser import _C
+from conftest import rel_error
+
+pytestmark = pytest.mark.gpu
+
+
+def test_correctness_matrix():
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "gpu"))
+    import matrix
+    summary, results = matrix.run(quick=os.environ.get("FUSER_GPU_QUICK") == "1", log=lambda s: None)
+    path = os.environ.get("FUSER_GPU_REPORT")
+    if path:
+        with open(path, "w") as f:
+            json.dump(dict(summary=summary, results=results), f, indent=1)
+    bad = [r for r in results if "ok" in r and not r["ok"]]
+    assert not bad, bad[:5]
+    assert set(summary["dataflows_covered"]) >= {"all_exchange", "shuffle", "reduce_scatter", "inter_cluster_reduce"}
+
+
+def test_env_reports_the_fused_path():
+    e = fuser.env()
+    assert e.fused_available, e.why
+    assert e.compute_capability == (9, 0) and e.sm_count > 0
+
+
+def test_dlpack_on_a_side_stream():
+    t = torch.randn(64, 32, device="cuda", dtype=torch.bfloat16)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        info = _C.dlpack_info(t, stream=s.cuda_stream)
+    assert info["device"] == "cuda" and info["data"] == t.data_ptr() and info["shape"] == (64, 32)
+    info = _C.dlpack_info(t, stream=torch.cuda.current_stream().cuda_stream)
+    assert info["versioned"] is True
+
+
+def test_ffn_picks_the_fused_path_and_matches_the_reference():
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(16, 4096, device="cuda", generator=g).bfloat16()
+    wg, wu = (torch.randn(14336, 4096, device="cuda", generator=g).bfloat16() * 4096 ** -0.5 for _ in range(2))
+    wd = torch.randn(4096, 14336, device="cuda", generator=g).bfloat16() * 14336 ** -0.5
+    p = fuser.plan(16, 4096, 14336, gated=True, activation="silu")
+    assert p.fused, p.explain()
+    y = fuser.ffn(x, wu, wd, w_gate=wg, activation="silu")
+    ref = fuser.ffn_reference(x, wu, wd, w_gate=wg, activation="silu", compute_dtype=torch.float64)
+    eager = fuser.ffn_reference(x, wu, wd, w_gate=wg, activation="silu")
+    assert rel_error(y, ref) <= 2 * rel_error(eager, ref)
+
+
+def test_failed_launch_raises_and_the_next_call_works():
+    """A plan that asks for more shared memory than the GPU has (planned for a fictional target)
+    fails at launch with fuser.CudaError; the process and the GPU stay usable."""
+    big = dict(_C.targets()["h200"], name="fictional", smem_per_block=300_000, smem_per_sm=300_000)
+    bad = max(fuser.plans(128, 768, 3072, activation="gelu", target=big, fused=True, k=64),
+              key=lambda p: p.derived["smem_bytes"])
+    assert bad.derived["smem_bytes"] > 232448
+    x = torch.randn(128, 768, device="cuda").bfloat16()
+    w1, w2 = torch.randn(3072, 768, device="cuda").bfloat16(), torch.randn(768, 3072, device="cuda").bfloat16()
+    with pytest.raises(fuser.CudaError, match="CUDA_ERROR"):
+        fuser.ffn(x, w1, w2, plan=bad)
+        torch.cuda.synchronize()
+    good = fuser.plan(128, 768, 3072, activation="gelu", target="h200", fused=True)
+    y = fuser.ffn(x, w1, w2, plan=good)
+    ref = fuser.ffn_reference(x, w1, w2, compute_dtype=torch.float64)
+    assert rel_error(y, ref) <= 2 * rel_error(fuser.ffn_reference(x, w1, w2), ref)
+
+
+def test_compiled_kernel_matches_the_loaded_function():
+    p = fuser.plan(64, 768, 3072, activation="gelu", target="h200", fused=True)
+    k = fuser.compile(p)
+    from fuser import runtime
+    info = _C.kernel_info(runtime.load(k, torch.cuda.current_device()))
+    assert info["registers"] == k.registers and info["local_bytes"] == 0
+    assert info["dynamic_shared_bytes"] == p.derived["smem_bytes"] and info["max_active_clusters"] > 0
