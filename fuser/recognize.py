@@ -418,10 +418,11 @@ def _traced_pattern(module):
         if n.op == "call_module" and not n.kwargs and child(n) is not None and not _is_linear(child(n)):
             used.add(n)
             return n.args[0], child(n)
-        if n.op == "call_function" and n.target in ACT_FUNCTIONS and set(n.kwargs) <= {"inplace", "approximate"}:
+        if n.op == "call_function" and set(n.kwargs) <= {"inplace", "approximate"}:
+            # any one-input function: activation_of says whether fuser supports it
             used.add(n)
             fn = n.target
-            if n.kwargs.get("approximate", "none") != "none":
+            if fn is F.gelu and n.kwargs.get("approximate", "none") != "none":
                 fn = functools.partial(F.gelu, approximate=n.kwargs["approximate"])
             return n.args[0], fn
         return None
