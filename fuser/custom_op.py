@@ -39,10 +39,9 @@ def _c_ready(t):
     return t
 
 
-@torch.library.custom_op("fuser::ffn", mutates_args=())
-def ffn_op(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, w_gate: Optional[torch.Tensor],
-           b_up: Optional[torch.Tensor], b_gate: Optional[torch.Tensor], b_down: Optional[torch.Tensor],
-           activation: str) -> torch.Tensor:
+def _ffn_impl(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, w_gate: Optional[torch.Tensor],
+              b_up: Optional[torch.Tensor], b_gate: Optional[torch.Tensor], b_down: Optional[torch.Tensor],
+              activation: str) -> torch.Tensor:
     """``fuser.ffn`` as the operator ``torch.ops.fuser.ffn`` (traceable, capturable, differentiable).
 
     Arguments are ``fuser.ffn``'s, positional, with the optional ones given as ``None``. ``x`` need not
@@ -57,6 +56,11 @@ def ffn_op(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, w_gate: Op
     """
     return _ffn(_c_ready(x), w_up, w_down, w_gate=w_gate, b_up=b_up, b_gate=b_gate, b_down=b_down,
                 activation=activation)
+
+
+ffn_op = torch.library.custom_op("fuser::ffn", mutates_args=())(_ffn_impl)
+ffn_op.__doc__ = _ffn_impl.__doc__
+__test__ = {"ffn_op": _ffn_impl.__doc__}   # doctest does not look inside the CustomOpDef object
 
 
 @ffn_op.register_fake
