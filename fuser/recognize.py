@@ -234,7 +234,7 @@ def _child(module, name, role):
 
 def _check_dropout(d, name):
     if d is not None and d.training and d.p > 0:
-        raise Unsupported(f"dropout {name} (p={d.p}) between the GEMMs is active in training mode; "
+        raise Unsupported(f"dropout {name!r} (p={d.p}) between the GEMMs is active in training mode; "
                           "call model.eval() first (or set p=0)")
 
 
@@ -311,9 +311,8 @@ def build_spec(kind, owners, *, up, down, act_obj, gate=None, gate_up=None, gate
             t = getattr(owners[r.owner], r.name)[r.rows[0]:r.rows[1]]
             if t.data_ptr() % 16:
                 raise Unsupported(f"half of {r.owner}.{r.name} is not 16-byte aligned")
-    for d in (mid_dropout,):
-        if d is not None:
-            _check_dropout(owners[d], d)
+    if mid_dropout is not None:
+        _check_dropout(owners[mid_dropout], mid_dropout)
     transposed = tuple(sorted({n for n in (up, down, gate, gate_up) if n})) if conv1d else ()
     return FFNSpec(kind=kind, activation=activation, d_model=d_model, d_ff=d_ff, d_out=d_out,
                    mid_dropout=mid_dropout, post_dropout=post_dropout, transposed=transposed,
@@ -351,9 +350,8 @@ def from_pair(first, sibling, recipe):
     """The ``FFNSpec`` of an FFN split over two siblings (the down linear is registered as linked)."""
     owners = {recipe.up: _child(first, recipe.up, "up projection"),
               "down": _child(sibling, recipe.down, "down projection")}
-    spec = build_spec(_key(first)[1], owners, up=recipe.up, down="down",
-                      act_obj=getattr(first, recipe.act), linked=("down",))
-    return spec
+    return build_spec(_key(first)[1], owners, up=recipe.up, down="down", act_obj=getattr(first, recipe.act),
+                      linked=("down",))
 
 
 # ---- structure ----------------------------------------------------------------------------------------

@@ -46,3 +46,12 @@ def op_calls(monkeypatch):
 
     monkeypatch.setattr(fuser.custom_op, "_ffn", counting)
     return calls
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo's caches and counters cleared before and after a test (graph-break counts are per test)."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    yield
+    torch._dynamo.reset()

@@ -79,3 +79,24 @@ def output(model, inputs):
     """The main output tensor of an HF model call."""
     out = model(**inputs)
     return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def grads(model):
+    """Parameter name -> gradient, in the unoptimized layout (the gradients of GPT-2 Conv1D weights that
+    ``fuser.optimize`` relaid out are transposed back), for comparing against an unoptimized model."""
+    from fuser.module import FusedFFN
+    out = {k: p.grad for k, p in model.named_parameters() if p.grad is not None}
+    for path, m in model.named_modules():
+        if isinstance(m, FusedFFN):
+            for owner in m.spec.transposed:
+                key = f"{path}.{owner}.weight" if path else f"{owner}.weight"
+                out[key] = out[key].t()
+    return out
+
+
+def assert_same_grads(model, ref, rtol=1e-4, atol=1e-6):
+    """The gradients of ``model`` (optimized) equal those of ``ref`` (unoptimized), parameter by parameter."""
+    got, expected = grads(model), grads(ref)
+    assert got.keys() == expected.keys()
+    for k, g in expected.items():
+        torch.testing.assert_close(got[k], g, rtol=rtol, atol=atol, msg=k)

@@ -15,18 +15,13 @@ from torch import nn
 
 import fuser
 import fuser.backend
-from models import hf, output
+from models import assert_same_grads, hf, output
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FFN_OPS = (torch.ops.fuser.ffn, torch.ops.fuser.ffn.default)   # Dynamo records the packet
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def graph_breaks():
@@ -126,9 +121,7 @@ def test_backend_training_gradients_match(op_calls):
     output(compiled, inputs).square().mean().backward()
     output(ref, inputs).square().mean().backward()
     assert op_calls
-    grads = dict(ref.named_parameters())
-    for k, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, grads[k].grad, rtol=1e-4, atol=1e-6, msg=k)
+    assert_same_grads(model, ref)
 
 
 def test_optimized_model_compiled_training_gradients_match():
@@ -138,8 +131,7 @@ def test_optimized_model_compiled_training_gradients_match():
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     output(compiled, inputs).square().mean().backward()
     output(ref, inputs).square().mean().backward()
-    w = model.transformer.h[0].mlp.c_fc.weight.grad.t()
-    torch.testing.assert_close(w, ref.transformer.h[0].mlp.c_fc.weight.grad, rtol=1e-4, atol=1e-6)
+    assert_same_grads(model, ref)
     assert graph_breaks() == 0
 
 

@@ -113,7 +113,7 @@ def test_gated_with_unsupported_activation_is_skipped():
 @pytest.mark.parametrize("make,reason", [
     (lambda: seq(nn.Mish()), "activation Mish is not one fuser supports"),
     (lambda: seq(nn.GELU()).double(), "torch.float64"),
-    (lambda: seq(drop=0.2).train(), "dropout 2 (p=0.2) between the GEMMs is active in training mode"),
+    (lambda: seq(drop=0.2).train(), "dropout '2' (p=0.2) between the GEMMs is active in training mode"),
 ], ids=["mish", "float64", "train-dropout"])
 def test_refused_with_reason(make, reason):
     model = nn.ModuleDict({"ffn": make()})
