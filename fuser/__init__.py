@@ -10,6 +10,9 @@ kernel; this package is the PyTorch face of it.
     >>> y.shape
     torch.Size([3, 64])
 
+``fuser.optimize(model)`` swaps the FFNs of a PyTorch model for ``FusedFFN`` modules (which call the
+operator ``torch.ops.fuser.ffn``); ``fuser.report(model)`` lists what was fused and what was skipped,
+and why. ``torch.compile(model, backend="fuser")`` fuses FFNs in the compiled graph instead.
 ``fuser.env()`` says what was found on this machine and, when the fused path is unavailable, why.
 """
 __version__ = "0.1.0"
@@ -21,8 +24,12 @@ from fuser.ops import ffn
 from fuser.runtime import Kernel, compile
 from fuser.planner import DATAFLOWS, Plan, plan, plans, simulate
 from fuser.reference import ACTIVATIONS, ffn_reference
+from fuser import custom_op  # noqa: E402,F401  (registers torch.ops.fuser.ffn)
+from fuser.module import FusedFFN
+from fuser.optimize import Report, optimize, report, revert
 
 __all__ = [
     "ffn", "ffn_reference", "env", "Env", "ACTIVATIONS", "plan", "plans", "Plan", "simulate", "DATAFLOWS", "jit", "compile", "Kernel",
+    "optimize", "report", "revert", "Report", "FusedFFN",
     "FuserError", "CudaError", "CompileError", "CacheError", "UnsupportedError",
 ]

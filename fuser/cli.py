@@ -3,7 +3,8 @@
 Commands:
     env     what fuser found (driver, GPU, NVRTC, cache) and whether the fused path is available
     plan    plan one FFN shape and explain the choice (or print the top plans, or the JSON)
-    demo    run a small random LLaMA-shaped FFN through fuser.ffn and check it against float64
+    demo    build a small random LLaMA (transformers config, no download), fuser.optimize it, print the
+            report, check its logits against the unoptimized model, and on Hopper time both
 """
 from __future__ import annotations
 
@@ -42,7 +43,46 @@ def rel_error(y, ref):
     return float((y - ref).norm() / ref.norm().clamp_min(1e-300))
 
 
+def _llama(args, device, dtype):
+    """A small random LLaMA (no download) from a transformers config; None if transformers is missing."""
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError as e:
+        print(f"the demo builds a LLaMA model from a transformers config, and transformers is not "
+              f"importable ({e}); install it: python -m pip install 'fuser[demo]'", file=sys.stderr)
+        return None
+    import torch
+    cfg = LlamaConfig(hidden_size=args.hidden, intermediate_size=args.intermediate, num_hidden_layers=args.layers,
+                      num_attention_heads=args.heads, num_key_value_heads=args.heads, vocab_size=args.vocab,
+                      max_position_embeddings=max(args.seq, 64), pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(args.seed)
+    return LlamaForCausalLM(cfg).to(device=device, dtype=dtype).eval()
+
+
+def _time_interleaved(fns, iters, warmup=3):
+    """Median milliseconds per function, timed with CUDA events, runs interleaved so that clocks and
+    caches treat them alike."""
+    import statistics
+
+    import torch
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    times = [[] for _ in fns]
+    for _ in range(iters):
+        for i, fn in enumerate(fns):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times[i].append(start.elapsed_time(end))
+    return [statistics.median(t) for t in times]
+
+
 def _cmd_demo(args):
+    import copy
+
     import torch
 
     import fuser
@@ -50,28 +90,40 @@ def _cmd_demo(args):
     e = fuser.env()
     print("== environment ==")
     print(e)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16
-    d_model, d_ff, tokens = args.d_model, args.d_ff, args.tokens
-    print(f"\n== a LLaMA-shaped FFN: d_model={d_model}, d_ff={d_ff}, SwiGLU, {tokens} tokens, "
-          f"{str(dtype).replace('torch.', '')} on {device} ==")
-    g = torch.Generator().manual_seed(args.seed)
-
-    def rand(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype)
-
-    x = rand(tokens, d_model)
-    w_gate, w_up = rand(d_ff, d_model, scale=d_model ** -0.5), rand(d_ff, d_model, scale=d_model ** -0.5)
-    w_down = rand(d_model, d_ff, scale=d_ff ** -0.5)
-    y = fuser.ffn(x, w_up, w_down, w_gate=w_gate, activation="silu")
-    ref = fuser.ffn_reference(x, w_up, w_down, w_gate=w_gate, activation="silu", compute_dtype=torch.float64)
-    eager = fuser.ffn_reference(x, w_up, w_down, w_gate=w_gate, activation="silu")
-    err, err_eager = rel_error(y, ref), rel_error(eager, ref)
-    fused = e.fused_available and device == "cuda"
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    hopper = cuda and torch.cuda.get_device_capability(device) == (9, 0)
+    dtype = {"auto": torch.bfloat16 if cuda else torch.float32, "bfloat16": torch.bfloat16,
+             "float16": torch.float16, "float32": torch.float32}[args.dtype]
+    model = _llama(args, device, dtype)
+    if model is None:
+        return 2
+    name = str(dtype).replace("torch.", "")
+    print(f"\n== a random LLaMA: hidden {args.hidden}, intermediate {args.intermediate}, {args.layers} layers, "
+          f"vocab {args.vocab}, {name} on {device} ==")
+    reference = copy.deepcopy(model)
+    fuser.optimize(model)
+    print(fuser.report(model))
+    ids = torch.randint(3, args.vocab, (args.batch, args.seq), generator=torch.Generator().manual_seed(args.seed))
+    ids = ids.to(device)
+    with torch.no_grad():
+        y, y_ref = model(ids).logits, reference(ids).logits
+    err = rel_error(y, y_ref)
+    bound = 1e-4 if dtype == torch.float32 else 3e-2
+    fused = e.fused_available and cuda
+    print("\n== check ==")
     print("path        :", "fused kernel" if fused else "PyTorch reference (" + e.why + ")")
-    print(f"error       : {err:.2e} relative to float64 (PyTorch eager in bf16: {err_eager:.2e})")
-    ok = err <= max(2 * err_eager, 1e-2)
+    print(f"logits      : relative error {err:.2e} against the unoptimized model (bound {bound:.0e})")
+    ok = err <= bound and len(fuser.report(model).fused) == args.layers
     print("result      :", "OK" if ok else "MISMATCH")
+    if hopper:
+        with torch.no_grad():
+            t_ref, t_fused = _time_interleaved([lambda: reference(ids), lambda: model(ids)], args.iters)
+        print(f"\n== time per forward ({args.batch}x{args.seq} tokens, median of {args.iters}, interleaved) ==")
+        print(f"PyTorch     : {t_ref:.3f} ms")
+        print(f"fuser       : {t_fused:.3f} ms  ({t_ref / t_fused:.2f}x)")
+    else:
+        print("\n(timing runs on a Hopper GPU only: " + ("GPU is not sm_90" if cuda else "no CUDA GPU") + ")")
     return 0 if ok else 1
 
 
@@ -96,10 +148,17 @@ def main(argv=None):
     p.add_argument("--top", type=int, default=1, help="list the best N plans instead of explaining one")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=_cmd_plan)
-    p = sub.add_parser("demo", help="run a random LLaMA-shaped FFN and check it against float64")
-    p.add_argument("--d-model", type=int, default=512)
-    p.add_argument("--d-ff", type=int, default=1376)
-    p.add_argument("--tokens", type=int, default=64)
+    p = sub.add_parser("demo", help="optimize a small random LLaMA, check it, and time it on Hopper")
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--intermediate", type=int, default=1376)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--vocab", type=int, default=1000)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto",
+                   help="auto: bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--iters", type=int, default=50, help="timed forwards per model (Hopper only)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_demo)
     args = parser.parse_args(argv)

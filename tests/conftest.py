@@ -30,3 +30,28 @@ def rel_error(y, ref):
     """||y - ref|| / ||ref|| in float64; NaN anywhere gives NaN (which fails every bound)."""
     y, ref = y.double(), ref.double()
     return float((y - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+@pytest.fixture
+def op_calls(monkeypatch):
+    """A list that records the activation of every call of the ``fuser::ffn`` operator's implementation
+    (so a test can tell that the fused op, not the original module, computed the output)."""
+    import fuser.custom_op
+    calls = []
+    real = fuser.custom_op._ffn
+
+    def counting(x, *args, activation, **kw):
+        calls.append(activation)
+        return real(x, *args, activation=activation, **kw)
+
+    monkeypatch.setattr(fuser.custom_op, "_ffn", counting)
+    return calls
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo's caches and counters cleared before and after a test (graph-break counts are per test)."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    yield
+    torch._dynamo.reset()

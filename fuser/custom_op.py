@@ -1,0 +1,142 @@
+"""The ``fuser::ffn`` operator: ``fuser.ffn`` as a ``torch.library`` custom op.
+
+Swapped modules (``FusedFFN``) and the ``torch.compile`` backend call ``torch.ops.fuser.ffn``, never
+``fuser.ffn`` directly, so that:
+
+- ``torch.compile(..., fullgraph=True)`` traces it as one opaque node (the fake kernel below gives the
+  output's shape and dtype from symbolic sizes, no data access), with no graph break;
+- CUDA graph capture records it: the implementation allocates its output through torch's caching
+  allocator, launches on the current stream, never synchronises and never compiles during replay;
+- autograd works: the backward recomputes the intermediate from the saved inputs with plain PyTorch
+  ops (the intermediate activation is never saved, as in the fused forward).
+
+Schema::
+
+    fuser::ffn(Tensor x, Tensor w_up, Tensor w_down, Tensor? w_gate, Tensor? b_up, Tensor? b_gate,
+               Tensor? b_down, str activation) -> Tensor
+
+Like ``fuser.ffn``, ``x`` may have any leading shape ``[..., d_model]``; the result is ``[..., d_out]``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from fuser.ops import ffn as _ffn
+
+__all__ = ["ffn_op"]
+
+
+def _c_ready(t):
+    """``t`` as fuser.ffn takes it: contiguous and 16-byte aligned (a copy only when it is not)."""
+    if t is None:
+        return None
+    t = t.contiguous()
+    if t.data_ptr() % 16:
+        t = t.clone()
+    return t
+
+
+def _ffn_impl(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, w_gate: Optional[torch.Tensor],
+              b_up: Optional[torch.Tensor], b_gate: Optional[torch.Tensor], b_down: Optional[torch.Tensor],
+              activation: str) -> torch.Tensor:
+    """``fuser.ffn`` as the operator ``torch.ops.fuser.ffn`` (traceable, capturable, differentiable).
+
+    Arguments are ``fuser.ffn``'s, positional, with the optional ones given as ``None``. ``x`` need not
+    be contiguous (a non-contiguous or misaligned ``x`` is copied first); weights must be.
+
+    Example:
+        >>> import torch, fuser
+        >>> x = torch.randn(2, 3, 8)
+        >>> w_up, w_down = torch.randn(32, 8), torch.randn(8, 32)
+        >>> torch.ops.fuser.ffn(x, w_up, w_down, None, None, None, None, "relu").shape
+        torch.Size([2, 3, 8])
+    """
+    return _ffn(_c_ready(x), w_up, w_down, w_gate=w_gate, b_up=b_up, b_gate=b_gate, b_down=b_down,
+                activation=activation)
+
+
+ffn_op = torch.library.custom_op("fuser::ffn", mutates_args=())(_ffn_impl)
+ffn_op.__doc__ = _ffn_impl.__doc__
+__test__ = {"ffn_op": _ffn_impl.__doc__}   # doctest does not look inside the CustomOpDef object
+
+
+@ffn_op.register_fake
+def _ffn_fake(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation):
+    torch._check(x.dim() >= 1, lambda: "x: expected [..., d_model]")
+    torch._check(w_up.dim() == 2 and w_down.dim() == 2, lambda: "w_up, w_down: expected 2-D weights")
+    torch._check(x.shape[-1] == w_up.shape[1], lambda: f"x: last dim {x.shape[-1]} != d_model {w_up.shape[1]}")
+    torch._check(w_down.shape[1] == w_up.shape[0], lambda: "w_down: d_ff does not match w_up's")
+    return x.new_empty((*x.shape[:-1], w_down.shape[0]))
+
+
+# ---- autograd: recompute the intermediate from the saved inputs --------------------------------------
+
+def _act(name, h):
+    if name == "relu":
+        return F.relu(h)
+    if name == "silu":
+        return F.silu(h)
+    return F.gelu(h, approximate="tanh" if name == "gelu_tanh" else "none")
+
+
+def _act_backward(name, grad, h):
+    """d act(h) / dh * grad, with the ATen kernels eager autograd uses (so gradients match eager)."""
+    if name == "relu":
+        return torch.ops.aten.threshold_backward(grad, h, 0)
+    if name == "silu":
+        return torch.ops.aten.silu_backward(grad, h)
+    return torch.ops.aten.gelu_backward(grad, h, approximate="tanh" if name == "gelu_tanh" else "none")
+
+
+def _setup_context(ctx, inputs, output):
+    x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation = inputs
+    # b_down is not needed: the backward recomputes only the pre-activations
+    ctx.save_for_backward(x, w_up, w_down, w_gate, b_up, b_gate)
+    ctx.activation = activation
+    ctx.has_b_down = b_down is not None
+
+
+def _backward(ctx, gy):
+    x, w_up, w_down, w_gate, b_up, b_gate = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    act = ctx.activation
+    x2 = x.reshape(-1, x.shape[-1])
+    g2 = gy.reshape(-1, gy.shape[-1])
+    u = F.linear(x2, w_up, b_up)
+    if w_gate is not None:
+        g = F.linear(x2, w_gate, b_gate)
+        a = _act(act, g)
+        mid = a * u
+    else:
+        mid = _act(act, u)
+    g_mid = g2 @ w_down                                   # [tokens, d_ff]
+    if w_gate is not None:
+        g_u = g_mid * a
+        g_g = _act_backward(act, g_mid * u, g)
+    else:
+        g_u, g_g = _act_backward(act, g_mid, u), None
+    dx = dw_up = dw_down = dw_gate = db_up = db_gate = db_down = None
+    if need[0]:
+        dx = g_u @ w_up
+        if g_g is not None:
+            dx = dx + g_g @ w_gate
+        dx = dx.reshape(x.shape)
+    if need[1]:
+        dw_up = g_u.t() @ x2
+    if need[2]:
+        dw_down = g2.t() @ mid
+    if need[3] and g_g is not None:
+        dw_gate = g_g.t() @ x2
+    if need[4] and b_up is not None:
+        db_up = g_u.sum(0)
+    if need[5] and b_gate is not None and g_g is not None:
+        db_gate = g_g.sum(0)
+    if need[6] and ctx.has_b_down:
+        db_down = g2.sum(0)
+    return dx, dw_up, dw_down, dw_gate, db_up, db_gate, db_down, None
+
+
+ffn_op.register_autograd(_backward, setup_context=_setup_context)

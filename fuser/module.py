@@ -1,0 +1,224 @@
+"""``FusedFFN``: the module ``fuser.optimize`` swaps in for an FFN, and ``FusedInto``, the pass-through
+left where a sibling's down projection was fused away (BERT's ``output.dense``).
+
+A ``FusedFFN`` adopts the children of the module it replaces under the same names, so it holds the
+same ``Parameter`` objects (no copy) and its ``state_dict`` keys are the original ones: a checkpoint
+saved before optimizing loads after, and the other way round. It reads its weights at every call
+through the spec's ``WeightRef``s (a fused gate/up weight is sliced by rows: a contiguous, zero-copy
+view), so ``model.to(...)``, ``load_state_dict`` and optimizers keep working on the originals.
+
+One layout change cannot be avoided: GPT-2's ``Conv1D`` stores its weight ``[in, out]``, and fuser
+takes ``[out, in]`` row-major. The swap relays those Parameters out ONCE, in place (the same Parameter
+objects, their data transposed into a new contiguous tensor; the old storage is freed), and the module
+presents the original layout to the outside: ``state_dict()`` transposes those entries back (a copy per
+call) and ``load_state_dict`` transposes what it loads. ``fuser.revert`` restores the original layout.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fuser.custom_op  # noqa: F401  (registers torch.ops.fuser.ffn)
+from fuser.recognize import FFNSpec, Unsupported, recognise
+from fuser.reference import ACTIVATIONS
+
+_ROLES = ("up", "down", "gate", "b_up", "b_gate", "b_down")
+
+
+def _transpose_weights(module, owners):
+    """Relay out the ``weight`` of each owner to its transpose, in place (same Parameter objects)."""
+    with torch.no_grad():
+        for name in owners:
+            p = getattr(module, name).weight
+            p.data = p.data.t().contiguous()
+            if p.grad is not None:
+                p.grad = p.grad.t().contiguous()
+
+
+def _state_dict_hook(module, state_dict, prefix, local_metadata):
+    """Save GPT-2 Conv1D weights in their original ``[in, out]`` layout."""
+    for name in module.spec.transposed:
+        key = prefix + name + ".weight"
+        if key in state_dict:
+            state_dict[key] = state_dict[key].t().contiguous()
+    return state_dict
+
+
+class FusedFFN(nn.Module):
+    """A transformer FFN computed by ``torch.ops.fuser.ffn`` (one fused kernel on Hopper).
+
+    Usually made by ``fuser.optimize(model)``; ``FusedFFN.from_module(mlp)`` makes one from a single
+    FFN module. It holds the original children (and so the original parameters) under their original
+    names. In training mode with an active dropout between the GEMMs, and under autocast, it computes
+    the same FFN with PyTorch ops instead (the fused op has neither dropout nor autocast).
+
+    Example:
+        >>> import torch, fuser
+        >>> from torch import nn
+        >>> mlp = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+        >>> fused = fuser.FusedFFN.from_module(mlp)
+        >>> fused.plan_summary()
+        'FFN 64 -> 256 -> 64, plain, activation=gelu, dtype=float32, bias=up+down; plan: PyTorch reference (no planner yet)'
+        >>> x = torch.randn(3, 64)
+        >>> torch.allclose(fused(x), mlp(x), atol=1e-5)
+        True
+    """
+
+    def __init__(self, spec: FFNSpec, children, linked=None, source=None):
+        """Adopt ``children`` (name -> module, the owners ``spec`` names) and compute ``spec``'s FFN.
+
+        ``linked`` maps owner names living outside this module to the modules holding them (their
+        parameters stay registered there); ``source`` is the module replaced (kept for ``revert``)."""
+        super().__init__()
+        for name, child in children.items():
+            self.add_module(name, child)
+        self.spec = spec
+        self.__dict__["_linked"] = dict(linked or {})   # not registered: their state_dict keys stay put
+        self.__dict__["_source"] = source
+        if spec.transposed:
+            _transpose_weights(self, spec.transposed)
+            self._register_state_dict_hook(_state_dict_hook)
+
+    @classmethod
+    def from_module(cls, module):
+        """A ``FusedFFN`` for one FFN module (any class ``fuser.optimize`` recognises, except FFNs split
+        over two sibling modules, which need their parent: use ``fuser.optimize`` on the parent).
+
+        Raises ``ValueError`` saying why when the module is not a supported FFN.
+
+        Example:
+            >>> import fuser
+            >>> from torch import nn
+            >>> fuser.FusedFFN.from_module(nn.Sequential(nn.Linear(8, 32), nn.SiLU(), nn.Linear(32, 8)))
+            FusedFFN(
+              FFN 8 -> 32 -> 8, plain, activation=silu, dtype=float32, bias=up+down; plan: PyTorch reference (no planner yet)
+              (0): Linear(in_features=8, out_features=32, bias=True)
+              (1): SiLU()
+              (2): Linear(in_features=32, out_features=8, bias=True)
+            )
+        """
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"module: expected a torch.nn.Module, got {type(module).__name__}")
+        found = recognise(module)
+        if found is None:
+            raise ValueError(f"module: {type(module).__name__} is not an FFN fuser recognises")
+        kind, spec, linked = found
+        if isinstance(spec, Unsupported):
+            raise ValueError(f"module: {kind} cannot be fused: {spec}")
+        if spec.linked:
+            raise ValueError(f"module: {kind} spans two sibling modules; call fuser.optimize on their parent")
+        return cls(spec, dict(module.named_children()), source=module)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # GPT-2 Conv1D weights arrive in their [in, out] layout; the children load after this runs
+        for name in self.spec.transposed:
+            key = prefix + name + ".weight"
+            if key in state_dict:
+                state_dict[key] = state_dict[key].t().contiguous()
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    # ---- the weights, read at every call --------------------------------------------------------------
+
+    def _tensor(self, ref):
+        if ref is None:
+            return None
+        owner = self._linked[ref.owner] if ref.owner in self._linked else getattr(self, ref.owner)
+        t = getattr(owner, ref.name)
+        return t if ref.rows is None else t[ref.rows[0]:ref.rows[1]]
+
+    def weights(self):
+        """The tensors fused, by role: ``up``, ``down``, ``gate``, ``b_up``, ``b_gate``, ``b_down``
+        (None where absent), each the original parameter or a zero-copy row slice of it.
+
+        Example:
+            >>> import fuser
+            >>> from torch import nn
+            >>> f = fuser.FusedFFN.from_module(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8)))
+            >>> f.weights()["up"] is f.get_submodule("0").weight
+            True
+        """
+        return {role: self._tensor(getattr(self.spec, role)) for role in _ROLES}
+
+    # ---- forward -------------------------------------------------------------------------------------
+
+    def _mid_dropout_active(self):
+        d = getattr(self, self.spec.mid_dropout) if self.spec.mid_dropout else None
+        return d is not None and d.training and d.p > 0
+
+    def _eager(self, x, w):
+        """The same FFN in PyTorch ops, with the dropout between the GEMMs (training, autocast)."""
+        act = ACTIVATIONS[self.spec.activation]
+        h = F.linear(x, w["up"], w["b_up"])
+        h = act(F.linear(x, w["gate"], w["b_gate"])) * h if w["gate"] is not None else act(h)
+        if self.spec.mid_dropout:
+            h = getattr(self, self.spec.mid_dropout)(h)
+        return F.linear(h, w["down"], w["b_down"])
+
+    def forward(self, x):
+        w = self.weights()
+        if self._mid_dropout_active() or x.dtype != w["up"].dtype or torch.is_autocast_enabled(x.device.type):
+            y = self._eager(x, w)
+        else:
+            y = torch.ops.fuser.ffn(x, w["up"], w["down"], w["gate"], w["b_up"], w["b_gate"], w["b_down"],
+                                    self.spec.activation)
+        if self.spec.post_dropout:
+            y = getattr(self, self.spec.post_dropout)(y)
+        return y
+
+    # ---- description ---------------------------------------------------------------------------------
+
+    def plan_summary(self):
+        """One line describing the fused chain and its plan.
+
+        For now the chain: d_model -> d_ff -> d_out, gated or plain, activation, dtype and biases, then
+        the plan, which is the PyTorch reference until the planner lands (it will extend this string
+        with the chosen dataflow, cluster shape and predicted time).
+
+        Example:
+            >>> import fuser
+            >>> from torch import nn
+            >>> f = fuser.FusedFFN.from_module(nn.Sequential(nn.Linear(8, 32, bias=False), nn.ReLU(),
+            ...                                              nn.Linear(32, 8, bias=False)))
+            >>> f.plan_summary()
+            'FFN 8 -> 32 -> 8, plain, activation=relu, dtype=float32, bias=none; plan: PyTorch reference (no planner yet)'
+        """
+        s = self.spec
+        w = self.weights()
+        dtype = str(w["up"].dtype).replace("torch.", "")
+        bias = "+".join(r[2:] for r in ("b_up", "b_gate", "b_down") if getattr(s, r) is not None) or "none"
+        form = "gated" if s.gated else "plain"
+        return (f"FFN {s.d_model} -> {s.d_ff} -> {s.d_out}, {form}, activation={s.activation}, dtype={dtype}, "
+                f"bias={bias}; plan: PyTorch reference (no planner yet)")
+
+    def extra_repr(self):
+        return self.plan_summary()
+
+
+class FusedInto(nn.Module):
+    """Where a linear layer was fused into a sibling ``FusedFFN`` (BERT's ``output.dense``): it keeps
+    that layer's ``weight`` and ``bias`` (the same Parameters, the same state_dict keys) and passes its
+    input through, since the sibling already applied them.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from fuser.module import FusedInto
+        >>> lin = nn.Linear(8, 4)
+        >>> skip = FusedInto(lin, "intermediate")
+        >>> skip.weight is lin.weight, torch.equal(skip(torch.ones(2, 4)), torch.ones(2, 4))
+        (True, True)
+    """
+
+    def __init__(self, linear, into):
+        super().__init__()
+        self.register_parameter("weight", linear.weight)
+        self.register_parameter("bias", linear.bias)
+        self.into = into
+        self.__dict__["_source"] = linear
+
+    def forward(self, x):
+        return x
+
+    def extra_repr(self):
+        return f"{tuple(self.weight.shape)} fused into {self.into}"

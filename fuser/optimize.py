@@ -1,0 +1,187 @@
+"""``fuser.optimize``, ``fuser.report`` and ``fuser.revert``: swapping FFNs in a model for ``FusedFFN``.
+
+The walk is top-down over the module tree; a module recognised as an FFN (fuser/recognize.py) is
+swapped in place (or, when it cannot be fused, listed with the reason) and its insides are not walked.
+Everything else is left exactly as it was.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from torch import nn
+
+from fuser.module import FusedFFN, FusedInto, _transpose_weights
+from fuser.recognize import Unsupported, recognise
+
+__all__ = ["optimize", "report", "revert", "Report", "Entry"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One FFN found: where (``path``, ``""`` for the model itself), what class (``kind``), its
+    ``status`` ("fused", "fusible" before optimizing, or "skipped") and ``detail`` (the plan summary,
+    or why it was skipped)."""
+    path: str
+    kind: str
+    status: str
+    detail: str
+
+    def __str__(self):
+        return f"{self.status:8} {self.path or '(model)'}  [{self.kind}]  {self.detail}"
+
+
+class Report(list):
+    """The FFNs of a model, one ``Entry`` each; prints as a table.
+
+    Example:
+        >>> import fuser
+        >>> from torch import nn
+        >>> r = fuser.report(nn.Sequential(nn.Linear(8, 32), nn.Mish(), nn.Linear(32, 8)))
+        >>> [e.status for e in r], r.skipped[0].detail
+        (['skipped'], 'activation Mish is not one fuser supports (relu, gelu, gelu_tanh, silu)')
+    """
+
+    def _with(self, status):
+        return [e for e in self if e.status == status]
+
+    @property
+    def fused(self):
+        """Entries swapped for ``FusedFFN``."""
+        return self._with("fused")
+
+    @property
+    def fusible(self):
+        """Entries ``optimize`` would swap (seen before optimizing)."""
+        return self._with("fusible")
+
+    @property
+    def skipped(self):
+        """Entries found but not fusible, with the reason in ``detail``."""
+        return self._with("skipped")
+
+    def __str__(self):
+        head = (f"fuser: {len(self)} FFN(s) found: {len(self.fused)} fused, {len(self.fusible)} fusible, "
+                f"{len(self.skipped)} skipped")
+        return "\n".join([head] + ["  " + str(e) for e in self])
+
+    def __repr__(self):
+        return str(self)
+
+
+def _swap(parent, name, new):
+    if parent is not None:
+        setattr(parent, name, new)
+    return new
+
+
+def _visit(module, parent, name, path, entries, swap):
+    """Walk one module; returns what stands at its place afterwards."""
+    if isinstance(module, FusedFFN):
+        entries.append(Entry(path, module.spec.kind, "fused", module.plan_summary()))
+        return module
+    if isinstance(module, FusedInto):
+        return module
+    found = recognise(module, parent)
+    if found is not None:
+        kind, spec, linked = found
+        if isinstance(spec, Unsupported):
+            entries.append(Entry(path, kind, "skipped", str(spec)))
+            return module
+        if not swap:
+            entries.append(Entry(path, kind, "fusible", _summary(spec)))
+            return module
+        if linked:   # an FFN split over siblings: leave a pass-through where the down projection was
+            sibling, attr = linked["down"]
+            passthrough = FusedInto(getattr(sibling, attr), name)
+            setattr(sibling, attr, passthrough)
+            linked = {"down": passthrough}
+        fused = FusedFFN(spec, dict(module.named_children()), linked, source=module)
+        entries.append(Entry(path, kind, "fused", fused.plan_summary()))
+        return _swap(parent, name, fused)
+    for child_name, child in list(module.named_children()):
+        _visit(child, module, child_name, f"{path}.{child_name}" if path else child_name, entries, swap)
+    return module
+
+
+def _summary(spec):
+    bias = "+".join(r[2:] for r in ("b_up", "b_gate", "b_down") if getattr(spec, r) is not None) or "none"
+    return (f"FFN {spec.d_model} -> {spec.d_ff} -> {spec.d_out}, {'gated' if spec.gated else 'plain'}, "
+            f"activation={spec.activation}, bias={bias}")
+
+
+def _check_model(model):
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+
+
+def optimize(model):
+    """Swap every FFN of ``model`` that fuser supports for a ``FusedFFN``, in place; return the model.
+
+    FFNs are recognised by structure (``nn.Sequential(Linear, act, [Dropout], Linear)``, a module whose
+    forward is ``down(act(gate(x)) * up(x))`` or ``down(act(up(x)))``) and by known class (Hugging Face
+    LLaMA, Mistral, Qwen2/3, Gemma, Phi-3, GPT-2, GPT-NeoX, Falcon, BERT, T5; timm Mlp, GluMlp, SwiGLU).
+    An FFN whose activation, dtype, layout or extras fuser does not support is left as it is;
+    ``fuser.report(model)`` lists what was fused and what was skipped, with the reason. The swapped
+    modules hold the original parameters under the original state_dict keys. Calling it twice is
+    harmless. When ``model`` is itself one FFN, its replacement is returned.
+
+    Raises ``TypeError`` when ``model`` is not an ``nn.Module``.
+
+    Example:
+        >>> import torch, fuser
+        >>> from torch import nn
+        >>> model = nn.Sequential(nn.LayerNorm(64), nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)))
+        >>> model = fuser.optimize(model)
+        >>> type(model[1]).__name__
+        'FusedFFN'
+    """
+    _check_model(model)
+    return _visit(model, None, "", "", Report(), swap=True)
+
+
+def report(model):
+    """Every FFN of ``model``: fused (already swapped), fusible (``optimize`` would swap it) or skipped
+    (with the reason). Returns a ``Report`` (a list of ``Entry``) that prints as a table.
+
+    Example:
+        >>> import fuser
+        >>> from torch import nn
+        >>> model = fuser.optimize(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8)))
+        >>> print(fuser.report(model))
+        fuser: 1 FFN(s) found: 1 fused, 0 fusible, 0 skipped
+          fused    (model)  [Sequential]  FFN 8 -> 32 -> 8, plain, activation=relu, dtype=float32, bias=up+down; plan: PyTorch reference (no planner yet)
+    """
+    _check_model(model)
+    entries = Report()
+    _visit(model, None, "", "", entries, swap=False)
+    return entries
+
+
+def revert(model):
+    """Undo ``optimize``: put the original modules back (GPT-2 Conv1D weights back in their ``[in, out]``
+    layout), in place; return the model (or, when it is one ``FusedFFN``, the module it replaced).
+
+    Example:
+        >>> import fuser
+        >>> from torch import nn
+        >>> model = fuser.optimize(nn.Sequential(nn.LayerNorm(8), nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8))))
+        >>> type(fuser.revert(model)[1]).__name__
+        'Sequential'
+    """
+    _check_model(model)
+
+    def back(module, parent, name):
+        if isinstance(module, (FusedFFN, FusedInto)) and module._source is not None:
+            source = module._source
+            if isinstance(module, FusedFFN):
+                _transpose_weights(module, module.spec.transposed)
+                for child_name, child in module.named_children():
+                    setattr(source, child_name, child)
+            else:
+                source.weight, source.bias = module.weight, module.bias
+            return _swap(parent, name, source)
+        for child_name, child in list(module.named_children()):
+            back(child, module, child_name)
+        return module
+
+    return back(model, None, "")

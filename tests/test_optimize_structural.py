@@ -1,0 +1,195 @@
+"""fuser.optimize on FFNs recognised by structure (nn.Sequential, any module whose forward traces to a
+plain or gated FFN of its children), what it must refuse, FusedFFN itself, revert, and bad input."""
+import copy
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fuser
+from fuser.module import FusedFFN
+
+
+class Gated(nn.Module):
+    """A user's own SwiGLU block: recognised by what its forward does, not by its name."""
+
+    def __init__(self, d=32, f=96, act=F.silu, bias=False):
+        super().__init__()
+        self.w1, self.w3 = nn.Linear(d, f, bias=bias), nn.Linear(d, f, bias=bias)
+        self.w2 = nn.Linear(f, d, bias=bias)
+        self.act = act
+
+    def forward(self, x):
+        return self.w2(self.act(self.w1(x)) * self.w3(x))
+
+
+class UpTimesAct(Gated):
+    """Operands of the product the other way round, activation as a module."""
+
+    def __init__(self):
+        super().__init__(act=None)
+        self.act = nn.GELU(approximate="tanh")
+
+    def forward(self, x):
+        return self.w2(self.w3(x) * self.act(self.w1(x)))
+
+
+class Scaled(Gated):
+    """Not an FFN fuser computes: the output is scaled."""
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x)) * 0.5
+
+
+class Block(nn.Module):
+    def __init__(self, ffn):
+        super().__init__()
+        self.norm = nn.LayerNorm(32)
+        self.ffn = ffn
+
+    def forward(self, x):
+        return x + self.ffn(self.norm(x))
+
+
+def seq(act=None, *, drop=None, post=None, bias=True):
+    layers = [nn.Linear(32, 96, bias=bias), act if act is not None else nn.GELU()]
+    if drop is not None:
+        layers.append(nn.Dropout(drop))
+    layers.append(nn.Linear(96, 32, bias=bias))
+    if post is not None:
+        layers.append(nn.Dropout(post))
+    return nn.Sequential(*layers)
+
+
+def same_after_optimize(model, op_calls, x=None):
+    torch.manual_seed(0)
+    model.eval()
+    ref = copy.deepcopy(model)
+    model = fuser.optimize(model)
+    x = torch.randn(3, 4, 32) if x is None else x
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref(x), rtol=1e-5, atol=1e-5)
+    assert op_calls
+    return model
+
+
+@pytest.mark.parametrize("act,name", [
+    (nn.ReLU(), "relu"), (nn.GELU(), "gelu"), (nn.GELU(approximate="tanh"), "gelu_tanh"), (nn.SiLU(), "silu")])
+def test_sequential_each_activation(act, name, op_calls):
+    model = same_after_optimize(Block(seq(act)), op_calls)
+    assert isinstance(model.ffn, FusedFFN) and model.ffn.spec.activation == name and set(op_calls) == {name}
+
+
+@pytest.mark.parametrize("kw", [dict(drop=0.0), dict(drop=0.3), dict(post=0.1), dict(bias=False)])
+def test_sequential_dropouts_and_no_bias(kw, op_calls):
+    model = same_after_optimize(Block(seq(**kw)), op_calls)
+    assert isinstance(model.ffn, FusedFFN)
+
+
+@pytest.mark.parametrize("make,act", [(Gated, "silu"), (lambda: Gated(act=F.gelu, bias=True), "gelu"),
+                                      (lambda: Gated(act=functools.partial(F.gelu, approximate="tanh")), "gelu_tanh"),
+                                      (UpTimesAct, "gelu_tanh")])
+def test_gated_module_recognised_by_its_forward(make, act, op_calls):
+    model = same_after_optimize(Block(make()), op_calls)
+    assert isinstance(model.ffn, FusedFFN) and model.ffn.spec.gated and model.ffn.spec.activation == act
+    assert model.ffn.weights()["gate"] is model.ffn.w1.weight
+
+
+def test_module_doing_more_than_an_ffn_is_not_touched():
+    model = Block(Scaled())
+    assert len(fuser.report(model)) == 0
+    fuser.optimize(model)
+    assert isinstance(model.ffn, Scaled)
+
+
+def test_gated_with_unsupported_activation_is_skipped():
+    model = Block(Gated(act=torch.tanh))
+    r = fuser.report(model)
+    assert r[0].status == "skipped" and "tanh" in r[0].detail
+
+
+@pytest.mark.parametrize("make,reason", [
+    (lambda: seq(nn.Mish()), "activation Mish is not one fuser supports"),
+    (lambda: seq(nn.GELU()).double(), "torch.float64"),
+    (lambda: seq(drop=0.2).train(), "dropout '2' (p=0.2) between the GEMMs is active in training mode"),
+], ids=["mish", "float64", "train-dropout"])
+def test_refused_with_reason(make, reason):
+    model = nn.ModuleDict({"ffn": make()})
+    fuser.optimize(model)
+    r = fuser.report(model)
+    assert [e.status for e in r] == ["skipped"] and reason in r[0].detail, str(r)
+    assert not isinstance(model["ffn"], FusedFFN)
+
+
+def test_linear_subclass_is_refused():
+    class LoRALinear(nn.Linear):
+        pass
+
+    model = nn.ModuleDict({"ffn": nn.Sequential(LoRALinear(32, 96), nn.ReLU(), nn.Linear(96, 32))})
+    r = fuser.report(model)
+    assert r[0].status == "skipped" and "LoRALinear" in r[0].detail
+
+
+def test_optimize_is_idempotent_and_revert_restores(op_calls):
+    model = Block(seq())
+    first = fuser.optimize(model).ffn
+    assert fuser.optimize(model).ffn is first
+    assert [e.status for e in fuser.report(model)] == ["fused"]
+    fuser.revert(model)
+    assert type(model.ffn) is nn.Sequential and fuser.report(model)[0].status == "fusible"
+
+
+def test_model_that_is_one_ffn_returns_its_replacement(op_calls):
+    mlp = seq()
+    out = fuser.optimize(mlp)
+    assert isinstance(out, FusedFFN) and out.get_submodule("0") is mlp[0]
+
+
+def test_non_module_raises_type_error():
+    with pytest.raises(TypeError, match="model: expected a torch.nn.Module, got dict"):
+        fuser.optimize({"w": torch.ones(2)})
+    with pytest.raises(TypeError):
+        fuser.report(42)
+    with pytest.raises(TypeError):
+        FusedFFN.from_module("mlp")
+
+
+def test_from_module_says_why_not():
+    with pytest.raises(ValueError, match="not an FFN fuser recognises"):
+        FusedFFN.from_module(nn.LayerNorm(4))
+    with pytest.raises(ValueError, match="activation Tanh is not one fuser supports"):
+        FusedFFN.from_module(seq(nn.Tanh()))
+
+
+def test_repr_and_plan_summary():
+    f = FusedFFN.from_module(Gated())
+    s = f.plan_summary()
+    assert s.startswith("FFN 32 -> 96 -> 32, gated, activation=silu, dtype=float32, bias=none")
+    assert s in repr(f) and "w1" in repr(f)
+
+
+def test_x_of_any_leading_shape_and_non_contiguous(op_calls):
+    f = FusedFFN.from_module(seq(nn.SiLU()))
+    for x in (torch.randn(32), torch.randn(5, 32), torch.randn(2, 3, 4, 32), torch.randn(32, 6).t()):
+        with torch.no_grad():
+            torch.testing.assert_close(f(x), f._source(x), rtol=1e-5, atol=1e-5)
+
+
+def test_autocast_and_dtype_mismatch_fall_back_to_pytorch(op_calls):
+    f = FusedFFN.from_module(seq(nn.GELU()))
+    x = torch.randn(4, 32)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        y, y_ref = f(x), f._source(x)
+    assert y.dtype == y_ref.dtype == torch.bfloat16 and not op_calls
+    torch.testing.assert_close(y, y_ref)
+
+
+def test_state_dict_keys_kept_and_bf16_model(op_calls):
+    model = Block(seq()).to(torch.bfloat16)
+    keys = list(model.state_dict())
+    fuser.optimize(model)
+    assert list(model.state_dict()) == keys
+    x = torch.randn(2, 32, dtype=torch.bfloat16)
+    assert model(x).dtype == torch.bfloat16 and op_calls == ["gelu"]
