@@ -95,11 +95,12 @@ def run_case(c, gen):
                         all(torch.equal(outs[0], o) for o in outs[1:])))
 
 
-def run(quick=False, log=print):
+def run(quick=False, log=print, dataflow=None, first=None, skip=0):
     gen = torch.Generator(device="cuda").manual_seed(1234)
     results = []
     t0 = time.time()
-    for c in cases(quick):
+    todo = [c for c in cases(quick) if dataflow is None or c["dataflow"] == dataflow]
+    for c in todo[skip:][:first]:
         res = run_case(c, gen)
         results.append(res)
         if res.get("status") == "no plan":
@@ -126,8 +127,11 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--dataflow", default=None, choices=DATAFLOWS, help="only the cases of one dataflow")
+    ap.add_argument("--first", type=int, default=None, help="only the first N cases (after --skip)")
+    ap.add_argument("--skip", type=int, default=0, help="skip the first N cases")
     a = ap.parse_args()
-    summary, results = run(a.quick)
+    summary, results = run(a.quick, dataflow=a.dataflow, first=a.first, skip=a.skip)
     print(json.dumps(summary, indent=1))
     if a.json:
         with open(a.json, "w") as f:
