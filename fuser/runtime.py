@@ -31,6 +31,10 @@ class Kernel:
     key: str
 
 
+# Markers of CUDA math library slow-path subroutines in a CUBIN (their labels are kept in the ELF).
+_MATH_SUBROUTINES = (b"_slowpath", b"__cuda_sm3x_", b"__cuda_sm20_")
+
+
 def compile(plan):  # noqa: A001 - the public name the issue asks for
     """Compile a fused plan to a CUBIN for sm_90a (NVRTC, through the on-disk cache). Needs NVRTC, not a GPU.
 
@@ -48,6 +52,12 @@ def compile(plan):  # noqa: A001 - the public name the issue asks for
         raise ValueError("plan: an unfused plan runs PyTorch ops; there is nothing to compile")
     source = _C.codegen(plan._d, plan.target or "h200")
     r = _C.jit_compile(source, "fuser_ffn", nvrtc_dirs=nvrtc_wheel_dirs())
+    if any(tag in r["cubin"] for tag in _MATH_SUBROUTINES):
+        # see include/fuser/device/common.cuh: such calls clobbered live registers on an H200
+        from fuser import CompileError
+        raise CompileError("fuser: the generated kernel calls a CUDA math slow-path subroutine "
+                           "(IEEE division or similar), which fuser does not run; this is a bug in "
+                           "fuser's kernel templates, please report it with the plan: " + plan.summary())
     return Kernel(plan=plan, source=source, cubin=r["cubin"], log=r["log"], registers=r["registers"],
                   spill_bytes=r["spill_bytes"], shared_bytes=plan.derived["smem_bytes"] + r["shared_bytes"],
                   cache_hit=r["cache_hit"], key=r["key"])
@@ -86,8 +96,16 @@ def _scratch_for(plan, m, device, stream):
     ws = d["grid_n"] * grid_m * cls_m * bm * d["l_pad"] if d["grid_n"] > 1 else 0
     key = (device, stream)
     buf = _scratch.get(key)
+    capturing = torch.cuda.is_current_stream_capturing()
+    if capturing and (buf is None or buf[1] < tickets or buf[0].numel() < buf[1] + ws):
+        # capture runs on its own stream: reuse the buffer the warm-up allocated on this device (an
+        # allocation here would land in the graph's private pool, which cudagraph trees reject)
+        fits = [b for (dev, _), b in _scratch.items()
+                if dev == device and b[1] >= tickets and b[0].numel() >= b[1] + ws]
+        if fits:
+            buf = _scratch[key] = max(fits, key=lambda b: b[0].numel())
     if buf is None or buf[1] < tickets or buf[0].numel() < buf[1] + ws:
-        if torch.cuda.is_current_stream_capturing():
+        if capturing:
             raise RuntimeError("fuser: this call needs a larger workspace than was allocated before CUDA graph "
                                "capture; run the model once with the same shapes before capturing")
         cap = max(tickets, 4096, buf[1] if buf else 0)

@@ -342,3 +342,18 @@ def test_probe_launches_with_clusters_on_hopper(nvrtc, cache, tmp_path):
     r = subprocess.run([str(exe), str(cubin)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count(": ok") == 3
+
+
+def test_generated_kernels_call_no_math_subroutines():
+    """Every activation, plain and gated, compiles to straight-line math: no CUDA math slow-path
+    subroutine (the IEEE-division slow path of a naive SiLU clobbered live registers on an H200).
+    fuser.compile refuses such a kernel; this checks the templates never produce one."""
+    if not fuser.env().nvrtc_found:
+        pytest.skip("needs NVRTC (pip install nvidia-cuda-nvrtc)")
+    from fuser import runtime
+    for act in ("relu", "gelu", "gelu_tanh", "silu"):
+        for gated in (False, True):
+            p = fuser.plan(64, 256, 1024, gated=gated, activation=act, target="h200", fused=True)
+            k = fuser.compile(p)
+            assert not any(tag in k.cubin for tag in runtime._MATH_SUBROUTINES), (act, gated)
+            assert k.spill_bytes == 0

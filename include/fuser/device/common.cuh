@@ -56,8 +56,27 @@ FUSER_DEVICE uint32_t pack2(float lo, float hi)
     return r;
 }
 
-/* Activations in fp32 (the definitions of include/fuser/chain.h). */
+/* Activations in fp32 (the definitions of include/fuser/chain.h).
+ * NOTE: no IEEE division here. `x / (1 + expf(-x))` compiles to a division whose rare-input slow
+ * path is a subroutine call (__cuda_sm3x_div_rn_noftz_f32_slowpath); on an H200 with NVRTC 13.0 that
+ * call clobbered registers live across the epilogue (the main loop's stage offsets), giving
+ * input-dependent misaligned ldmatrix addresses and garbage outputs. SiLU therefore uses ex2.approx
+ * and rcp.approx (a few ulp), and fuser.compile refuses any kernel that contains such a subroutine. */
 enum { ACT_RELU = 0, ACT_GELU = 1, ACT_GELU_TANH = 2, ACT_SILU = 3 };
+
+FUSER_DEVICE float fast_exp2(float x)
+{
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+
+FUSER_DEVICE float fast_rcp(float x)
+{
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
 
 template <int ACT>
 FUSER_DEVICE float activate(float x)
@@ -68,8 +87,8 @@ FUSER_DEVICE float activate(float x)
         return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
     else if constexpr (ACT == ACT_GELU_TANH)
         return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
-    else
-        return x / (1.0f + expf(-x));
+    else /* x * sigmoid(x); for x -> -inf, exp2 -> inf, rcp -> 0: the product is (-)0 as it should be */
+        return x * fast_rcp(1.0f + fast_exp2(-1.4426950408889634f * x));
 }
 
 } // namespace fuser

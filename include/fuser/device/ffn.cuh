@@ -105,6 +105,7 @@ struct Ffn {
     }
     FUSER_DEVICE void barrier() const
     {
+        __syncwarp();
         if constexpr (C::CSIZE > 1)
             cluster_sync();
     }
@@ -172,6 +173,7 @@ struct Ffn {
         for (int t = 0; t < steps; t++) {
             cp_async_wait<C::STAGES - 2>();
             __syncthreads();
+            __syncwarp(); /* ldmatrix/mma are .sync.aligned: the whole warp must arrive together */
             if (t + C::STAGES - 1 < steps)
                 load(t + C::STAGES - 1, (t + C::STAGES - 1) % C::STAGES);
             cp_async_commit();
@@ -294,6 +296,7 @@ struct Ffn {
                     }
                     *(uint32_t *)(h + swz<C::BN>(r, c)) = pack2<C::DTYPE>(v[0], v[1]);
                 }
+        __syncwarp(); /* the masked epilogue may leave the warp split; rejoin before anything warp-wide */
     }
 
     /* One d_ff chunk of every block: GEMM1 -> (publish, barrier, exchange) -> H slot. */
@@ -356,6 +359,7 @@ struct Ffn {
         for (int i = 0; i < steps; i++) {
             cp_async_wait<C::STAGES - 2>();
             __syncthreads();
+            __syncwarp(); /* ldmatrix/mma are .sync.aligned: the whole warp must arrive together */
             if (i + C::STAGES - 1 < steps)
                 load(i + C::STAGES - 1, (i + C::STAGES - 1) % C::STAGES);
             cp_async_commit();
@@ -382,6 +386,11 @@ struct Ffn {
         cp_async_wait<0>();
         __syncthreads();
     }
+
+    /* NOTE on convergence: every ldmatrix and mma here is warp-synchronous (.sync.aligned). Masked
+     * epilogues and stores diverge per thread, and inline asm is opaque to the compiler, so
+     * __syncwarp() rejoins each warp before the next warp-wide step (ptxas already reconverges there
+     * today; the calls make it a guarantee rather than an observation). */
 
     /* ---------------- output: reduce_scatter, inter_cluster_reduce, store -------------------- */
 
