@@ -186,6 +186,10 @@ void fuser_plan_cost(fuser_plan *p, const fuser_target *t)
     if (p->grid_n > 1)
         k->tail += (double)p->grid_n * p->bm * p->sw * 4 * p->lc / (t->sm_load_gbs * 1e9) * 1e6;
     k->launch = t->launch_us;
+    /* calibration: every fused term scaled by the measured fused/model ratio (target.c) */
+    double *terms[] = {&k->compute, &k->hbm, &k->l2, &k->dsm, &k->smem, &k->sync, &k->tail};
+    for (size_t i = 0; i < sizeof terms / sizeof terms[0]; i++)
+        *terms[i] *= t->fused_time_scale;
     double body = fmax(fmax(k->compute, k->hbm), fmax(fmax(k->l2, k->dsm), k->smem));
     k->total = k->launch + body + k->sync + k->tail;
 }

@@ -44,17 +44,21 @@ def test_dlpack_on_a_side_stream():
     assert info["versioned"] is True
 
 
-def test_ffn_picks_the_fused_path_and_matches_the_reference():
+def test_ffn_runs_the_planners_choice_and_a_forced_fused_plan():
+    """fuser.ffn follows the planner (today it prefers eager for this shape: the fused kernels are
+    slower, see docs/gpu-results.md); a forced fused plan runs the kernel; both match the reference."""
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(16, 4096, device="cuda", generator=g).bfloat16()
     wg, wu = (torch.randn(14336, 4096, device="cuda", generator=g).bfloat16() * 4096 ** -0.5 for _ in range(2))
     wd = torch.randn(4096, 14336, device="cuda", generator=g).bfloat16() * 14336 ** -0.5
-    p = fuser.plan(16, 4096, 14336, gated=True, activation="silu")
-    assert p.fused, p.explain()
-    y = fuser.ffn(x, wu, wd, w_gate=wg, activation="silu")
     ref = fuser.ffn_reference(x, wu, wd, w_gate=wg, activation="silu", compute_dtype=torch.float64)
     eager = fuser.ffn_reference(x, wu, wd, w_gate=wg, activation="silu")
+    y = fuser.ffn(x, wu, wd, w_gate=wg, activation="silu")
     assert rel_error(y, ref) <= 2 * rel_error(eager, ref)
+    forced = fuser.plan(16, 4096, 14336, gated=True, activation="silu", fused=True)
+    y2 = fuser.ffn(x, wu, wd, w_gate=wg, activation="silu", plan=forced)
+    assert rel_error(y2, ref) <= 2 * rel_error(eager, ref)
+    assert not torch.equal(y2, eager)  # the kernel really ran (its rounding differs from eager's)
 
 
 def test_failed_launch_raises_and_the_next_call_works():

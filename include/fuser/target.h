@@ -39,6 +39,8 @@ typedef struct fuser_target {
     double launch_us;            /* one kernel launch on a busy stream */
     double mma_tflops;           /* dense 16-bit matmul rate of a cuBLAS-class kernel, TFLOP/s */
     double fused_mma_eff;        /* fraction of mma_tflops fuser's current GEMM main loop reaches */
+    double fused_time_scale;     /* measured fused kernel time / the model's prediction (calibration of
+                                    the whole fused estimate until each term is calibrated) */
     double small_gemm_eff;       /* fraction of hbm_gbs library GEMMs reach when weight-streaming */
     int64_t max_workspace;       /* bytes of global scratch a plan may use (inter-cluster partials) */
 } fuser_target;
