@@ -1,29 +1,13 @@
 """A quick side-by-side timing of fuser.ffn against PyTorch eager on a few FFN shapes (CUDA events,
 interleaved, medians, several weight sets rotated so the L2 does not flatter anyone). The full
 harness is benchmarks/ffn.py; this is the smoke version for one GPU call."""
-import statistics
 import sys
 
 import torch
 
 import fuser
+from fuser.timing import time_interleaved as bench
 from fuser.workloads import MODELS
-
-
-def bench(fns, iters=30, warmup=3):
-    for _ in range(warmup):
-        for f in fns:
-            f()
-    t = [[] for _ in fns]
-    for _ in range(iters):
-        for i, f in enumerate(fns):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            f()
-            b.record()
-            b.synchronize()
-            t[i].append(a.elapsed_time(b) * 1e3)
-    return [statistics.median(x) for x in t]
 
 
 def main():

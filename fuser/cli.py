@@ -59,29 +59,10 @@ def _llama(args, device, dtype):
     return LlamaForCausalLM(cfg).to(device=device, dtype=dtype).eval()
 
 
-def _time_interleaved(fns, iters, warmup=3):
-    """Median milliseconds per function, timed with CUDA events, runs interleaved so that clocks and
-    caches treat them alike."""
-    import statistics
-
-    import torch
-    for _ in range(warmup):
-        for fn in fns:
-            fn()
-    times = [[] for _ in fns]
-    for _ in range(iters):
-        for i, fn in enumerate(fns):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times[i].append(start.elapsed_time(end))
-    return [statistics.median(t) for t in times]
-
-
 def _cmd_demo(args):
     import copy
+
+    from fuser.timing import time_interleaved
 
     import torch
 
@@ -118,7 +99,7 @@ def _cmd_demo(args):
     print("result      :", "OK" if ok else "MISMATCH")
     if hopper:
         with torch.no_grad():
-            t_ref, t_fused = _time_interleaved([lambda: reference(ids), lambda: model(ids)], args.iters)
+            t_ref, t_fused = (t / 1e3 for t in time_interleaved([lambda: reference(ids), lambda: model(ids)], args.iters))
         print(f"\n== time per forward ({args.batch}x{args.seq} tokens, median of {args.iters}, interleaved) ==")
         print(f"PyTorch     : {t_ref:.3f} ms")
         print(f"fuser       : {t_fused:.3f} ms  ({t_ref / t_fused:.2f}x)")

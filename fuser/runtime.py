@@ -10,25 +10,30 @@ import threading
 import torch
 
 from fuser import _C
-from fuser._env import nvrtc_wheel_dirs
 
 _lock = threading.Lock()
 
 
 @dataclasses.dataclass(frozen=True)
 class Kernel:
-    """A plan compiled for sm_90a. ``shared_bytes`` is the dynamic shared memory a launch asks for (the
-    kernel has no static shared memory); ``registers``/``spill_bytes`` come from ptxas' report."""
+    """A plan compiled for sm_90a: the generated ``source`` and its :class:`fuser.jit.Compiled` module
+    (``compiled.cubin``, ``.log``, ``.registers``, ``.spill_bytes``, ``.key``). ``shared_bytes`` is
+    what a launch asks for: the plan's dynamic shared memory plus any static."""
 
     plan: object
     source: str
-    cubin: bytes
-    log: str
-    registers: int
-    spill_bytes: int
-    shared_bytes: int
-    cache_hit: bool
-    key: str
+    compiled: object
+
+    cubin = property(lambda self: self.compiled.cubin)
+    log = property(lambda self: self.compiled.log)
+    registers = property(lambda self: self.compiled.registers)
+    spill_bytes = property(lambda self: self.compiled.spill_bytes)
+    cache_hit = property(lambda self: self.compiled.cache_hit)
+    key = property(lambda self: self.compiled.key)
+
+    @property
+    def shared_bytes(self):
+        return self.plan.derived["smem_bytes"] + self.compiled.shared_bytes
 
 
 # Markers of CUDA math library slow-path subroutines in a CUBIN (their labels are kept in the ELF).
@@ -50,17 +55,16 @@ def compile(plan):  # noqa: A001 - the public name the issue asks for
         raise TypeError(f"plan: expected a fuser.Plan, got {type(plan).__name__}")
     if not plan.fused:
         raise ValueError("plan: an unfused plan runs PyTorch ops; there is nothing to compile")
+    from fuser.jit import compile_source
     source = _C.codegen(plan._d, plan.target or "h200")
-    r = _C.jit_compile(source, "fuser_ffn", nvrtc_dirs=nvrtc_wheel_dirs())
-    if any(tag in r["cubin"] for tag in _MATH_SUBROUTINES):
+    compiled = compile_source(source, "fuser_ffn.cu")
+    if any(tag in compiled.cubin for tag in _MATH_SUBROUTINES):
         # see include/fuser/device/common.cuh: such calls clobbered live registers on an H200
         from fuser import CompileError
         raise CompileError("fuser: the generated kernel calls a CUDA math slow-path subroutine "
                            "(IEEE division or similar), which fuser does not run; this is a bug in "
                            "fuser's kernel templates, please report it with the plan: " + plan.summary())
-    return Kernel(plan=plan, source=source, cubin=r["cubin"], log=r["log"], registers=r["registers"],
-                  spill_bytes=r["spill_bytes"], shared_bytes=plan.derived["smem_bytes"] + r["shared_bytes"],
-                  cache_hit=r["cache_hit"], key=r["key"])
+    return Kernel(plan=plan, source=source, compiled=compiled)
 
 
 # ---- loaded kernels, scratch, plans: process-wide caches ----
