@@ -19,6 +19,7 @@
 typedef struct {
     fuser_kernel k;
     fuser_plan plan;
+    int max_clusters; /* co-resident clusters (cuOccupancyMaxActiveClusters): the persistent grid */
 } loaded;
 
 /* Scratch layout: [tickets_cap int32 tickets, zero between launches][workspace floats].
@@ -76,6 +77,17 @@ PyObject *fuser_py_load_kernel(PyObject *module, PyObject *args, PyObject *kwarg
         rc = fuser_kernel_load(drv, device, cubin.buf, "fuser_ffn", &l->k, &err);
         Py_END_ALLOW_THREADS
     }
+    if (!rc) {
+        fuser_dim3 block = {FUSER_THREADS, 1, 1}, cluster = {(unsigned)l->plan.cluster_size, 1, 1};
+        Py_BEGIN_ALLOW_THREADS
+        rc = fuser_kernel_max_active_clusters(drv, &l->k, block, cluster, (unsigned)l->plan.smem_bytes,
+                                              &l->max_clusters, &err);
+        Py_END_ALLOW_THREADS
+        if (!rc && l->max_clusters < 1)
+            rc = fuser_fail(&err, FUSER_E_CUDA,
+                            "no cluster of %d blocks with %d bytes of shared memory each fits on cuda:%d",
+                            l->plan.cluster_size, l->plan.smem_bytes, device);
+    }
     if (rc) {
         fuser_raise(st, &err);
         goto done;
@@ -106,9 +118,10 @@ PyObject *fuser_py_kernel_info(PyObject *module, PyObject *args)
     if (!drv || fuser_kernel_max_active_clusters(drv, &l->k, block, cluster, (unsigned)l->plan.smem_bytes,
                                                  &clusters, &err))
         return fuser_raise(fuser_get_state(module), &err);
-    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i}", "registers", l->k.num_regs, "local_bytes", l->k.local_bytes,
-                         "static_shared_bytes", l->k.static_smem_bytes, "dynamic_shared_bytes", l->plan.smem_bytes,
-                         "device", l->k.device, "max_active_clusters", clusters);
+    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:i}", "registers", l->k.num_regs, "local_bytes",
+                         l->k.local_bytes, "static_shared_bytes", l->k.static_smem_bytes, "dynamic_shared_bytes",
+                         l->plan.smem_bytes, "device", l->k.device, "max_active_clusters", clusters,
+                         "persistent_clusters", l->max_clusters);
 }
 
 /* Does the chain of the tensors match the chain the kernel was generated for (except m)? */
@@ -207,7 +220,9 @@ PyObject *fuser_py_ffn_launch(PyObject *module, PyObject *args, PyObject *kwargs
                           (int)grid_m};
         void *argv[] = {&prm};
         const fuser_driver *drv = fuser_driver_get(&err);
-        fuser_dim3 grid = {(unsigned)(grid_m * p->grid_n * p->cluster_size), 1, 1};
+        /* persistent: at most the co-resident clusters; the kernel loops over the rest */
+        const int64_t clusters = fuser_min64(grid_m * p->grid_n, l->max_clusters);
+        fuser_dim3 grid = {(unsigned)(clusters * p->cluster_size), 1, 1};
         fuser_dim3 block = {FUSER_THREADS, 1, 1}, cluster = {(unsigned)p->cluster_size, 1, 1};
         int rc = drv ? fuser_kernel_launch(drv, &l->k, grid, block, cluster, (unsigned)p->smem_bytes,
                                            (fuser_cu_stream)(uintptr_t)stream, argv, &err)

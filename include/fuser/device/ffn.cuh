@@ -67,14 +67,14 @@ struct Ffn {
     int im, in, ik, g, s, lpart;
     int cm, cn;
     int m;
-    FfnParams p;
+    const FfnParams &p; /* the kernel's __grid_constant__ parameter: read in place, no register copy */
     uint16_t *pipe, *hg;
     float *xbuf;
     int *flag;
 
-    FUSER_DEVICE Ffn(const FfnParams &prm, unsigned char *smem) : p(prm)
+    FUSER_DEVICE Ffn(const FfnParams &prm, unsigned char *smem, int cid) : p(prm)
     {
-        tid = threadIdx.x;
+        tid = (int)thread_index(); /* not threadIdx.x: see thread_index() */
         lane = tid & 31;
         const int warp = tid >> 5;
         wm = warp / WN;
@@ -86,7 +86,6 @@ struct Ffn {
         g = in / C::SHUFFLE;
         s = in % C::SHUFFLE;
         lpart = s * C::CLS_K + ik;
-        const int cid = blockIdx.x / C::CSIZE;
         cm = cid % p.grid_m;
         cn = cid / p.grid_m;
         m = p.m;
@@ -148,9 +147,13 @@ struct Ffn {
         } else if constexpr (C::GATE_MODE == 1) {
             w[0] = ik / C::KSPLIT == 0 ? p.w_gate : p.w_up;
         }
+#pragma unroll
         for (int q = 0; q < C::PARTS; q++)
+#pragma unroll
             for (int a = 0; a < MT; a++)
+#pragma unroll
                 for (int b = 0; b < NT1; b++)
+#pragma unroll
                     for (int e = 0; e < 4; e++)
                         acc[q][a][b][e] = 0.f;
         const int split = ik % C::KSPLIT;
@@ -162,6 +165,7 @@ struct Ffn {
             uint16_t *sx = pipe + st * STAGE1;
             const int k0 = (ks0 + t) * BK;
             load_tile<C::BM, BK>(sx, p.x, m, C::K, C::K, r0, k0);
+#pragma unroll
             for (int q = 0; q < C::PARTS; q++)
                 load_tile<C::BN, BK>(sx + C::BM * BK + q * C::BN * BK, w[q], C::N, C::K, C::K, n0, k0);
         };
@@ -205,8 +209,11 @@ struct Ffn {
     /* Publish the fp32 partials in fragment order: thread t's float4 f at ((q*FRAG1/4 + f)*256 + t)*4. */
     FUSER_DEVICE void publish(const float (&acc)[C::PARTS][MT][NT1][4]) const
     {
+#pragma unroll
         for (int q = 0; q < C::PARTS; q++)
+#pragma unroll
             for (int a = 0; a < MT; a++)
+#pragma unroll
                 for (int b = 0; b < NT1; b++) {
                     const int f = (q * MT + a) * NT1 + b;
                     float4 v = make_float4(acc[q][a][b][0], acc[q][a][b][1], acc[q][a][b][2], acc[q][a][b][3]);
@@ -236,8 +243,11 @@ struct Ffn {
     FUSER_DEVICE void exchange_epilogue(const float (&acc)[C::PARTS][MT][NT1][4], int j) const
     {
         float G[MT][NT1][4], U[MT][NT1][4];
+#pragma unroll
         for (int a = 0; a < MT; a++)
+#pragma unroll
             for (int b = 0; b < NT1; b++)
+#pragma unroll
                 for (int e = 0; e < 4; e++)
                     G[a][b][e] = U[a][b][e] = 0.f;
         if constexpr (C::CLS_K == 1) {
@@ -273,12 +283,16 @@ struct Ffn {
         }
         const int r0 = row0(), n0 = n_col0(in, j);
         uint16_t *h = hg + (size_t)slot(s, j) * TILE1;
+#pragma unroll
         for (int a = 0; a < MT; a++)
+#pragma unroll
             for (int b = 0; b < NT1; b++)
+#pragma unroll
                 for (int half = 0; half < 2; half++) {
                     const int r = wm * WTM + a * 16 + (lane >> 2) + 8 * half;
                     const int c = wn * (C::BN / WN) + b * 8 + 2 * (lane & 3);
                     float v[2];
+#pragma unroll
                     for (int e = 0; e < 2; e++) {
                         const int n = n0 + c + e;
                         const float u = U[a][b][2 * half + e], gg = G[a][b][2 * half + e];
@@ -462,8 +476,11 @@ struct Ffn {
     {
         const int l0 = lpart * C::LP + c * C::BL;
         if constexpr (C::REDUCE == 1) {
+#pragma unroll
             for (int a = 0; a < MT; a++)
+#pragma unroll
                 for (int b = 0; b < NT2; b++)
+#pragma unroll
                     for (int half = 0; half < 2; half++) {
                         const int r = wm * WTM + a * 16 + (lane >> 2) + 8 * half;
                         const int col = wn * (C::BL / WN) + b * 8 + 2 * (lane & 3);
@@ -476,8 +493,11 @@ struct Ffn {
             if constexpr (C::GRID_N > 1)
                 finish_ws<C::BL>(l0, c);
         } else {
+#pragma unroll
             for (int a = 0; a < MT; a++)
+#pragma unroll
                 for (int b = 0; b < NT2; b++)
+#pragma unroll
                     for (int half = 0; half < 2; half++) {
                         const int r = wm * WTM + a * 16 + (lane >> 2) + 8 * half;
                         const int col = wn * (C::BL / WN) + b * 8 + 2 * (lane & 3);
@@ -522,8 +542,11 @@ struct Ffn {
 
     FUSER_DEVICE void zero(float (&acc)[MT][NT2][4]) const
     {
+#pragma unroll
         for (int a = 0; a < MT; a++)
+#pragma unroll
             for (int b = 0; b < NT2; b++)
+#pragma unroll
                 for (int e = 0; e < 4; e++)
                     acc[a][b][e] = 0.f;
     }
@@ -569,12 +592,20 @@ struct Ffn {
     }
 };
 
+/* Persistent clusters: the grid holds as many clusters as fit on the GPU at once (the launch asks the
+ * driver), and each walks the cluster tiles cid, cid + clusters, ... Tiles along tokens come first, so
+ * concurrently running clusters share d_ff ranges (and their weights in L2). */
 template <class C>
 FUSER_DEVICE void ffn_kernel(const FfnParams &p)
 {
     extern __shared__ __align__(128) unsigned char smem[];
-    Ffn<C> k(p, smem);
-    k.run();
+    const int total = p.grid_m * C::GRID_N;
+    const int stride = gridDim.x / C::CSIZE;
+    for (int cid = blockIdx.x / C::CSIZE; cid < total; cid += stride) {
+        Ffn<C> k(p, smem, cid);
+        k.run(); /* ends with a cluster barrier: no peer still reads this tile's shared memory */
+        __syncthreads();
+    }
 }
 
 } // namespace fuser

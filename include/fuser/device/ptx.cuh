@@ -17,6 +17,15 @@ FUSER_DEVICE uint32_t smem_addr(const void *p)
     return r;
 }
 
+/* The thread's index, read so that the compiler cannot hoist what is computed from it out of the
+ * persistent tile loop (holding every tile's address arithmetic live across tiles made kernels spill). */
+FUSER_DEVICE uint32_t thread_index()
+{
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r));
+    return r;
+}
+
 /* ---- clusters and DSM ---- */
 
 FUSER_DEVICE uint32_t cluster_rank()
