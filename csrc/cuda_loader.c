@@ -64,7 +64,8 @@ static const char *const driver_syms[] = {
     "cuDeviceGetAttribute", "cuGetErrorName", "cuGetErrorString", "cuCtxGetCurrent", "cuCtxSetCurrent",
     "cuCtxSynchronize", "cuDevicePrimaryCtxRetain", "cuModuleLoadData", "cuModuleUnload",
     "cuModuleGetFunction", "cuFuncSetAttribute", "cuFuncGetAttribute", "cuLaunchKernelEx",
-    "cuOccupancyMaxActiveClusters", "cuStreamSynchronize", "cuCtxGetDevice",
+    "cuOccupancyMaxActiveClusters", "cuStreamSynchronize", "cuCtxGetDevice", "cuMemAllocAsync",
+    "cuMemFreeAsync", "cuMemsetD32Async",
 };
 #define N_DRIVER_SYMS ((int)(sizeof driver_syms / sizeof driver_syms[0]))
 _Static_assert(sizeof(fuser_driver) == offsetof(fuser_driver, cuInit) + N_DRIVER_SYMS * sizeof(void *),

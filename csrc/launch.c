@@ -19,7 +19,7 @@ static int cu_fail(const fuser_driver *drv, fuser_cu_result r, fuser_err *err, c
 
 /* The calling thread's context, made the primary context of `device` when it has none; it must
  * belong to `device`. */
-static int bind_context(const fuser_driver *drv, int device, fuser_cu_context *ctx, fuser_err *err)
+int fuser_bind_context(const fuser_driver *drv, int device, fuser_cu_context *ctx, fuser_err *err)
 {
     fuser_cu_result r = drv->cuCtxGetCurrent(ctx);
     if (r != FUSER_CUDA_SUCCESS)
@@ -50,7 +50,7 @@ int fuser_kernel_load(const fuser_driver *drv, int device, const void *cubin, co
     atomic_flag_clear(&out->updating);
     out->device = device;
     fuser_strlcpy(out->name, func_name, sizeof out->name);
-    int rc = bind_context(drv, device, &out->ctx, err);
+    int rc = fuser_bind_context(drv, device, &out->ctx, err);
     if (rc)
         return rc;
     fuser_cu_result r = drv->cuModuleLoadData(&out->module, cubin);
@@ -213,4 +213,39 @@ int fuser_kernel_max_active_clusters(const fuser_driver *drv, fuser_kernel *k, f
         return rc;
     fuser_cu_result r = drv->cuOccupancyMaxActiveClusters(n, k->func, &cfg);
     return r == FUSER_CUDA_SUCCESS ? FUSER_OK : cu_fail(drv, r, err, "cuOccupancyMaxActiveClusters", k);
+}
+
+int fuser_scratch_alloc(const fuser_driver *drv, int device, size_t bytes, size_t zero_bytes,
+                        fuser_cu_stream stream, fuser_scratch *out, fuser_err *err)
+{
+    memset(out, 0, sizeof *out);
+    if (zero_bytes % 4 || zero_bytes > bytes || !bytes)
+        return fuser_fail(err, FUSER_E_VALUE, "scratch: %zu zeroed bytes of %zu (need a multiple of 4 within it)",
+                          zero_bytes, bytes);
+    fuser_cu_context ctx;
+    int rc = fuser_bind_context(drv, device, &ctx, err);
+    if (rc)
+        return rc;
+    fuser_cu_result r = drv->cuMemAllocAsync(&out->ptr, bytes, stream);
+    if (r != FUSER_CUDA_SUCCESS)
+        return cu_fail(drv, r, err, "cuMemAllocAsync (fuser's inter-cluster workspace)", NULL);
+    if (zero_bytes && (r = drv->cuMemsetD32Async(out->ptr, 0, zero_bytes / 4, stream)) != FUSER_CUDA_SUCCESS) {
+        drv->cuMemFreeAsync(out->ptr, stream);
+        out->ptr = 0;
+        return cu_fail(drv, r, err, "cuMemsetD32Async", NULL);
+    }
+    out->bytes = bytes;
+    out->zero_bytes = zero_bytes;
+    out->device = device;
+    out->stream = stream;
+    return FUSER_OK;
+}
+
+int fuser_scratch_free(const fuser_driver *drv, fuser_scratch *s, fuser_err *err)
+{
+    if (!s->ptr)
+        return FUSER_OK;
+    fuser_cu_result r = drv->cuMemFreeAsync(s->ptr, s->stream);
+    s->ptr = 0;
+    return r == FUSER_CUDA_SUCCESS ? FUSER_OK : cu_fail(drv, r, err, "cuMemFreeAsync", NULL);
 }

@@ -70,7 +70,8 @@ def compile(plan):  # noqa: A001 - the public name the issue asks for
 # ---- loaded kernels, scratch, plans: process-wide caches ----
 
 _loaded = {}                       # (cache key, device) -> kernel capsule
-_scratch = {}                      # (device, stream) -> (tensor, tickets_cap)
+_scratch = {}                      # (device, stream) -> _Scratch
+_captured = []                     # scratch that CUDA graphs reference: kept for the process's life
 _plans = collections.OrderedDict()  # chain key -> Plan (LRU)
 _PLAN_CACHE_SIZE = 4096
 _env_ok = {}                       # device -> (fused available, why)
@@ -90,8 +91,23 @@ def load(kernel, device):
     return k
 
 
+class _Scratch:
+    """Zeroed tickets + inter-cluster workspace for one (device, stream), from the driver's
+    stream-ordered allocator: outside torch's allocator, so CUDA-graph pools (cudagraph trees
+    included) never see it. Freed on its stream when replaced or collected."""
+
+    __slots__ = ("capsule", "tickets", "floats")
+
+    def __init__(self, device, stream, tickets, ws_floats):
+        self.capsule = _C.scratch_alloc(device, tickets, ws_floats, stream)
+        self.tickets, self.floats = tickets, tickets + ws_floats
+
+    def fits(self, tickets, ws_floats):
+        return self.tickets >= tickets and self.floats >= self.tickets + ws_floats
+
+
 def _scratch_for(plan, m, device, stream):
-    """A float32 buffer for this stream: zeroed tickets first, then the inter-cluster workspace."""
+    """The scratch for a launch of `plan` with `m` tokens on (device, stream)."""
     d = plan.derived
     cls_m, bm = plan.cluster[0], plan.tiles["bm"]
     grid_m = -(-m // (cls_m * bm))
@@ -100,22 +116,21 @@ def _scratch_for(plan, m, device, stream):
     ws = d["grid_n"] * grid_m * cls_m * bm * d["l_pad"] if d["grid_n"] > 1 else 0
     key = (device, stream)
     buf = _scratch.get(key)
-    capturing = torch.cuda.is_current_stream_capturing()
-    if capturing and (buf is None or buf[1] < tickets or buf[0].numel() < buf[1] + ws):
-        # capture runs on its own stream: reuse the buffer the warm-up allocated on this device (an
-        # allocation here would land in the graph's private pool, which cudagraph trees reject)
-        fits = [b for (dev, _), b in _scratch.items()
-                if dev == device and b[1] >= tickets and b[0].numel() >= b[1] + ws]
+    if buf is not None and buf.fits(tickets, ws):
+        return buf
+    if torch.cuda.is_current_stream_capturing():
+        # capture runs on its own stream: reuse what the warm-up allocated on this device (nothing may be
+        # allocated or zeroed while capturing)
+        fits = [b for (dev, _), b in _scratch.items() if dev == device and b.fits(tickets, ws)]
         if fits:
-            buf = _scratch[key] = max(fits, key=lambda b: b[0].numel())
-    if buf is None or buf[1] < tickets or buf[0].numel() < buf[1] + ws:
-        if capturing:
-            raise RuntimeError("fuser: this call needs a larger workspace than was allocated before CUDA graph "
-                               "capture; run the model once with the same shapes before capturing")
-        cap = max(tickets, 4096, buf[1] if buf else 0)
-        need = cap + max(ws, buf[0].numel() - buf[1] if buf else 0)
-        buf = (torch.zeros(need, dtype=torch.float32, device=device), cap)
-        _scratch[key] = buf
+            buf = _scratch[key] = max(fits, key=lambda b: b.floats)
+            _captured.append(buf)  # a graph now holds its address: never free it
+            return buf
+        raise RuntimeError("fuser: this call needs a larger workspace than was allocated before CUDA graph "
+                           "capture; run the model once with the same shapes before capturing")
+    cap = max(tickets, 4096, buf.tickets if buf else 0)
+    need_ws = max(ws, buf.floats - buf.tickets if buf else 0)
+    buf = _scratch[key] = _Scratch(device, stream, cap, need_ws)
     return buf
 
 
@@ -172,5 +187,5 @@ def run(plan, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, y):
     kernel = load(kernel_for(plan), device)
     stream = torch.cuda.current_stream(device).cuda_stream
     m = y.numel() // y.shape[-1] if y.dim() else 1
-    scratch, cap = _scratch_for(plan, m, device, stream)
-    _C.ffn_launch(kernel, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, y, scratch, cap, stream)
+    scratch = _scratch_for(plan, m, device, stream)
+    _C.ffn_launch(kernel, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, y, scratch.capsule, stream)

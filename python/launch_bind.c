@@ -13,6 +13,63 @@
 #include "fuser/plan.h"
 
 #define KERNEL_CAPSULE "fuser.kernel"
+#define SCRATCH_CAPSULE "fuser.scratch"
+
+/* Scratch for inter_cluster_reduce: [tickets_cap int32 tickets, zeroed][workspace floats]. */
+typedef struct {
+    fuser_scratch s;
+    long long tickets_cap, floats;
+} scratch_obj;
+
+static void scratch_free(PyObject *cap)
+{
+    scratch_obj *o = PyCapsule_GetPointer(cap, SCRATCH_CAPSULE);
+    if (!o)
+        return;
+    fuser_err err;
+    const fuser_driver *drv = fuser_driver_get(&err);
+    if (drv)
+        fuser_scratch_free(drv, &o->s, &err); /* stream-ordered; a failure here has no one to tell */
+    free(o);
+}
+
+/* scratch_alloc(device, tickets_cap, ws_floats, stream) -> scratch */
+PyObject *fuser_py_scratch_alloc(PyObject *module, PyObject *args)
+{
+    int device;
+    long long tickets_cap, ws_floats;
+    unsigned long long stream;
+    if (!PyArg_ParseTuple(args, "iLLK:scratch_alloc", &device, &tickets_cap, &ws_floats, &stream))
+        return NULL;
+    if (tickets_cap < 0 || ws_floats < 0 || tickets_cap + ws_floats < 1)
+        return PyErr_Format(PyExc_ValueError, "scratch_alloc: need a positive size, got %lld tickets + %lld floats",
+                            tickets_cap, ws_floats);
+    scratch_obj *o = calloc(1, sizeof *o);
+    if (!o)
+        return PyErr_NoMemory();
+    fuser_err err;
+    fuser_err_clear(&err);
+    const fuser_driver *drv = fuser_driver_get(&err);
+    int rc = drv ? FUSER_OK : err.code;
+    if (drv) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = fuser_scratch_alloc(drv, device, (size_t)(tickets_cap + ws_floats) * 4, (size_t)tickets_cap * 4,
+                                 (fuser_cu_stream)(uintptr_t)stream, &o->s, &err);
+        Py_END_ALLOW_THREADS
+    }
+    if (rc) {
+        free(o);
+        return fuser_raise(fuser_get_state(module), &err);
+    }
+    o->tickets_cap = tickets_cap;
+    o->floats = tickets_cap + ws_floats;
+    PyObject *cap = PyCapsule_New(o, SCRATCH_CAPSULE, scratch_free);
+    if (!cap) {
+        fuser_scratch_free(drv, &o->s, &err);
+        free(o);
+    }
+    return cap;
+}
 
 /* A loaded plan. Modules stay loaded for the life of the process (a launch may still be queued when
  * Python drops the object); the host-side struct is freed with the capsule. */
@@ -22,8 +79,7 @@ typedef struct {
     int max_clusters; /* co-resident clusters (cuOccupancyMaxActiveClusters): the persistent grid */
 } loaded;
 
-/* Scratch layout: [tickets_cap int32 tickets, zero between launches][workspace floats].
- * Must match FfnParams in include/fuser/device/ffn.cuh. */
+/* Must match FfnParams in include/fuser/device/ffn.cuh. */
 typedef struct {
     const void *x, *w_up, *w_gate, *w_down, *b_up, *b_gate, *b_down;
     void *y;
@@ -135,20 +191,22 @@ static int same_chain(const fuser_chain *a, const fuser_chain *b)
 PyObject *fuser_py_ffn_launch(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"kernel", "x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down", "activation",
-                             "y", "scratch", "tickets_cap", "stream", NULL};
-    enum { X, WU, WD, WG, BU, BG, BD, Y, S, NT };
-    static const char *const names[NT] = {"x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down", "y", "scratch"};
-    PyObject *kobj, *obj[NT] = {NULL};
+                             "y", "scratch", "stream", NULL};
+    enum { X, WU, WD, WG, BU, BG, BD, Y, NT };
+    static const char *const names[NT] = {"x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down", "y"};
+    PyObject *kobj, *sobj, *obj[NT] = {NULL};
     const char *activation;
     unsigned long long stream = 0;
-    long long tickets_cap = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOsOOLK:ffn_launch", kwlist, &kobj, &obj[X], &obj[WU],
-                                     &obj[WD], &obj[WG], &obj[BU], &obj[BG], &obj[BD], &activation, &obj[Y], &obj[S],
-                                     &tickets_cap, &stream))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOsOOK:ffn_launch", kwlist, &kobj, &obj[X], &obj[WU],
+                                     &obj[WD], &obj[WG], &obj[BU], &obj[BG], &obj[BD], &activation, &obj[Y], &sobj,
+                                     &stream))
         return NULL;
     loaded *l = get_loaded(kobj);
     if (!l)
         return NULL;
+    scratch_obj *sc = PyCapsule_IsValid(sobj, SCRATCH_CAPSULE) ? PyCapsule_GetPointer(sobj, SCRATCH_CAPSULE) : NULL;
+    if (!sc)
+        return PyErr_Format(PyExc_TypeError, "scratch: expected a scratch from fuser._C.scratch_alloc");
     fuser_state *st = fuser_get_state(module);
     fuser_held h[NT];
     memset(h, 0, sizeof h);
@@ -165,8 +223,8 @@ PyObject *fuser_py_ffn_launch(PyObject *module, PyObject *args, PyObject *kwargs
             goto done;
         t[i] = &h[i].t;
     }
-    if (!t[Y] || !t[S]) {
-        PyErr_SetString(PyExc_ValueError, "ffn_launch: y and scratch are required");
+    if (!t[Y]) {
+        PyErr_SetString(PyExc_ValueError, "ffn_launch: y is required");
         goto done;
     }
     fuser_ffn_args a = {t[X], t[WU], t[WD], t[WG], t[BU], t[BG], t[BD], t[Y], activation};
@@ -196,13 +254,11 @@ PyObject *fuser_py_ffn_launch(PyObject *module, PyObject *args, PyObject *kwargs
     const int64_t ws_floats = p->grid_n > 1 ? p->grid_n * m_pad * p->l_pad : 0;
     /* tickets follow the run-time token count: one per share tile */
     const int64_t tickets = p->grid_n > 1 ? grid_m * p->cls_m * p->cls_l * p->lc * p->cls_reduce : 0;
-    const fuser_tensor *sc = t[S];
-    if (sc->dtype != FUSER_F32 || sc->device != FUSER_CUDA || sc->device_id != l->k.device ||
-        tickets_cap < tickets || sc->numel < tickets_cap + ws_floats) {
+    if (sc->s.device != l->k.device || sc->tickets_cap < tickets || sc->floats < sc->tickets_cap + ws_floats) {
         PyErr_Format(PyExc_ValueError,
-                     "scratch: expected a float32 tensor on cuda:%d holding %lld zeroed tickets (room for %lld) "
-                     "then %lld workspace floats, got %lld %s elements", l->k.device, (long long)tickets,
-                     tickets_cap, (long long)ws_floats, (long long)sc->numel, fuser_dtype_name(sc->dtype));
+                     "scratch: this launch needs %lld zeroed tickets and %lld workspace floats on cuda:%d; the "
+                     "scratch holds %lld tickets and %lld floats on cuda:%d", (long long)tickets,
+                     (long long)ws_floats, l->k.device, sc->tickets_cap, sc->floats - sc->tickets_cap, sc->s.device);
         goto done;
     }
     if (c.m > 0x7fffffffLL / 2) {
@@ -216,7 +272,8 @@ PyObject *fuser_py_ffn_launch(PyObject *module, PyObject *args, PyObject *kwargs
     {
         ffn_params prm = {t[X]->data, t[WU]->data, t[WG] ? t[WG]->data : NULL, t[WD]->data,
                           t[BU] ? t[BU]->data : NULL, t[BG] ? t[BG]->data : NULL, t[BD] ? t[BD]->data : NULL,
-                          t[Y]->data, (float *)sc->data + tickets_cap, (int *)sc->data, (int)c.m,
+                          t[Y]->data, (float *)(uintptr_t)sc->s.ptr + sc->tickets_cap, (int *)(uintptr_t)sc->s.ptr,
+                          (int)c.m,
                           (int)grid_m};
         void *argv[] = {&prm};
         const fuser_driver *drv = fuser_driver_get(&err);

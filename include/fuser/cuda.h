@@ -102,6 +102,9 @@ typedef struct fuser_driver {
     fuser_cu_result (*cuOccupancyMaxActiveClusters)(int *, fuser_cu_function, const fuser_cu_launch_config *);
     fuser_cu_result (*cuStreamSynchronize)(fuser_cu_stream);
     fuser_cu_result (*cuCtxGetDevice)(fuser_cu_device *);
+    fuser_cu_result (*cuMemAllocAsync)(fuser_cu_deviceptr *, size_t, fuser_cu_stream);
+    fuser_cu_result (*cuMemFreeAsync)(fuser_cu_deviceptr, fuser_cu_stream);
+    fuser_cu_result (*cuMemsetD32Async)(fuser_cu_deviceptr, unsigned int, size_t, fuser_cu_stream);
 } fuser_driver;
 
 /* ---- NVRTC ---- */

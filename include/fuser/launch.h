@@ -77,6 +77,27 @@ int fuser_launch_config(fuser_dim3 grid, fuser_dim3 block, fuser_dim3 cluster, u
  * allows a non-portable cluster size when the cluster has more than 8 blocks, then calls
  * cuLaunchKernelEx. No synchronisation. FUSER_E_VALUE for a bad shape, FUSER_E_CUDA for the driver's
  * refusal ("CUDA_ERROR_X (text)"). */
+/** Make the primary context of `device` current on this thread unless a context of that device is
+ * already current (torch's); FUSER_E_CUDA if the current context belongs to another device. */
+int fuser_bind_context(const fuser_driver *drv, int device, fuser_cu_context *ctx, fuser_err *err);
+
+/* ---- scratch memory for inter_cluster_reduce: [zeroed tickets][workspace], outside any framework's
+ * allocator (so CUDA-graph memory pools never see it), allocated and freed stream-ordered. ---- */
+typedef struct fuser_scratch {
+    fuser_cu_deviceptr ptr;
+    size_t bytes;
+    size_t zero_bytes;         /* the leading bytes set to zero at allocation (the tickets) */
+    int device;
+    fuser_cu_stream stream;    /* allocated, zeroed and freed on this stream */
+} fuser_scratch;
+
+/** Allocate `bytes` on `device` with cuMemAllocAsync on `stream` and zero the first `zero_bytes`
+ * (a multiple of 4) with cuMemsetD32Async on it. No host synchronisation. */
+int fuser_scratch_alloc(const fuser_driver *drv, int device, size_t bytes, size_t zero_bytes,
+                        fuser_cu_stream stream, fuser_scratch *out, fuser_err *err);
+/** Free it on its stream (stream-ordered: after work already queued there). */
+int fuser_scratch_free(const fuser_driver *drv, fuser_scratch *s, fuser_err *err);
+
 int fuser_kernel_launch(const fuser_driver *drv, fuser_kernel *k, fuser_dim3 grid, fuser_dim3 block,
                         fuser_dim3 cluster, unsigned int dyn_smem, fuser_cu_stream stream, void **args,
                         fuser_err *err);

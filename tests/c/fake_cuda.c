@@ -52,6 +52,9 @@ int cuLaunchKernelEx(const void *c, void *f, void **p, void **e) { (void)c; (voi
 int cuOccupancyMaxActiveClusters(int *n, void *f, const void *c) { (void)f; (void)c; *n = 0; return 0; }
 int cuStreamSynchronize(void *s) { (void)s; return 0; }
 int cuCtxGetDevice(int *d) { *d = 0; return 0; }
+int cuMemAllocAsync(unsigned long long *p, size_t n, void *s) { (void)n; (void)s; *p = 0; return 2; }
+int cuMemFreeAsync(unsigned long long p, void *s) { (void)p; (void)s; return 0; }
+int cuMemsetD32Async(unsigned long long p, unsigned v, size_t n, void *s) { (void)p; (void)v; (void)n; (void)s; return 0; }
 
 /* NVRTC */
 int nvrtcVersion(int *major, int *minor)
