@@ -99,8 +99,8 @@ def run(quick=False, log=print, dataflow=None, first=None, skip=0):
     gen = torch.Generator(device="cuda").manual_seed(1234)
     results = []
     t0 = time.time()
-    todo = [c for c in cases(quick) if dataflow is None or c["dataflow"] == dataflow]
-    for c in todo[skip:][:first]:
+    selected = [c for c in cases(quick) if dataflow is None or c["dataflow"] == dataflow]
+    for c in selected[skip:][:first]:
         res = run_case(c, gen)
         results.append(res)
         if res.get("status") == "no plan":

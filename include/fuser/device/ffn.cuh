@@ -137,6 +137,31 @@ struct Ffn {
         ldmatrix_x2(b, smem_addr(tile) + 2 * swz<COLS>(n + (lane & 7), k + (((lane >> 3) & 1) << 3)));
     }
 
+    /* The cp.async ring both main loops use: load(step, slot) stages one step's tiles into a slot,
+     * compute(step, slot) consumes them. STAGES-1 steps are in flight ahead of the one computed; a
+     * slot is refilled only after every warp passed the barrier that ends its previous use. On return
+     * the ring is drained and free. */
+    template <class Load, class Compute>
+    FUSER_DEVICE void pipeline(int steps, Load load, Compute compute) const
+    {
+        for (int t = 0; t < C::STAGES - 1; t++) {
+            if (t < steps)
+                load(t, t);
+            cp_async_commit();
+        }
+        for (int t = 0; t < steps; t++) {
+            cp_async_wait<C::STAGES - 2>();
+            __syncthreads();
+            __syncwarp(); /* ldmatrix/mma are .sync.aligned: the whole warp must arrive together */
+            if (t + C::STAGES - 1 < steps)
+                load(t + C::STAGES - 1, (t + C::STAGES - 1) % C::STAGES);
+            cp_async_commit();
+            compute(t, t % C::STAGES);
+        }
+        cp_async_wait<0>();
+        __syncthreads(); /* the pipeline buffers are free again */
+    }
+
     /* ---------------- GEMM1: partial H tile(s) of d_ff chunk j over this block's K split --------- */
     FUSER_DEVICE void gemm1(float (&acc)[C::PARTS][MT][NT1][4], int j) const
     {
@@ -169,19 +194,8 @@ struct Ffn {
             for (int q = 0; q < C::PARTS; q++)
                 load_tile<C::BN, BK>(sx + C::BM * BK + q * C::BN * BK, w[q], C::N, C::K, C::K, n0, k0);
         };
-        for (int t = 0; t < C::STAGES - 1; t++) {
-            if (t < steps)
-                load(t, t);
-            cp_async_commit();
-        }
-        for (int t = 0; t < steps; t++) {
-            cp_async_wait<C::STAGES - 2>();
-            __syncthreads();
-            __syncwarp(); /* ldmatrix/mma are .sync.aligned: the whole warp must arrive together */
-            if (t + C::STAGES - 1 < steps)
-                load(t + C::STAGES - 1, (t + C::STAGES - 1) % C::STAGES);
-            cp_async_commit();
-            const uint16_t *sx = pipe + (t % C::STAGES) * STAGE1;
+        pipeline(steps, load, [&](int, int slot) {
+            const uint16_t *sx = pipe + slot * STAGE1;
 #pragma unroll
             for (int kk = 0; kk < BK; kk += 16) {
                 uint32_t a[MT][4];
@@ -201,9 +215,7 @@ struct Ffn {
                     }
                 }
             }
-        }
-        cp_async_wait<0>();
-        __syncthreads(); /* the pipeline buffers are free again */
+        });
     }
 
     /* Publish the fp32 partials in fragment order: thread t's float4 f at ((q*FRAG1/4 + f)*256 + t)*4. */
@@ -365,22 +377,11 @@ struct Ffn {
             const int nbase = n_col0(g * C::SHUFFLE + s2, j) + kk;
             load_tile<C::BL, K2>(pipe + st * STAGE2, p.w_down, C::L, C::N, C::N, l0, nbase);
         };
-        for (int t = 0; t < C::STAGES - 1; t++) {
-            if (t < steps)
-                load(t, t);
-            cp_async_commit();
-        }
-        for (int i = 0; i < steps; i++) {
-            cp_async_wait<C::STAGES - 2>();
-            __syncthreads();
-            __syncwarp(); /* ldmatrix/mma are .sync.aligned: the whole warp must arrive together */
-            if (i + C::STAGES - 1 < steps)
-                load(i + C::STAGES - 1, (i + C::STAGES - 1) % C::STAGES);
-            cp_async_commit();
+        pipeline(steps, load, [&](int i, int st) {
             int s2, j, kk;
             coords(i, s2, j, kk);
             const uint16_t *h = hg + (size_t)slot(s2, j) * TILE1;
-            const uint16_t *sd = pipe + (i % C::STAGES) * STAGE2;
+            const uint16_t *sd = pipe + st * STAGE2;
 #pragma unroll
             for (int k = 0; k < K2; k += 16) {
                 uint32_t a[MT][4];
@@ -396,9 +397,7 @@ struct Ffn {
                         mma16816<C::DTYPE>(acc[mt][nt], a[mt], b);
                 }
             }
-        }
-        cp_async_wait<0>();
-        __syncthreads();
+        });
     }
 
     /* NOTE on convergence: every ldmatrix and mma here is warp-synchronous (.sync.aligned). Masked
