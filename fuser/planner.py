@@ -228,24 +228,25 @@ class Plan:
         return f"<fuser.Plan {self.summary()}>"
 
     def _describe_dataflows(self):
+        """(dataflow, one line saying what it does in this plan) per dataflow used, or ("local", ...)."""
         d, p, c = self.derived, self._d["params"], self._d["chain"]
         lines = []
         if "all_exchange" in self.dataflows:
             op = "multiply gate by up" if p["gate_mode"] == "spatial" else "add their K-split partials"
-            lines.append(f"all_exchange: {p['cluster'][2]} blocks per H tile {op} over DSM "
-                         f"({d['parts']} fp32 tile(s) of {p['bm']}x{p['bn']} per block per chunk)")
+            lines.append(("all_exchange", f"all_exchange: {p['cluster'][2]} blocks per H tile {op} over DSM "
+                          f"({d['parts']} fp32 tile(s) of {p['bm']}x{p['bn']} per block per chunk)"))
         if "shuffle" in self.dataflows:
-            lines.append(f"shuffle: rings of {d['cls_shuffle']} blocks pass their H slices around, so each multiplies "
-                         f"{d['cls_shuffle'] * d['nb']} d_ff columns with its own W_down columns")
+            lines.append(("shuffle", f"shuffle: rings of {d['cls_shuffle']} blocks pass their H slices around, so "
+                          f"each multiplies {d['cls_shuffle'] * d['nb']} d_ff columns with its own W_down columns"))
         if "reduce_scatter" in self.dataflows:
-            lines.append(f"reduce_scatter: {d['cls_reduce']} groups sum partial output tiles over DSM; each block "
-                         f"stores a {p['bm']}x{d['sw']} share")
+            lines.append(("reduce_scatter", f"reduce_scatter: {d['cls_reduce']} groups sum partial output tiles over "
+                          f"DSM; each block stores a {p['bm']}x{d['sw']} share"))
         if "inter_cluster_reduce" in self.dataflows:
-            lines.append(f"inter_cluster_reduce: {d['grid_n']} clusters along d_ff sum fp32 partials through a "
-                         f"{d['workspace_bytes'] / 1e6:.1f} MB workspace; the last to arrive adds them in order "
-                         f"(deterministic)")
+            lines.append(("inter_cluster_reduce", f"inter_cluster_reduce: {d['grid_n']} clusters along d_ff sum fp32 "
+                          f"partials through a {d['workspace_bytes'] / 1e6:.1f} MB workspace; the last to arrive adds "
+                          f"them in order (deterministic)"))
         if not lines:
-            lines.append("no inter-block exchange: each block computes whole output tiles on its own")
+            lines.append(("local", "no inter-block exchange: each block computes whole output tiles on its own"))
         return lines
 
     def _bound(self):
@@ -272,7 +273,7 @@ class Plan:
                        f"chunks of {p['bl']}; {p['stages']} pipeline stages; {order}{gate}")
             out.append(f"  shared memory {d['smem_bytes']} B per block, ~{d['regs_est']} registers per thread, "
                        f"{d['barriers']} cluster barriers")
-            out += ["  " + line for line in self._describe_dataflows()]
+            out += ["  " + line for _, line in self._describe_dataflows()]
         else:
             out.append("Choice: unfused: PyTorch eager ops (library GEMMs, the intermediate through HBM)")
         top, val = self._bound()
@@ -295,6 +296,23 @@ class Plan:
             out.append(f"Search: {self.candidates:,} candidates, {self.scored:,} scored, in {self.search_ms:.1f} ms; "
                        f"pruned by {rules}")
         return "\n".join(out)
+
+    def to_svg(self):
+        """An SVG picture of the plan (text): the cluster's blocks with their roles and tiles, the DSM
+        exchanges between them, bytes per memory level and the predicted-time breakdown (see
+        :mod:`fuser.svg`). A notebook shows it when a plan is the value of a cell.
+
+        Example:
+            >>> import fuser
+            >>> svg = fuser.plan(16, 4096, 14336, gated=True, activation="silu", fused=True, target="h200").to_svg()
+            >>> svg.startswith("<svg") and 'data-dataflow="shuffle"' in svg
+            True
+        """
+        from fuser.svg import plan_svg
+        return plan_svg(self)
+
+    def _repr_svg_(self):
+        return self.to_svg()
 
 
 def simulate(plan, x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None):
