@@ -33,9 +33,15 @@ def _chain(m, d_model, d_ff, d_out, gated, activation, bias, dtype):
     if not isinstance(activation, str):
         raise TypeError(f"activation: expected a str, got {type(activation).__name__}")
     dtype = str(dtype).replace("torch.", "")
+    if isinstance(bias, (bool, int)) or bias is None:
+        names = {"up", "gate", "down"} if bias else set()
+    else:
+        names = {bias} if isinstance(bias, str) else set(bias)
+        if not names <= {"up", "gate", "down"}:
+            raise ValueError(f"bias: expected True/False or names among 'up', 'gate', 'down', got {bias!r}")
     return dict(m=m, d_model=d_model, d_ff=d_ff, d_out=d_out, gated=bool(gated),
-                activation=activation, bias_up=bool(bias), bias_gate=bool(bias) and bool(gated),
-                bias_down=bool(bias), dtype=dtype)
+                activation=activation, bias_up="up" in names, bias_gate="gate" in names and bool(gated),
+                bias_down="down" in names, dtype=dtype)
 
 
 def _constraints(fused, cluster, dataflows, avoid, kw):
@@ -86,7 +92,8 @@ def plan(m, d_model, d_ff, *, d_out=None, gated=False, activation="gelu", bias=F
 
     Args:
         m: tokens; d_model, d_ff: the FFN's widths; d_out: output width (default d_model).
-        gated: SwiGLU/GeGLU form; activation: "relu", "gelu", "gelu_tanh" or "silu"; bias: all biases.
+        gated: SwiGLU/GeGLU form; activation: "relu", "gelu", "gelu_tanh" or "silu"; bias: all biases
+            (True) or none (False), or the names of those present, e.g. ("up", "down").
         dtype: "bfloat16" or "float16" (float32 chains always run unfused).
         target: a built-in name ("h200", "h100"), a dict of target fields, or None for this machine's
             GPU (the H200 defaults without one).
