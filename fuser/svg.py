@@ -16,6 +16,7 @@ with ``data-rank``, ``data-im``, ... attributes; exchanges carry ``class="fz-xch
 """
 from __future__ import annotations
 
+import math
 from xml.sax.saxutils import escape, quoteattr
 
 __all__ = ["block_roles", "plan_svg"]
@@ -25,6 +26,7 @@ COLORS = {"all_exchange": "#d62728", "shuffle": "#1f77b4", "reduce_scatter": "#2
           "inter_cluster_reduce": "#9467bd"}
 _FONT = "DejaVu Sans Mono, Menlo, Consolas, monospace"
 _ADVANCE = 0.62     # width of one monospace character, in font sizes (a little over most fonts' 0.6)
+_EXTENT = 0.65      # the same for the picture's size: renderers that hint round advances up (7 px at 11 px)
 _FS, _LH = 10, 12   # block text: font size and line height
 _GAP_X = 30         # between block columns (room for the shuffle arrows)
 _PER_LINE = 8       # block columns a line; a 16-wide cluster folds into two lines
@@ -88,7 +90,7 @@ class _Canvas:
         self.items.append(element)
 
     def text(self, x, y, s, size=11, anchor="start", weight=None, fill="#222"):
-        width = len(s) * size * _ADVANCE
+        width = len(s) * size * _EXTENT
         left = x - (width / 2 if anchor == "middle" else width if anchor == "end" else 0)
         self.reach(left + width, y + size * 0.3)
         extra = (f' text-anchor="{anchor}"' if anchor != "start" else "") + (f' font-weight="{weight}"' if weight else "")
@@ -143,7 +145,7 @@ def _cluster(c, plan, top):
     cs, cr = d["cls_shuffle"], d["cls_reduce"]
     blocks = block_roles(plan)
     labels = {b["rank"]: _block_lines(b, plan) for b in blocks}
-    bw = max(len(s) for ls in labels.values() for s in ls) * _FS * _ADVANCE + 12
+    bw = math.ceil(max(len(s) for ls in labels.values() for s in ls) * _FS * _ADVANCE) + 12
     bh = 6 + len(labels[0]) * _LH
     lines = -(-cls_n // _PER_LINE)
     arc = 20 if cs > 1 else 6             # above each row of blocks: the shuffle ring's closing arcs
@@ -202,8 +204,9 @@ def _cluster(c, plan, top):
             for ik in range(cls_k):
                 for g in range(cr):
                     for s in range(cs):
-                        (xs, ys), (xd, yd) = box(im, g * cs + (s + 1) % cs, ik), box(im, g * cs + s, ik)
-                        if ys == yd and xs == xd + bw + _GAP_X:   # neighbours: right to left, in the gap
+                        src, dst = g * cs + (s + 1) % cs, g * cs + s
+                        (xs, ys), (xd, yd) = box(im, src, ik), box(im, dst, ik)
+                        if src == dst + 1 and ys == yd:   # neighbours: right to left, in the gap
                             ya, xa, xb = yd + bh / 2, xs - 2, xd + bw + 2
                             _arrow(c, [(xa, ya), (xb, ya)], [(xb, ya), (xb + 7, ya - 3.5), (xb + 7, ya + 3.5)],
                                    color, "shuffle")
@@ -319,6 +322,10 @@ def plan_svg(plan):
                   f'data-workspace-bytes="{d["workspace_bytes"]}">')
         c.rect(16, y, 14, 10, fill=COLORS[df])
         c.text(36, y + 9, line, 11)
+        if df == "reduce_scatter":
+            c.text(36, y + 24, f"'share W @+O/{t['bl']}' in a block: the W columns at offset O of each {t['bl']}-column "
+                               f"output chunk that it reduces and stores", 11, fill="#444")
+            y += 15
         if df == "inter_cluster_reduce":
             c.text(36, y + 24, f"grid_n = {d['grid_n']}; workspace {d['workspace_bytes']:,} B of fp32 partials "
                                f"in global memory, {d['tickets']:,} tickets", 11, fill="#444")

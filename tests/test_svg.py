@@ -79,6 +79,13 @@ def test_blocks_and_exchanges(m, cluster):
         want["inter_cluster_reduce"] = 1
     assert exchanges(root) == want
     assert set(want) == set(p.dataflows)
+    # ring neighbours on one line of boxes (at most 8 columns a line) get a straight arrow; the arrow that
+    # closes a ring, or crosses to another line, is a curve
+    straight = sum((g * cls_shuffle + s + 1) // 8 == (g * cls_shuffle + s) // 8
+                   for g in range(cls_reduce) for s in range(cls_shuffle - 1)) * cls_m * cls_k
+    paths = [e.find(NS + "path").get("d") for e in root.iter()
+             if e.get("class") == "fz-xchg" and e.get("data-dataflow") == "shuffle"]
+    assert sum(" L" in d for d in paths) == straight and sum(" C" in d for d in paths) == len(paths) - straight
 
 
 def test_inter_cluster_note_and_title():
