@@ -12,7 +12,9 @@ kernel; this package is the PyTorch face of it.
 
 ``fuser.optimize(model)`` swaps the FFNs of a PyTorch model for ``FusedFFN`` modules (which call the
 operator ``torch.ops.fuser.ffn``); ``fuser.report(model)`` lists what was fused and what was skipped,
-and why. ``torch.compile(model, backend="fuser")`` fuses FFNs in the compiled graph instead.
+and why; ``fuser.warmup(model)`` compiles its fused kernels ahead of time. ``torch.compile(model,
+backend="fuser")`` fuses FFNs in the compiled graph instead. A ``fuser.Plan`` explains itself
+(``plan.explain()``) and draws itself (``plan.to_svg()``, shown by notebooks).
 ``fuser.env()`` says what was found on this machine and, when the fused path is unavailable, why.
 """
 __version__ = "0.1.0"
@@ -27,9 +29,11 @@ from fuser.reference import ACTIVATIONS, ffn_reference
 from fuser import custom_op  # noqa: E402,F401  (registers torch.ops.fuser.ffn)
 from fuser.module import FusedFFN
 from fuser.optimize import Report, optimize, report, revert
+from fuser.warm import warmup
+from fuser import bench, svg, warm  # noqa: E402  (fuser.svg.plan_svg, fuser.bench.bench, fuser.warm.ffn_shapes)
 
 __all__ = [
     "ffn", "ffn_reference", "env", "Env", "ACTIVATIONS", "plan", "plans", "Plan", "simulate", "DATAFLOWS", "jit", "compile", "Kernel",
-    "optimize", "report", "revert", "Report", "FusedFFN",
+    "optimize", "report", "revert", "Report", "FusedFFN", "warmup",
     "FuserError", "CudaError", "CompileError", "CacheError", "UnsupportedError",
 ]

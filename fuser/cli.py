@@ -5,6 +5,11 @@ Commands:
     plan    plan one FFN shape and explain the choice (or print the top plans, or the JSON)
     demo    build a small random LLaMA (transformers config, no download), fuser.optimize it, print the
             report, check its logits against the unoptimized model, and on Hopper time both
+    explain optimize the same LLaMA, print the report and the planner's explanation for each distinct
+            FFN shape at a token count
+    warmup  compile ahead of time every fused kernel the LLaMA's FFNs could need at some token counts
+            (needs NVRTC)
+    bench   time fuser.ffn against PyTorch eager on a few FFN shapes, side by side (needs a Hopper GPU)
 """
 from __future__ import annotations
 
@@ -108,6 +113,89 @@ def _cmd_demo(args):
     return 0 if ok else 1
 
 
+def _optimized_llama(args):
+    """The demo's LLaMA on the CPU in args.dtype, optimized; None (after saying why) without transformers."""
+    import torch
+
+    import fuser
+    model = _llama(args, torch.device("cpu"), getattr(torch, args.dtype))
+    return None if model is None else fuser.optimize(model)
+
+
+def _cmd_explain(args):
+    import fuser
+    from fuser.warm import describe, ffn_shapes
+    model = _optimized_llama(args)
+    if model is None:
+        return 2
+    print(f"== a random LLaMA: hidden {args.hidden}, intermediate {args.intermediate}, {args.layers} layers, "
+          f"{args.dtype} ==")
+    print(fuser.report(model))
+    for plan_args, paths in ffn_shapes(model):
+        print(f"\n== {describe(plan_args)} ({len(paths)} FFN(s): {', '.join(paths)}) at {args.tokens} tokens ==")
+        print(fuser.plan(args.tokens, target=args.target, **plan_args).explain())
+    return 0
+
+
+def _cmd_warmup(args):
+    import fuser
+    e = fuser.env()
+    if not e.nvrtc_found:
+        print("fuser warmup compiles kernels with NVRTC, which was not found; install it (python -m pip install "
+              "nvidia-cuda-nvrtc) or set $FUSER_NVRTC", file=sys.stderr)
+        return 2
+    try:
+        tokens = tuple(int(t) for t in args.tokens.split(",") if t.strip())
+    except ValueError:
+        print(f"--tokens: expected comma-separated token counts such as 1,16,128, got {args.tokens!r}", file=sys.stderr)
+        return 2
+    model = _optimized_llama(args)
+    if model is None:
+        return 2
+    print(f"== warming fused kernels for a random LLaMA (hidden {args.hidden}, intermediate {args.intermediate}, "
+          f"{args.dtype}) at {', '.join(map(str, tokens))} tokens; kernel cache {e.cache_dir} ==")
+    kernels = fuser.warmup(model, tokens, target=args.target, log=lambda line: print(line, flush=True))
+    print(f"{len(kernels)} kernel(s) ready, {sum(k.spill_bytes for k in kernels)} spill bytes in all")
+    return 0
+
+
+def _cmd_bench(args):
+    from fuser.bench import QUICK_SHAPES, bench, hopper_reason
+    from fuser.workloads import MODELS
+    why = hopper_reason()
+    if why is not None:
+        print(f"fuser bench times kernels on a Hopper GPU (sm_90): {why}", file=sys.stderr)
+        return 2
+    shapes = QUICK_SHAPES
+    if args.shape:
+        shapes = []
+        for spec in args.shape:
+            name, _, tokens = spec.partition(":")
+            if name not in MODELS or not tokens.isdigit():
+                print(f"--shape: expected NAME:TOKENS with NAME one of {', '.join(MODELS)}, got {spec!r}",
+                      file=sys.stderr)
+                return 2
+            shapes.append((name, int(tokens)))
+    print(f"== fuser.ffn (best fused plan) vs PyTorch eager, bfloat16, median of {args.iters} interleaved calls ==")
+    bench(shapes, args.iters, log=lambda row: print(row, flush=True))
+    return 0
+
+
+def _model_options(p, planned=False):
+    """The LLaMA options of demo, explain and warmup; `planned` adds the planner's dtype and target (the
+    model is built on the CPU in that dtype, bfloat16 by default: float32 FFNs never fuse)."""
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--intermediate", type=int, default=1376)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--vocab", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=0)
+    if planned:
+        p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+        p.add_argument("--target", default=None, help="h200 or h100 (default: this machine's GPU, else h200)")
+        p.set_defaults(seq=64)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m fuser", description="fuser: fused FFN kernels for Hopper GPUs")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -130,18 +218,26 @@ def main(argv=None):
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=_cmd_plan)
     p = sub.add_parser("demo", help="optimize a small random LLaMA, check it, and time it on Hopper")
-    p.add_argument("--hidden", type=int, default=512)
-    p.add_argument("--intermediate", type=int, default=1376)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--vocab", type=int, default=1000)
+    _model_options(p)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto",
                    help="auto: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--iters", type=int, default=50, help="timed forwards per model (Hopper only)")
-    p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_demo)
+    p = sub.add_parser("explain", help="optimize the demo's LLaMA and explain the plan of each FFN shape")
+    _model_options(p, planned=True)
+    p.add_argument("--tokens", "-m", type=int, default=128, help="tokens to plan for (default 128)")
+    p.set_defaults(func=_cmd_explain)
+    p = sub.add_parser("warmup", help="compile ahead of time every fused kernel the demo's LLaMA could need")
+    _model_options(p, planned=True)
+    p.add_argument("--tokens", default="1,16,128", help="comma-separated token counts (default 1,16,128)")
+    p.set_defaults(func=_cmd_warmup)
+    p = sub.add_parser("bench", help="time fuser.ffn against PyTorch eager on a few shapes (Hopper only)")
+    p.add_argument("--iters", type=int, default=30, help="timed calls of each (default 30)")
+    p.add_argument("--shape", action="append", metavar="NAME:TOKENS",
+                   help="a workload (fuser.workloads.MODELS) and token count, repeatable (default: a quick set)")
+    p.set_defaults(func=_cmd_bench)
     args = parser.parse_args(argv)
     return args.func(args)
 

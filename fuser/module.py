@@ -24,6 +24,8 @@ from fuser.recognize import FFNSpec, Unsupported, recognise
 from fuser.reference import ACTIVATIONS
 
 _ROLES = ("up", "down", "gate", "b_up", "b_gate", "b_down")
+#: The token count ``FusedFFN.plan_summary()`` (and so its repr and ``fuser.report``) plans for.
+PLAN_TOKENS = 128
 
 
 def _transpose_weights(module, owners):
@@ -59,7 +61,7 @@ class FusedFFN(nn.Module):
         >>> mlp = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
         >>> fused = fuser.FusedFFN.from_module(mlp)
         >>> fused.plan_summary()
-        'FFN 64 -> 256 -> 64, plain, activation=gelu, dtype=float32, bias=up+down; plan: PyTorch reference (no planner yet)'
+        'FFN 64 -> 256 -> 64, plain, activation=gelu, dtype=float32, bias=up+down; plan: float32: unfused (PyTorch eager ops)'
         >>> x = torch.randn(3, 64)
         >>> torch.allclose(fused(x), mlp(x), atol=1e-5)
         True
@@ -92,7 +94,7 @@ class FusedFFN(nn.Module):
             >>> from torch import nn
             >>> fuser.FusedFFN.from_module(nn.Sequential(nn.Linear(8, 32), nn.SiLU(), nn.Linear(32, 8)))
             FusedFFN(
-              FFN 8 -> 32 -> 8, plain, activation=silu, dtype=float32, bias=up+down; plan: PyTorch reference (no planner yet)
+              FFN 8 -> 32 -> 8, plain, activation=silu, dtype=float32, bias=up+down; plan: float32: unfused (PyTorch eager ops)
               (0): Linear(in_features=8, out_features=32, bias=True)
               (1): SiLU()
               (2): Linear(in_features=32, out_features=8, bias=True)
@@ -168,12 +170,47 @@ class FusedFFN(nn.Module):
 
     # ---- description ---------------------------------------------------------------------------------
 
-    def plan_summary(self):
-        """One line describing the fused chain and its plan.
+    def plan_args(self):
+        """This FFN as the planner sees it: the keyword arguments of ``fuser.plan`` other than the token
+        count (widths, gated, activation, the biases present, dtype), read from the current weights.
 
-        For now the chain: d_model -> d_ff -> d_out, gated or plain, activation, dtype and biases, then
-        the plan, which is the PyTorch reference until the planner lands (it will extend this string
-        with the chosen dataflow, cluster shape and predicted time).
+        Example:
+            >>> import fuser
+            >>> from torch import nn
+            >>> f = fuser.FusedFFN.from_module(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8, bias=False)))
+            >>> f.plan_args()
+            {'d_model': 8, 'd_ff': 32, 'd_out': 8, 'gated': False, 'activation': 'relu', 'bias': ('up',), 'dtype': 'float32'}
+        """
+        s = self.spec
+        return dict(d_model=s.d_model, d_ff=s.d_ff, d_out=s.d_out, gated=s.gated, activation=s.activation,
+                    bias=tuple(r[2:] for r in ("b_up", "b_gate", "b_down") if getattr(s, r) is not None),
+                    dtype=str(self.weights()["up"].dtype).replace("torch.", ""))
+
+    def plan(self, tokens=PLAN_TOKENS):
+        """The plan ``fuser.ffn`` picks for this FFN at ``tokens`` tokens on this machine's GPU (the H200
+        defaults without one): ``fuser.plan(tokens, **self.plan_args())``, kept on the module.
+
+        Example:
+            >>> import fuser
+            >>> from torch import nn
+            >>> f = fuser.FusedFFN.from_module(nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)).bfloat16())
+            >>> f.plan(16).summary() == fuser.plan(16, 64, 256, bias=True, activation="gelu", dtype="bfloat16").summary()
+            True
+            >>> f.plan(16) is f.plan(16)
+            True
+        """
+        import fuser
+        args = self.plan_args()
+        key = (tokens,) + tuple(args.items())
+        plans = self.__dict__.setdefault("_plans", {})
+        if key not in plans:
+            plans[key] = fuser.plan(tokens, **args)
+        return plans[key]
+
+    def plan_summary(self):
+        """One line describing the fused chain and the plan the planner picks for it at a representative
+        token count (``PLAN_TOKENS``, 128): d_model -> d_ff -> d_out, gated or plain, activation, dtype and
+        biases, then the plan. float32 FFNs always run PyTorch ops, so they say so without planning.
 
         Example:
             >>> import fuser
@@ -181,15 +218,21 @@ class FusedFFN(nn.Module):
             >>> f = fuser.FusedFFN.from_module(nn.Sequential(nn.Linear(8, 32, bias=False), nn.ReLU(),
             ...                                              nn.Linear(32, 8, bias=False)))
             >>> f.plan_summary()
-            'FFN 8 -> 32 -> 8, plain, activation=relu, dtype=float32, bias=none; plan: PyTorch reference (no planner yet)'
+            'FFN 8 -> 32 -> 8, plain, activation=relu, dtype=float32, bias=none; plan: float32: unfused (PyTorch eager ops)'
+            >>> f.bfloat16().plan_summary()  # doctest: +ELLIPSIS
+            'FFN 8 -> 32 -> 8, ..., dtype=bfloat16, bias=none; plan @128 tokens: unfused (PyTorch eager ops), predicted ... us'
         """
-        s = self.spec
-        w = self.weights()
-        dtype = str(w["up"].dtype).replace("torch.", "")
-        bias = "+".join(r[2:] for r in ("b_up", "b_gate", "b_down") if getattr(s, r) is not None) or "none"
-        form = "gated" if s.gated else "plain"
-        return (f"FFN {s.d_model} -> {s.d_ff} -> {s.d_out}, {form}, activation={s.activation}, dtype={dtype}, "
-                f"bias={bias}; plan: PyTorch reference (no planner yet)")
+        args = self.plan_args()
+        dtype = args["dtype"]
+        form = "gated" if args["gated"] else "plain"
+        head = (f"FFN {args['d_model']} -> {args['d_ff']} -> {args['d_out']}, {form}, activation={args['activation']}, "
+                f"dtype={dtype}, bias={'+'.join(args['bias']) or 'none'}")
+        if dtype not in ("bfloat16", "float16"):
+            return f"{head}; plan: {dtype}: unfused (PyTorch eager ops)"
+        try:
+            return f"{head}; plan @{PLAN_TOKENS} tokens: {self.plan(PLAN_TOKENS).summary()}"
+        except ValueError as e:   # nothing the planner can run (it always offers the unfused path)
+            return f"{head}; plan @{PLAN_TOKENS} tokens: none ({e})"
 
     def extra_repr(self):
         return self.plan_summary()

@@ -149,7 +149,7 @@ def report(model):
         >>> model = fuser.optimize(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8)))
         >>> print(fuser.report(model))
         fuser: 1 FFN(s) found: 1 fused, 0 fusible, 0 skipped
-          fused    (model)  [Sequential]  FFN 8 -> 32 -> 8, plain, activation=relu, dtype=float32, bias=up+down; plan: PyTorch reference (no planner yet)
+          fused    (model)  [Sequential]  FFN 8 -> 32 -> 8, plain, activation=relu, dtype=float32, bias=up+down; plan: float32: unfused (PyTorch eager ops)
     """
     _check_model(model)
     entries = Report()

@@ -33,9 +33,15 @@ def _chain(m, d_model, d_ff, d_out, gated, activation, bias, dtype):
     if not isinstance(activation, str):
         raise TypeError(f"activation: expected a str, got {type(activation).__name__}")
     dtype = str(dtype).replace("torch.", "")
+    if isinstance(bias, (bool, int)) or bias is None:
+        names = {"up", "gate", "down"} if bias else set()
+    else:
+        names = {bias} if isinstance(bias, str) else set(bias)
+        if not names <= {"up", "gate", "down"}:
+            raise ValueError(f"bias: expected True/False or names among 'up', 'gate', 'down', got {bias!r}")
     return dict(m=m, d_model=d_model, d_ff=d_ff, d_out=d_out, gated=bool(gated),
-                activation=activation, bias_up=bool(bias), bias_gate=bool(bias) and bool(gated),
-                bias_down=bool(bias), dtype=dtype)
+                activation=activation, bias_up="up" in names, bias_gate="gate" in names and bool(gated),
+                bias_down="down" in names, dtype=dtype)
 
 
 def _constraints(fused, cluster, dataflows, avoid, kw):
@@ -86,7 +92,8 @@ def plan(m, d_model, d_ff, *, d_out=None, gated=False, activation="gelu", bias=F
 
     Args:
         m: tokens; d_model, d_ff: the FFN's widths; d_out: output width (default d_model).
-        gated: SwiGLU/GeGLU form; activation: "relu", "gelu", "gelu_tanh" or "silu"; bias: all biases.
+        gated: SwiGLU/GeGLU form; activation: "relu", "gelu", "gelu_tanh" or "silu"; bias: all biases
+            (True) or none (False), or the names of those present, e.g. ("up", "down").
         dtype: "bfloat16" or "float16" (float32 chains always run unfused).
         target: a built-in name ("h200", "h100"), a dict of target fields, or None for this machine's
             GPU (the H200 defaults without one).
@@ -228,24 +235,25 @@ class Plan:
         return f"<fuser.Plan {self.summary()}>"
 
     def _describe_dataflows(self):
+        """(dataflow, one line saying what it does in this plan) per dataflow used, or ("local", ...)."""
         d, p, c = self.derived, self._d["params"], self._d["chain"]
         lines = []
         if "all_exchange" in self.dataflows:
             op = "multiply gate by up" if p["gate_mode"] == "spatial" else "add their K-split partials"
-            lines.append(f"all_exchange: {p['cluster'][2]} blocks per H tile {op} over DSM "
-                         f"({d['parts']} fp32 tile(s) of {p['bm']}x{p['bn']} per block per chunk)")
+            lines.append(("all_exchange", f"all_exchange: {p['cluster'][2]} blocks per H tile {op} over DSM "
+                          f"({d['parts']} fp32 tile(s) of {p['bm']}x{p['bn']} per block per chunk)"))
         if "shuffle" in self.dataflows:
-            lines.append(f"shuffle: rings of {d['cls_shuffle']} blocks pass their H slices around, so each multiplies "
-                         f"{d['cls_shuffle'] * d['nb']} d_ff columns with its own W_down columns")
+            lines.append(("shuffle", f"shuffle: rings of {d['cls_shuffle']} blocks pass their H slices around, so "
+                          f"each multiplies {d['cls_shuffle'] * d['nb']} d_ff columns with its own W_down columns"))
         if "reduce_scatter" in self.dataflows:
-            lines.append(f"reduce_scatter: {d['cls_reduce']} groups sum partial output tiles over DSM; each block "
-                         f"stores a {p['bm']}x{d['sw']} share")
+            lines.append(("reduce_scatter", f"reduce_scatter: {d['cls_reduce']} groups sum partial output tiles over "
+                          f"DSM; each block stores a {p['bm']}x{d['sw']} share"))
         if "inter_cluster_reduce" in self.dataflows:
-            lines.append(f"inter_cluster_reduce: {d['grid_n']} clusters along d_ff sum fp32 partials through a "
-                         f"{d['workspace_bytes'] / 1e6:.1f} MB workspace; the last to arrive adds them in order "
-                         f"(deterministic)")
+            lines.append(("inter_cluster_reduce", f"inter_cluster_reduce: {d['grid_n']} clusters along d_ff sum fp32 "
+                          f"partials through a {d['workspace_bytes'] / 1e6:.1f} MB workspace; the last to arrive adds "
+                          f"them in order (deterministic)"))
         if not lines:
-            lines.append("no inter-block exchange: each block computes whole output tiles on its own")
+            lines.append(("local", "no inter-block exchange: each block computes whole output tiles on its own"))
         return lines
 
     def _bound(self):
@@ -272,7 +280,7 @@ class Plan:
                        f"chunks of {p['bl']}; {p['stages']} pipeline stages; {order}{gate}")
             out.append(f"  shared memory {d['smem_bytes']} B per block, ~{d['regs_est']} registers per thread, "
                        f"{d['barriers']} cluster barriers")
-            out += ["  " + line for line in self._describe_dataflows()]
+            out += ["  " + line for _, line in self._describe_dataflows()]
         else:
             out.append("Choice: unfused: PyTorch eager ops (library GEMMs, the intermediate through HBM)")
         top, val = self._bound()
@@ -295,6 +303,23 @@ class Plan:
             out.append(f"Search: {self.candidates:,} candidates, {self.scored:,} scored, in {self.search_ms:.1f} ms; "
                        f"pruned by {rules}")
         return "\n".join(out)
+
+    def to_svg(self):
+        """An SVG picture of the plan (text): the cluster's blocks with their roles and tiles, the DSM
+        exchanges between them, bytes per memory level and the predicted-time breakdown (see
+        :mod:`fuser.svg`). A notebook shows it when a plan is the value of a cell.
+
+        Example:
+            >>> import fuser
+            >>> svg = fuser.plan(16, 4096, 14336, gated=True, activation="silu", fused=True, target="h200").to_svg()
+            >>> svg.startswith("<svg") and 'data-dataflow="shuffle"' in svg
+            True
+        """
+        from fuser.svg import plan_svg
+        return plan_svg(self)
+
+    def _repr_svg_(self):
+        return self.to_svg()
 
 
 def simulate(plan, x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None):

@@ -1,12 +1,31 @@
 """The command line: ``python -m fuser demo`` builds, optimizes and checks a random LLaMA (and says how
-to get transformers when it is missing); ``python -m fuser env`` still works."""
+to get transformers when it is missing); ``env`` still works; ``explain`` prints the report and the
+planner's explanation per FFN shape; ``warmup`` compiles the model's fused kernels (clean: no spills)
+and says what it needs without NVRTC; ``bench`` refuses clearly without a Hopper GPU. ``fuser.warmup``
+and ``fuser.bench.bench`` are the functions behind them."""
+import os
 import subprocess
 import sys
 
 import pytest
+from torch import nn
 
+import fuser
 import models  # noqa: F401  (makes transformers importable beside CI's CPU torch)
+from conftest import hopper_reason
 from fuser import cli
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+SMALL = ["--hidden", "128", "--intermediate", "352", "--heads", "4"]
+
+
+def run_cli(*args, env=None):
+    """``python -m fuser ARGS`` in a fresh process (through tests/torchvision_cpu.py, which lets
+    transformers import beside CI's CPU torch; elsewhere it changes nothing)."""
+    code = ("import sys, torchvision_cpu; torchvision_cpu.make_importable(); from fuser.cli import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300,
+                          cwd=TESTS, env={**os.environ, **(env or {})})
 
 
 def test_demo_optimizes_and_checks_a_llama(capsys):
@@ -39,3 +58,76 @@ def test_demo_times_on_hopper(capsys):
     assert cli.main(["demo", "--iters", "5"]) == 0
     out = capsys.readouterr().out
     assert "bfloat16 on cuda" in out and "PyTorch     :" in out and "fuser       :" in out
+
+
+def test_explain_prints_report_and_plans():
+    r = run_cli("explain", *SMALL, "--tokens", "16")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "fuser: 2 FFN(s) found: 2 fused, 0 fusible, 0 skipped" in out
+    want = fuser.plan(128, 128, 352, gated=True, activation="silu", dtype="bfloat16")
+    assert f"dtype=bfloat16, bias=none; plan @128 tokens: {want.summary()}" in out
+    head = "== FFN 128 -> 352 -> 128, gated silu, bfloat16, no bias (2 FFN(s): model.layers.0.mlp, model.layers.1.mlp) at 16 tokens =="
+    assert out.count("== FFN ") == 1 and head in out
+    explained = fuser.plan(16, 128, 352, gated=True, activation="silu", dtype="bfloat16").explain()
+    first_lines = explained.splitlines()[:3]            # the search timing line differs from run to run
+    assert all(line in out for line in first_lines), first_lines
+
+
+def nvrtc_or_skip():
+    if not fuser.env().nvrtc_found:
+        pytest.skip("needs NVRTC (pip install nvidia-cuda-nvrtc)")
+
+
+def test_warmup_compiles_every_kernel_clean(tmp_path):
+    nvrtc_or_skip()
+    env = {"FUSER_CACHE_DIR": str(tmp_path)}
+    r = run_cli("warmup", *SMALL, "--tokens", "1,16,128", env=env)
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stdout.splitlines() if line.startswith("FFN 128 -> 352 -> 128")]
+    assert lines and all("best fused: fused " in line or "chosen: fused " in line for line in lines)
+    assert all(" 0 spill bytes, compiled, " in line and " registers, " in line for line in lines), lines
+    assert f"{len(lines)} kernel(s) ready, 0 spill bytes in all" in r.stdout
+    again = run_cli("warmup", *SMALL, "--tokens", "1,16,128", env=env)
+    assert again.returncode == 0 and again.stdout.count("0 spill bytes, cache hit") == len(lines)
+
+
+def test_warmup_without_nvrtc_exits_2(tmp_path):
+    r = run_cli("warmup", *SMALL, env={"FUSER_NVRTC": str(tmp_path / "libnvrtc.so.missing")})
+    assert r.returncode == 2 and "NVRTC" in r.stderr and "nvidia-cuda-nvrtc" in r.stderr
+
+
+def test_warmup_function(tmp_path, monkeypatch):
+    nvrtc_or_skip()
+    monkeypatch.setenv("FUSER_CACHE_DIR", str(tmp_path))
+    ffn = lambda: nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256))  # noqa: E731
+    model = fuser.optimize(nn.Sequential(ffn(), nn.LayerNorm(256), ffn()).bfloat16())
+    lines = []
+    kernels = fuser.warmup(model, tokens=(16, 128), target="h200", log=lines.append)
+    best = {fuser._C.codegen(fuser.plan(m, 256, 1024, bias=True, dtype="bfloat16", fused=True, target="h200")._d,
+                             "h200") for m in (16, 128)}
+    assert {k.source for k in kernels} >= best and len(kernels) == len(lines) == len({k.key for k in kernels})
+    assert all(k.spill_bytes == 0 and k.plan.fused and k.cubin[:4] == b"\x7fELF" for k in kernels)
+    with pytest.raises(ValueError, match="fuser.optimize"):
+        fuser.warmup(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8)))
+    assert fuser.warmup(fuser.optimize(ffn()), log=lines.append) == []   # float32: nothing to compile
+    assert lines[-1].endswith("runs PyTorch eager ops at every token count; nothing to compile")
+
+
+@pytest.mark.skipif(hopper_reason() is None, reason="checks the message shown where there is no Hopper GPU")
+def test_bench_needs_hopper():
+    r = subprocess.run([sys.executable, "-m", "fuser", "bench"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "fuser bench times kernels on a Hopper GPU (sm_90): " + hopper_reason() in r.stderr
+    with pytest.raises(RuntimeError, match="Hopper"):
+        fuser.bench.bench([("gpt2", 16)], iters=1)
+
+
+@pytest.mark.gpu
+def test_bench_on_hopper():
+    r = subprocess.run([sys.executable, "-m", "fuser", "bench", "--shape", "gpt2:128", "--iters", "5"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "gpt2       M=128" in r.stdout and "floor" in r.stdout and "fused " in r.stdout
+    rows = fuser.bench.bench([("gpt2", 16)], iters=5)
+    assert len(rows) == 1 and rows[0].fused_us > 0 and rows[0].ratio == rows[0].eager_us / rows[0].fused_us
+    assert rows[0].floor_us == fuser.plan(16, 768, 3072, activation="gelu", fused=True).floor_us

@@ -170,6 +170,37 @@ def test_repr_and_plan_summary():
     assert s in repr(f) and "w1" in repr(f)
 
 
+def test_plan_summary_shows_the_planners_choice_at_128_tokens(monkeypatch):
+    f = FusedFFN.from_module(Gated(d=64, f=256, bias=True)).bfloat16()
+    want = fuser.plan(128, 64, 256, gated=True, activation="silu", bias=True, dtype="bfloat16")
+    s = f.plan_summary()
+    assert s == ("FFN 64 -> 256 -> 64, gated, activation=silu, dtype=bfloat16, bias=up+gate+down; plan @128 tokens: "
+                 + want.summary())
+    assert s in repr(f) and f.plan(128).chain == want.chain
+    calls = []
+    real = fuser.plan
+    monkeypatch.setattr(fuser, "plan", lambda *a, **kw: calls.append(a) or real(*a, **kw))
+    assert f.plan_summary() == s and repr(f) and calls == []       # kept on the module
+    f.half()                                                         # a new dtype is a new plan
+    assert "dtype=float16" in f.plan_summary() and calls == [(128,)]
+    assert f.plan(128).chain["dtype"] == "float16"
+
+
+def test_plan_args_name_the_biases_present():
+    mlp = nn.Sequential(nn.Linear(64, 256, bias=True), nn.ReLU(), nn.Linear(256, 64, bias=False)).bfloat16()
+    f = FusedFFN.from_module(mlp)
+    assert f.plan_args()["bias"] == ("up",)
+    c = f.plan(16).chain
+    assert (c["bias_up"], c["bias_gate"], c["bias_down"]) == (True, False, False)
+    assert "bias=up;" in f.plan_summary()
+
+
+def test_float32_ffn_says_unfused_without_planning(monkeypatch):
+    monkeypatch.setattr(fuser, "plan", None)   # never called
+    s = FusedFFN.from_module(Gated()).plan_summary()
+    assert s.endswith("; plan: float32: unfused (PyTorch eager ops)")
+
+
 def test_x_of_any_leading_shape_and_non_contiguous(op_calls):
     f = FusedFFN.from_module(seq(nn.SiLU()))
     for x in (torch.randn(32), torch.randn(5, 32), torch.randn(2, 3, 4, 32), torch.randn(32, 6).t()):
