@@ -96,9 +96,17 @@ def _cmd_demo(args):
         y, y_ref = model(ids).logits, reference(ids).logits
     err = rel_error(y, y_ref)
     bound = 1e-4 if dtype == torch.float32 else 3e-2
-    fused = e.fused_available and cuda
+    tokens = args.batch * args.seq
+    ffns = [m for m in model.modules() if isinstance(m, fuser.FusedFFN)]
+    kernels = sum(1 for m in ffns if m.plan(tokens).fused) if e.fused_available and cuda else 0
     print("\n== check ==")
-    print("path        :", "fused kernel" if fused else "PyTorch reference (" + e.why + ")")
+    if not (e.fused_available and cuda):
+        print("path        : PyTorch reference (" + e.why + ")")
+    elif kernels:
+        print(f"path        : fused kernel in {kernels} of {len(ffns)} FFN(s) at {tokens} tokens")
+    else:
+        print(f"path        : PyTorch eager in every FFN: the planner predicts it faster at {tokens} tokens "
+              "(fuser.plan(...).explain() says why)")
     print(f"logits      : relative error {err:.2e} against the unoptimized model (bound {bound:.0e})")
     ok = err <= bound and len(fuser.report(model).fused) == args.layers
     print("result      :", "OK" if ok else "MISMATCH")
