@@ -26,6 +26,8 @@ from fuser.reference import ACTIVATIONS
 _ROLES = ("up", "down", "gate", "b_up", "b_gate", "b_down")
 #: The token count ``FusedFFN.plan_summary()`` (and so its repr and ``fuser.report``) plans for.
 PLAN_TOKENS = 128
+#: Input shapes per module whose route (reference or fused) forward remembers; cleared when full.
+_ROUTE_CACHE_SIZE = 256
 
 
 def _transpose_weights(module, owners):
@@ -53,7 +55,9 @@ class FusedFFN(nn.Module):
     Usually made by ``fuser.optimize(model)``; ``FusedFFN.from_module(mlp)`` makes one from a single
     FFN module. It holds the original children (and so the original parameters) under their original
     names. In training mode with an active dropout between the GEMMs, and under autocast, it computes
-    the same FFN with PyTorch ops instead (the fused op has neither dropout nor autocast).
+    the same FFN with PyTorch ops instead (the fused op has neither dropout nor autocast). In eager mode
+    the op validates each new input shape once; a shape it would run as PyTorch ops anyway (CPU, float32,
+    or an unfused plan) then runs those ops directly, without the op's host overhead.
 
     Example:
         >>> import torch, fuser
@@ -157,13 +161,42 @@ class FusedFFN(nn.Module):
             h = getattr(self, self.spec.mid_dropout)(h)
         return F.linear(h, w["down"], w["b_down"])
 
+    def _route_key(self, x, w):
+        """The key under which forward remembers whether fuser.ffn would only compute the PyTorch
+        reference for x (see ``_remember_route``), or None where nothing is remembered: under
+        torch.compile/export/tracing the op stays in the graph and dispatches at run time."""
+        if torch.compiler.is_compiling() or torch.jit.is_tracing() or not isinstance(x, torch.Tensor):
+            return None
+        up = w["up"]
+        return (tuple(x.shape), x.dtype, x.device, x.is_contiguous(), up.dtype, up.device)
+
+    def _remember_route(self, key, x):
+        """After a call the op validated: remember whether this input shape always takes the reference
+        (not CUDA, not 16-bit, no fused path, or an unfused plan). Later eager calls with that shape run
+        the same PyTorch ops directly, skipping the op's validation and planner lookup (tens of
+        microseconds of host time per FFN, which is most of a small FFN's time)."""
+        import fuser.ops
+        s = self.spec
+        chain = dict(m=x.numel() // x.shape[-1], d_model=s.d_model, d_ff=s.d_ff, d_out=s.d_out, gated=s.gated,
+                     activation=s.activation, bias_up=s.b_up is not None, bias_gate=s.b_gate is not None,
+                     bias_down=s.b_down is not None, dtype=str(x.dtype).replace("torch.", ""))
+        routes = self.__dict__.setdefault("_reference_only", {})
+        if len(routes) >= _ROUTE_CACHE_SIZE:
+            routes.clear()
+        routes[key] = fuser.ops.always_reference(chain, x)
+
     def forward(self, x):
         w = self.weights()
-        if self._mid_dropout_active() or x.dtype != w["up"].dtype or torch.is_autocast_enabled(x.device.type):
+        key = self._route_key(x, w)
+        known = self.__dict__.get("_reference_only", {}).get(key) if key is not None else None
+        if (known or self._mid_dropout_active() or x.dtype != w["up"].dtype
+                or torch.is_autocast_enabled(x.device.type)):
             y = self._eager(x, w)
         else:
             y = torch.ops.fuser.ffn(x, w["up"], w["down"], w["gate"], w["b_up"], w["b_gate"], w["b_down"],
                                     self.spec.activation)
+            if key is not None and known is None:
+                self._remember_route(key, x)
         if self.spec.post_dropout:
             y = getattr(self, self.spec.post_dropout)(y)
         return y

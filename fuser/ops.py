@@ -57,6 +57,18 @@ def _fused_plan(chain, tensors, plan):
     return plan if plan.fused else None
 
 
+def always_reference(chain, x):
+    """True when ``fuser.ffn`` computes the PyTorch reference for this validated chain whatever the call's
+    autograd state or environment: not CUDA, not 16-bit, no tokens, no fused path on x's device, or the
+    planner's plan is unfused. ``FusedFFN`` remembers the answer per input shape so that, in eager mode,
+    later calls run PyTorch ops directly instead of validating again (pure host overhead)."""
+    if not x.is_cuda or x.dtype not in _FUSED_DTYPES or chain["m"] == 0:
+        return True
+    from fuser import runtime
+    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    return not runtime.fused_available(device)[0] or not runtime.plan_for(chain, device).fused
+
+
 def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, activation="gelu", out=None,
         plan=None):
     """A transformer feed-forward block in one call.

@@ -224,3 +224,54 @@ def test_state_dict_keys_kept_and_bf16_model(op_calls):
     assert list(model.state_dict()) == keys
     x = torch.randn(2, 32, dtype=torch.bfloat16)
     assert model(x).dtype == torch.bfloat16 and op_calls == ["gelu"]
+
+
+def test_eager_skips_validation_once_a_shape_is_known_to_take_the_reference(op_calls):
+    """In eager mode the op's validation and planner lookup run once per input shape; a shape whose
+    route is the PyTorch reference (always so on CPU) then runs those ops directly, giving the same
+    result. A new shape, or a different layout of the same shape, is validated again, so bad input still
+    raises the op's clear errors."""
+    torch.manual_seed(0)
+    f = FusedFFN.from_module(seq(nn.SiLU())).bfloat16().eval()
+    x = torch.randn(3, 4, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        ys = [f(x) for _ in range(3)]
+        assert op_calls == ["silu"]
+        for y in ys:
+            torch.testing.assert_close(y, f._source(x), rtol=0, atol=0)
+        f(torch.randn(5, 32, dtype=torch.bfloat16))
+        f(torch.randn(32, 12, dtype=torch.bfloat16).t())       # same shape as above, not contiguous
+        assert len(op_calls) == 3
+        with pytest.raises(ValueError, match="x"):
+            f(torch.randn(3, 4, 31, dtype=torch.bfloat16))
+
+
+def test_shapes_that_may_fuse_always_go_through_the_op(op_calls, monkeypatch):
+    import fuser.ops
+    monkeypatch.setattr(fuser.ops, "always_reference", lambda chain, x: False)
+    f = FusedFFN.from_module(seq(nn.ReLU())).bfloat16().eval()
+    x = torch.randn(4, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for _ in range(3):
+            f(x)
+    assert op_calls == ["relu"] * 3
+
+
+def test_compiled_graph_keeps_the_op_after_eager_remembered_the_route(op_calls):
+    f = FusedFFN.from_module(seq(nn.GELU())).bfloat16().eval()
+    x = torch.randn(4, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        f(x)
+        f(x)
+        assert op_calls == ["gelu"]
+        y = torch.compile(f, backend="eager", fullgraph=True)(x)
+    assert op_calls == ["gelu", "gelu"]
+    torch.testing.assert_close(y, f._source(x), rtol=0, atol=0)
+
+
+def test_always_reference_names_the_routes_that_never_fuse():
+    import fuser.ops
+    chain = dict(m=4, d_model=32, d_ff=96, d_out=32, gated=False, activation="gelu", bias_up=True,
+                 bias_gate=False, bias_down=True, dtype="bfloat16")
+    assert fuser.ops.always_reference(chain, torch.randn(4, 32, dtype=torch.bfloat16))   # CPU
+    assert fuser.ops.always_reference(dict(chain, m=0), torch.randn(0, 32))
