@@ -13,12 +13,29 @@ from fuser.reference import ffn_reference
 _TENSOR_ARGS = ("x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down", "out")
 
 
-def _export_view(obj):
-    """What C takes in: a detached view for torch tensors (torch refuses __dlpack__ on tensors that
-    require grad), anything else as it is (C decides whether it is a tensor)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach()
-    return obj
+#: torch's exporter behind ``Tensor.__dlpack__`` (absent in old torch): a capsule in ~0.2 us where the
+#: Python method takes ~1.7 us. Equivalent here because fuser always names the tensor's current stream.
+_to_capsule = getattr(torch._C, "_to_dlpack_versioned", None)
+
+
+def _export(args):
+    """What C takes in, and the mask of the positions holding capsules exported here: torch tensors go as
+    capsules (or, where torch cannot export one that way, as detached views: torch's __dlpack__ refuses
+    tensors that require grad), anything else as it is (C calls its __dlpack__, or says it is not a
+    tensor; a caller's own raw capsule stays refused)."""
+    objs, mask = [], 0
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            if _to_capsule is not None:
+                try:
+                    objs.append(_to_capsule(a))
+                    mask |= 1 << i
+                    continue
+                except Exception:  # noqa: BLE001 (C re-exports through __dlpack__ and names the argument)
+                    pass
+            a = a.detach()
+        objs.append(a)
+    return objs, mask
 
 
 def _as_torch(obj):
@@ -49,7 +66,7 @@ def _fused_plan(chain, tensors, plan):
     if os.environ.get("FUSER_DISABLE", "") not in ("", "0"):
         return None
     from fuser import runtime
-    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    device = chain["device_id"]
     if not runtime.fused_available(device)[0]:
         return None
     if plan is None:
@@ -109,8 +126,8 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
     stream = _stream_of(x)
     device_guard = torch.cuda.device(x.device) if stream is not None else contextlib.nullcontext()
     with device_guard:
-        chain = _C.ffn_check(*map(_export_view, args[:7]), activation=activation, out=_export_view(out),
-                             stream=stream)
+        objs, mask = _export(args)
+        chain = _C.ffn_check(*objs[:7], activation=activation, out=objs[7], stream=stream, capsules=mask)
     x, w_up, w_down, w_gate, b_up, b_gate, b_down, out = map(_as_torch, args)
     if plan is not None:
         _check_plan(plan, chain)
@@ -119,8 +136,10 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
         from fuser import runtime
         y = out if out is not None else torch.empty(*x.shape[:-1], w_down.shape[0], dtype=x.dtype, device=x.device)
         with device_guard:
-            runtime.run(fused, *map(_export_view, (x, w_up, w_down, w_gate, b_up, b_gate, b_down)), activation,
-                        y.detach())
+            objs, _ = _export((x, w_up, w_down, w_gate, b_up, b_gate, b_down, y))
+            if stream is None:  # x came from another DLPack producer
+                stream = torch.cuda.current_stream(chain["device_id"]).cuda_stream
+            runtime.run(fused, objs, activation, chain["device_id"], chain["m"], stream)
         return y
     if out is not None and torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (x, w_up, w_down, w_gate, b_up, b_gate, b_down)):

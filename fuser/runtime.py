@@ -171,7 +171,9 @@ _compiled = {}  # plan params + chain (without m) -> Kernel
 
 def kernel_for(plan):
     """The compiled kernel of a fused plan (compiled once per process; the disk cache spans processes)."""
-    key = _C.codegen(plan._d, plan.target or "h200")
+    key = plan.__dict__.get("_kernel_key")
+    if key is None:  # the generated source is the key: made once per Plan object (~6 us)
+        key = plan.__dict__["_kernel_key"] = _C.codegen(plan._d, plan.target or "h200")
     k = _compiled.get(key)
     if k is None:
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
@@ -181,11 +183,12 @@ def kernel_for(plan):
     return k
 
 
-def run(plan, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, y):
-    """Launch a fused plan on the current stream of x's device; y is written in place."""
-    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
+def run(plan, tensors, activation, device, m, stream):
+    """Launch a fused plan with `m` tokens on CUDA stream `stream` (the caller's current one) of `device`.
+
+    `tensors` are (x, w_up, w_down, w_gate, b_up, b_gate, b_down, y) as fuser.ffn exports them (DLPack
+    capsules or objects with __dlpack__, None where absent), validated by the caller; y is written in
+    place."""
     kernel = load(kernel_for(plan), device)
-    stream = torch.cuda.current_stream(device).cuda_stream
-    m = y.numel() // y.shape[-1] if y.dim() else 1
     scratch = _scratch_for(plan, m, device, stream)
-    _C.ffn_launch(kernel, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, y, scratch.capsule, stream)
+    _C.ffn_launch(kernel, *tensors[:7], activation, tensors[7], scratch.capsule, stream)

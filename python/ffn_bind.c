@@ -1,5 +1,7 @@
 /* ffn_bind.c: _C.ffn_check: fuser.ffn's arguments, taken in through DLPack and validated by the core.
- * Every tensor taken is released exactly once, on success and on every error path. */
+ * Every tensor taken is released exactly once, on success and on every error path. A raw capsule is
+ * refused (it could be read only once) unless its bit in `capsules` says fuser.ffn exported it itself
+ * (torch tensors, exported without __dlpack__'s Python overhead). */
 #include "binding.h"
 
 #include "fuser/chain.h"
@@ -22,12 +24,13 @@ static PyObject *chain_dict(const fuser_chain *c, const fuser_tensor *x)
 PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down",
-                             "activation", "out", "stream", NULL};
+                             "activation", "out", "stream", "capsules", NULL};
     PyObject *obj[N_TENSOR_ARGS] = {NULL};
     PyObject *act_obj = NULL, *stream = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOOOOOO:ffn_check", kwlist, &obj[A_X], &obj[A_W_UP],
+    unsigned int capsules = 0; /* bit i: argument i may be a raw capsule (one fuser.ffn exported itself) */
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOOOOOOI:ffn_check", kwlist, &obj[A_X], &obj[A_W_UP],
                                      &obj[A_W_DOWN], &obj[A_W_GATE], &obj[A_B_UP], &obj[A_B_GATE],
-                                     &obj[A_B_DOWN], &act_obj, &obj[A_OUT], &stream))
+                                     &obj[A_B_DOWN], &act_obj, &obj[A_OUT], &stream, &capsules))
         return NULL;
     const char *activation = "gelu";
     if (act_obj && act_obj != Py_None) {
@@ -50,7 +53,7 @@ PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs)
     for (int i = 0; i < N_TENSOR_ARGS; i++) {
         if (!obj[i] || obj[i] == Py_None)
             continue;
-        int opts = FUSER_TAKE_NO_CAPSULE | (i == A_OUT ? FUSER_TAKE_WRITABLE : 0);
+        int opts = ((capsules >> i) & 1 ? 0 : FUSER_TAKE_NO_CAPSULE) | (i == A_OUT ? FUSER_TAKE_WRITABLE : 0);
         if (fuser_take(st, obj[i], tensor_names[i], stream, opts, &held[i]))
             goto done;
         t[i] = &held[i].t;

@@ -9,6 +9,18 @@ from dlpack_producer import KDLCUDA, FakeExporter, Producer
 K, N, L, M = 16, 48, 24, 5
 
 
+@pytest.fixture(autouse=True, params=["capsule", "__dlpack__"])
+def export_path(request, monkeypatch):
+    """Every check here runs both ways fuser.ffn hands torch tensors to C: as capsules from torch's own
+    exporter (the fast path) and through __dlpack__ (torch builds without that exporter)."""
+    import fuser.ops
+    if request.param == "__dlpack__":
+        monkeypatch.setattr(fuser.ops, "_to_capsule", None)
+    elif fuser.ops._to_capsule is None:
+        pytest.skip("this torch has no torch._C._to_dlpack_versioned; only the __dlpack__ path exists")
+    return request.param
+
+
 def args(dtype=torch.bfloat16, gated=False, bias=False):
     g = torch.Generator().manual_seed(0)
     r = lambda *s: torch.randn(*s, generator=g).to(dtype)  # noqa: E731

@@ -275,3 +275,26 @@ def test_always_reference_names_the_routes_that_never_fuse():
                  bias_gate=False, bias_down=True, dtype="bfloat16")
     assert fuser.ops.always_reference(chain, torch.randn(4, 32, dtype=torch.bfloat16))   # CPU
     assert fuser.ops.always_reference(dict(chain, m=0), torch.randn(0, 32))
+
+
+def test_eager_inference_calls_the_op_implementation_without_the_dispatcher(op_calls, monkeypatch):
+    """Without autograd or a dispatch mode, FusedFFN calls the op's implementation directly (the same
+    function the dispatcher would reach); with either, it goes through torch.ops.fuser.ffn."""
+    import fuser.module
+    import fuser.ops
+    from torch.utils.flop_counter import FlopCounterMode
+    monkeypatch.setattr(fuser.ops, "always_reference", lambda chain, x: False)
+    direct = []
+    real = fuser.module._ffn_impl
+    monkeypatch.setattr(fuser.module, "_ffn_impl", lambda *a: direct.append(1) or real(*a))
+    f = FusedFFN.from_module(seq(nn.ReLU())).bfloat16()
+    x = torch.randn(4, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        y = f(x)
+    assert direct == [1] and op_calls == ["relu"]
+    torch.testing.assert_close(y, f._source(x), rtol=0, atol=0)
+    y = f(x)                                   # parameters require grad: the op records its backward
+    assert direct == [1] and op_calls == ["relu"] * 2 and y.grad_fn is not None
+    with torch.no_grad(), FlopCounterMode(display=False):
+        f(x)
+    assert direct == [1] and op_calls == ["relu"] * 3
