@@ -194,3 +194,33 @@ def test_grad_requiring_inputs_are_passed_as_detached_views():
     with torch.no_grad():
         out = torch.empty(M, L)
         assert fuser.ffn(out=out, **a) is out
+
+
+def test_fused_route_hands_the_launch_every_tensor_and_the_callers_stream(monkeypatch):
+    """The glue between validation and the launch, on CPU with the launch stubbed: runtime.run gets the
+    plan, one DLPack object per tensor in schema order (x, w_up, w_down, w_gate, b_up, b_gate, b_down,
+    y; y writable), the token count, the device and the caller's stream."""
+    import contextlib
+
+    import fuser.ops
+    import fuser.runtime
+    from fuser import _C
+    seen = {}
+    monkeypatch.setattr(fuser.ops, "_stream_of", lambda x: 0x1234)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(fuser.ops, "_fused_plan", lambda chain, tensors, plan: "PLAN")
+
+    def run(plan, tensors, activation, device, m, stream):
+        seen.update(plan=plan, activation=activation, device=device, m=m, stream=stream,
+                    data=[None if t is None else _C.dlpack_info(t, writable=i == 7)["data"]
+                          for i, t in enumerate(tensors)])
+    monkeypatch.setattr(fuser.runtime, "run", run)
+    a = args(gated=True, bias=True)
+    x3 = a["x"].reshape(1, M, K)
+    y = fuser.ffn(x3, a["w_up"], a["w_down"], w_gate=a["w_gate"], b_up=a["b_up"], b_gate=a["b_gate"],
+                  b_down=a["b_down"], activation="silu")
+    assert y.shape == (1, M, L)
+    assert (seen["plan"], seen["activation"], seen["device"], seen["m"], seen["stream"]) == ("PLAN", "silu", 0, M,
+                                                                                         0x1234)
+    order = ("x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down")
+    assert seen["data"] == [a[k].data_ptr() for k in order] + [y.data_ptr()]
