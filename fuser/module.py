@@ -142,8 +142,16 @@ class FusedFFN(nn.Module):
     def _tensor(self, ref):
         if ref is None:
             return None
-        owner = self._linked[ref.owner] if ref.owner in self._linked else getattr(self, ref.owner)
-        t = getattr(owner, ref.name)
+        # straight from the registries where the owner and tensor are registered (nn.Module.__getattr__
+        # costs ~0.5 us a lookup, read at every call); getattr for anything else
+        owner = self._linked.get(ref.owner)
+        if owner is None:
+            owner = self._modules.get(ref.owner)
+            if owner is None:
+                owner = getattr(self, ref.owner)
+        t = owner._parameters.get(ref.name) if isinstance(owner, nn.Module) else None
+        if t is None:
+            t = getattr(owner, ref.name)
         return t if ref.rows is None else t[ref.rows[0]:ref.rows[1]]
 
     def weights(self):
