@@ -48,13 +48,28 @@ def rel_error(y, ref):
     return float((y - ref).norm() / ref.norm().clamp_min(1e-300))
 
 
+def _transformers_missing(e):
+    """Why transformers cannot be imported, and what to do: not installed, or installed but broken by a
+    dependency (most often a torchvision built for another torch, which transformers imports)."""
+    import importlib.util
+    head = "the demo builds a LLaMA model from a transformers config"
+    if importlib.util.find_spec("transformers") is None:
+        return f"{head}, and transformers is not installed: python -m pip install 'fuser[demo]'"
+    root = e
+    while root.__cause__ is not None or root.__context__ is not None:
+        root = root.__cause__ or root.__context__
+    why = f"{type(root).__name__}: {root}"
+    fix = ("install the torchvision built for your torch (or uninstall torchvision)" if "torchvision" in why
+           else "reinstall it: python -m pip install --force-reinstall 'fuser[demo]'")
+    return f"{head}; transformers is installed but fails to import ({why}); {fix}"
+
+
 def _llama(args, device, dtype):
     """A small random LLaMA (no download) from a transformers config; None if transformers is missing."""
     try:
         from transformers import LlamaConfig, LlamaForCausalLM
     except ImportError as e:
-        print(f"the demo builds a LLaMA model from a transformers config, and transformers is not "
-              f"importable ({e}); install it: python -m pip install 'fuser[demo]'", file=sys.stderr)
+        print(_transformers_missing(e), file=sys.stderr)
         return None
     import torch
     cfg = LlamaConfig(hidden_size=args.hidden, intermediate_size=args.intermediate, num_hidden_layers=args.layers,

@@ -131,3 +131,22 @@ def test_bench_on_hopper():
     rows = fuser.bench.bench([("gpt2", 16)], iters=5)
     assert len(rows) == 1 and rows[0].fused_us > 0 and rows[0].ratio == rows[0].eager_us / rows[0].fused_us
     assert rows[0].floor_us == fuser.plan(16, 768, 3072, activation="gelu", fused=True).floor_us
+
+
+def test_demo_says_why_transformers_cannot_be_imported(monkeypatch):
+    """Installed but broken (CI's CPU torch beside a CUDA torchvision) is not 'not installed'."""
+    import importlib.util
+
+    from fuser.cli import _transformers_missing
+    try:
+        try:
+            raise RuntimeError("operator torchvision::nms does not exist")
+        except RuntimeError as r:
+            raise ModuleNotFoundError("Could not import module 'LlamaConfig'.") from r
+    except ImportError as e:
+        broken = e
+    msg = _transformers_missing(broken)
+    assert "installed but fails to import (RuntimeError: operator torchvision::nms" in msg
+    assert "torchvision built for your torch" in msg
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert _transformers_missing(broken).endswith("not installed: python -m pip install 'fuser[demo]'")
