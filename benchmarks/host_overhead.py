@@ -9,12 +9,17 @@ alone, whatever the kernel's length:
                    Python caller of the kernel pays;
   fuser.ffn        the public function with the plan given (validation, export, launch);
   FusedFFN         the module as optimize() leaves it, no autograd;
-  torch.ops        the registered op through the dispatcher.
+  torch.ops        the registered op through the dispatcher;
+  original module  (context, no overhead computed) the nn.Sequential FusedFFN replaced, in PyTorch eager:
+                   the host time the fused module has to stay under for a small FFN not to lose.
 
 Overhead = variant - bare launch. Without a Hopper GPU it measures the reference route instead
 (fuser.ffn and FusedFFN minus ffn_reference on CPU): the same Python and C intake, no launch.
 
-    python benchmarks/host_overhead.py [--rounds 15] [--calls 400]
+With --parts it also times the pieces the fused route is made of, each alone (stream lookup, device
+guard, DLPack export, C validation, output allocation, the launch glue), to show where the time goes.
+
+    python benchmarks/host_overhead.py [--rounds 15] [--calls 400] [--parts]
 """
 import argparse
 import statistics
@@ -60,10 +65,36 @@ def measure(variants, rounds, calls):
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
+def pieces(x, w, args, dev, plan):
+    """The fused route's pieces, each a variant of its own (named 'part: ...')."""
+    from fuser import ops
+    cap = torch._C._to_dlpack_versioned
+    objs = lambda: [t if t is None else cap(t) for t in args]    # noqa: E731
+    parts = {
+        "part: export 7 tensors": objs,
+        "part: _C.ffn_check": lambda: _C.ffn_check(*objs(), activation="silu", capsules=0x7f),
+        "part: x.new_empty": lambda: x.new_empty((M, D)),
+        "part: module.weights": FusedFFN.from_module(nn.Sequential(nn.Linear(D, F), nn.SiLU(), nn.Linear(F, D))).weights,
+    }
+    if dev == "cuda":
+        d = x.get_device()
+        parts["part: current_stream().cuda_stream"] = lambda: torch.cuda.current_stream(d).cuda_stream
+        parts["part: raw current stream"] = lambda: torch._C._cuda_getCurrentRawStream(d)
+
+        def guard():
+            with torch.cuda.device(d):
+                pass
+        parts["part: torch.cuda.device guard"] = guard
+        parts["part: ops._placement"] = lambda: ops._placement(x)
+        parts["part: ops.run_fused"] = lambda: ops.run_fused(plan, *args, "silu")
+    return parts
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--calls", type=int, default=400, help="calls per loop (at most ~1000: the launch queue)")
+    ap.add_argument("--parts", action="store_true", help="also time the pieces of the fused route alone")
     a = ap.parse_args(argv)
     why = hopper_reason()
     dev = "cuda" if why is None else "cpu"
@@ -94,6 +125,7 @@ def main(argv=None):
             "FusedFFN": lambda: module(x),
             "torch.ops": lambda: torch.ops.fuser.ffn(*args, "silu"),
         }
+        variants["original module"] = lambda: mlp(x)
         base = "bare launch"
     else:
         print(f"no Hopper GPU ({why}): measuring the reference route on CPU", file=sys.stderr, flush=True)
@@ -108,13 +140,16 @@ def main(argv=None):
             "FusedFFN": lambda: module(x),
             "torch.ops": lambda: torch.ops.fuser.ffn(*args, "silu"),
         }
+        variants["original module"] = lambda: mlp(x)
         base = "ffn_reference"
+    if a.parts:
+        variants.update(pieces(x, w, args, dev, plan if why is None else None))
     res = measure(variants, a.rounds, a.calls)
     print(f"FFN {M} x {D} -> {F} -> {D} bf16 SiLU on {dev}; per call, medians of {a.rounds} rounds of "
           f"{a.calls} calls")
     for name, us in res.items():
-        extra = "" if name == base else f"   overhead {us - res[base]:+6.2f} us"
-        print(f"  {name:14s} {us:7.2f} us{extra}")
+        extra = "" if name in (base, "original module") or name.startswith("part:") else f"   overhead {us - res[base]:+6.2f} us"
+        print(f"  {name:16s} {us:7.2f} us{extra}" if not name.startswith("part:") else f"  {name:38s} {us:7.2f} us")
     return 0
 
 

@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import fuser.custom_op  # noqa: F401  (registers torch.ops.fuser.ffn)
-from fuser.custom_op import _ffn_impl
+import fuser.ops
+from fuser.custom_op import _c_ready, _ffn_impl
 from fuser.recognize import FFNSpec, Unsupported, recognise
 from fuser.reference import ACTIVATIONS
 
@@ -140,8 +141,6 @@ class FusedFFN(nn.Module):
     # ---- the weights, read at every call --------------------------------------------------------------
 
     def _tensor(self, ref):
-        if ref is None:
-            return None
         # straight from the registries where the owner and tensor are registered (nn.Module.__getattr__
         # costs ~0.5 us a lookup, read at every call); getattr for anything else
         owner = self._linked.get(ref.owner)
@@ -165,7 +164,10 @@ class FusedFFN(nn.Module):
             >>> f.weights()["up"] is f.get_submodule("0").weight
             True
         """
-        return {role: self._tensor(getattr(self.spec, role)) for role in _ROLES}
+        refs = self.__dict__.get("_refs")
+        if refs is None:   # the spec is fixed: list its roles once
+            refs = self.__dict__["_refs"] = tuple((role, getattr(self.spec, role)) for role in _ROLES)
+        return {role: None if ref is None else self._tensor(ref) for role, ref in refs}
 
     # ---- forward -------------------------------------------------------------------------------------
 
@@ -183,36 +185,39 @@ class FusedFFN(nn.Module):
         return F.linear(h, w["down"], w["b_down"])
 
     def _route_key(self, x, w):
-        """The key under which forward remembers whether fuser.ffn would only compute the PyTorch
-        reference for x (see ``_remember_route``), or None where nothing is remembered: under
-        torch.compile/export/tracing the op stays in the graph and dispatches at run time."""
+        """The key under which forward remembers fuser.ffn's route for x (see ``_remember_route``), or
+        None where nothing is remembered: under torch.compile/export/tracing the op stays in the graph
+        and dispatches at run time."""
         if torch.compiler.is_compiling() or torch.jit.is_tracing() or not isinstance(x, torch.Tensor):
             return None
         up = w["up"]
         return (tuple(x.shape), x.dtype, x.device, x.is_contiguous(), up.dtype, up.device)
 
     def _remember_route(self, key, x):
-        """After a call the op validated: remember whether this input shape always takes the reference
-        (not CUDA, not 16-bit, no fused path, or an unfused plan). Later eager calls with that shape run
-        the same PyTorch ops directly, skipping the op's validation and planner lookup (tens of
-        microseconds of host time per FFN, which is most of a small FFN's time)."""
-        import fuser.ops
+        """After a call the op validated: remember its route for this input shape (``fuser.ops.route``):
+        ``"reference"`` (not CUDA, not 16-bit, no fused path, or an unfused plan) or the fused plan. Later
+        eager calls with that shape run the PyTorch ops, or launch the plan, directly, skipping the op's
+        dispatch, validation and planner lookup (tens of microseconds of host time per FFN, which is
+        most of a small FFN's time). The launch still validates the tensors in C."""
         s = self.spec
         chain = dict(m=x.numel() // x.shape[-1], d_model=s.d_model, d_ff=s.d_ff, d_out=s.d_out, gated=s.gated,
                      activation=s.activation, bias_up=s.b_up is not None, bias_gate=s.b_gate is not None,
                      bias_down=s.b_down is not None, dtype=str(x.dtype).replace("torch.", ""))
-        routes = self.__dict__.setdefault("_reference_only", {})
+        routes = self.__dict__.setdefault("_routes", {})
         if len(routes) >= _ROUTE_CACHE_SIZE:
             routes.clear()
-        routes[key] = fuser.ops.always_reference(chain, x)
+        routes[key] = fuser.ops.route(chain, x)
 
     def forward(self, x):
         w = self.weights()
         key = self._route_key(x, w)
-        known = self.__dict__.get("_reference_only", {}).get(key) if key is not None else None
-        if (known or self._mid_dropout_active() or x.dtype != w["up"].dtype
+        known = self.__dict__.get("_routes", {}).get(key) if key is not None else None
+        if (known == "reference" or self._mid_dropout_active() or x.dtype != w["up"].dtype
                 or torch.is_autocast_enabled(x.device.type)):
             y = self._eager(x, w)
+        elif known is not None and _plain_eager(x, w) and not fuser.ops.disabled():
+            y = fuser.ops.run_fused(known, _c_ready(x), w["up"], w["down"], w["gate"], w["b_up"], w["b_gate"],
+                                    w["b_down"], self.spec.activation)
         else:
             op = _ffn_impl if key is not None and _plain_eager(x, w) else torch.ops.fuser.ffn
             y = op(x, w["up"], w["down"], w["gate"], w["b_up"], w["b_gate"], w["b_down"], self.spec.activation)

@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from fuser import _C
+from fuser import _C, runtime
 from fuser.reference import ffn_reference
 
 _TENSOR_ARGS = ("x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down", "out")
@@ -45,11 +45,22 @@ def _as_torch(obj):
     return torch.from_dlpack(obj)
 
 
-def _stream_of(x):
-    """The caller's current CUDA stream for x's device (passed to __dlpack__), or None off CUDA."""
+#: torch's current raw stream of a device (what Inductor's generated code calls): ~0.1 us where
+#: ``torch.cuda.current_stream(d).cuda_stream`` builds a Stream object (~3 us)
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_NO_GUARD = contextlib.nullcontext()
+
+
+def _placement(x):
+    """(x's device index, the caller's current CUDA stream on it, a guard making that device current) for
+    a CUDA torch tensor; (None, None, a no-op guard) for anything else. The guard switches devices only
+    when x is not on the current one (torch.cuda.device costs ~2 us to enter and leave even when it
+    need not)."""
     if isinstance(x, torch.Tensor) and x.is_cuda:
-        return torch.cuda.current_stream(x.device).cuda_stream
-    return None
+        dev = x.get_device()
+        stream = _raw_stream(dev) if _raw_stream is not None else torch.cuda.current_stream(dev).cuda_stream
+        return dev, stream, (_NO_GUARD if dev == torch.cuda.current_device() else torch.cuda.device(dev))
+    return None, None, _NO_GUARD
 
 
 _FUSED_DTYPES = (torch.bfloat16, torch.float16)
@@ -63,9 +74,8 @@ def _fused_plan(chain, tensors, plan):
         return None
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         return None
-    if os.environ.get("FUSER_DISABLE", "") not in ("", "0"):
+    if disabled():
         return None
-    from fuser import runtime
     device = chain["device_id"]
     if not runtime.fused_available(device)[0]:
         return None
@@ -74,16 +84,43 @@ def _fused_plan(chain, tensors, plan):
     return plan if plan.fused else None
 
 
-def always_reference(chain, x):
-    """True when ``fuser.ffn`` computes the PyTorch reference for this validated chain whatever the call's
-    autograd state or environment: not CUDA, not 16-bit, no tokens, no fused path on x's device, or the
-    planner's plan is unfused. ``FusedFFN`` remembers the answer per input shape so that, in eager mode,
-    later calls run PyTorch ops directly instead of validating again (pure host overhead)."""
+def route(chain, x):
+    """What ``fuser.ffn`` does with this validated chain whatever the call's autograd state: ``"reference"``
+    (not CUDA, not 16-bit, no tokens, no fused path on x's device, or the planner's plan is unfused) or
+    the fused :class:`fuser.Plan` it launches when no gradient is needed. ``FusedFFN`` remembers the
+    answer per input shape so that later eager calls run PyTorch ops, or launch the plan, directly
+    (see :func:`run_fused`) instead of validating and planning again (pure host overhead)."""
     if not x.is_cuda or x.dtype not in _FUSED_DTYPES or chain["m"] == 0:
-        return True
-    from fuser import runtime
-    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    return not runtime.fused_available(device)[0] or not runtime.plan_for(chain, device).fused
+        return "reference"
+    device = x.get_device()
+    if not runtime.fused_available(device)[0]:
+        return "reference"
+    plan = runtime.plan_for(chain, device)
+    return plan if plan.fused else "reference"
+
+
+def disabled():
+    """True when ``FUSER_DISABLE`` asks for the PyTorch reference everywhere."""
+    return os.environ.get("FUSER_DISABLE", "") not in ("", "0")
+
+
+def run_fused(plan, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out=None, exported=None):
+    """Launch fused `plan` on torch CUDA tensors and return the output (``out`` when given). The launch
+    validates the tensors again in C against the kernel's chain, so a wrong tensor raises instead of
+    running; the caller has checked the route (CUDA, 16-bit, no autograd, fused path available).
+    ``exported``: the eight objects ``fuser.ffn`` exported for its check (capsules C only borrowed),
+    launched as they are instead of exporting again."""
+    device, stream, guard = _placement(x)
+    y = out if out is not None else x.new_empty((*x.shape[:-1], w_down.shape[0]))
+    if exported is None:
+        objs, _ = _export((x, w_up, w_down, w_gate, b_up, b_gate, b_down, y))
+    else:
+        objs = list(exported)
+        if out is None:
+            objs[7] = _export((y,))[0][0]
+    with guard:
+        runtime.run(plan, objs, activation, device, x.numel() // x.shape[-1], stream)
+    return y
 
 
 def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, activation="gelu", out=None,
@@ -123,9 +160,8 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
         torch.Size([2, 5, 64])
     """
     args = (x, w_up, w_down, w_gate, b_up, b_gate, b_down, out)
-    stream = _stream_of(x)
-    device_guard = torch.cuda.device(x.device) if stream is not None else contextlib.nullcontext()
-    with device_guard:
+    _, stream, guard = _placement(x)
+    with guard:
         objs, mask = _export(args)
         chain = _C.ffn_check(*objs[:7], activation=activation, out=objs[7], stream=stream, capsules=mask)
     x, w_up, w_down, w_gate, b_up, b_gate, b_down, out = map(_as_torch, args)
@@ -133,14 +169,7 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
         _check_plan(plan, chain)
     fused = _fused_plan(chain, (x, w_up, w_down, w_gate, b_up, b_gate, b_down), plan)
     if fused is not None:
-        from fuser import runtime
-        y = out if out is not None else torch.empty(*x.shape[:-1], w_down.shape[0], dtype=x.dtype, device=x.device)
-        with device_guard:
-            objs, _ = _export((x, w_up, w_down, w_gate, b_up, b_gate, b_down, y))
-            if stream is None:  # x came from another DLPack producer
-                stream = torch.cuda.current_stream(chain["device_id"]).cuda_stream
-            runtime.run(fused, objs, activation, chain["device_id"], chain["m"], stream)
-        return y
+        return run_fused(fused, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out, objs)
     if out is not None and torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (x, w_up, w_down, w_gate, b_up, b_gate, b_down)):
         raise ValueError("out: out= does not support autograd (an input requires grad); "

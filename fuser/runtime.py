@@ -106,14 +106,43 @@ class _Scratch:
         return self.tickets >= tickets and self.floats >= self.tickets + ws_floats
 
 
+class _Launch:
+    """What launching a fused plan on one device needs, worked out once (kept on the Plan): the loaded
+    kernel, and the scratch per block row of tokens (one ticket per share tile and fp32 partials of
+    every d_ff cluster, both only with an inter-cluster reduction)."""
+
+    __slots__ = ("kernel", "rows", "tickets_per_row", "floats_per_row")
+
+    def __init__(self, plan, device):
+        self.kernel = load(kernel_for(plan), device)
+        d, cls, bm = plan.derived, plan.cluster, plan.tiles["bm"]
+        self.rows = cls[0] * bm
+        multi = d["grid_n"] > 1
+        self.tickets_per_row = cls[0] * cls[3] * d["lc"] * d["cls_reduce"] if multi else 0
+        self.floats_per_row = d["grid_n"] * cls[0] * bm * d["l_pad"] if multi else 0
+
+    def need(self, m):
+        """(zeroed tickets, workspace floats) of a launch with `m` tokens."""
+        grid_m = -(-m // self.rows)
+        return grid_m * self.tickets_per_row, grid_m * self.floats_per_row
+
+
+def _launch_of(plan, device):
+    launches = plan.__dict__.get("_launch")
+    if launches is None:
+        launches = plan.__dict__.setdefault("_launch", {})
+    l = launches.get(device)
+    if l is None:
+        l = launches.setdefault(device, _Launch(plan, device))
+    return l
+
+
 def _scratch_for(plan, m, device, stream):
     """The scratch for a launch of `plan` with `m` tokens on (device, stream)."""
-    d = plan.derived
-    cls_m, bm = plan.cluster[0], plan.tiles["bm"]
-    grid_m = -(-m // (cls_m * bm))
-    # one ticket per share tile, and fp32 partials of every d_ff cluster: both follow the token count
-    tickets = grid_m * cls_m * plan.cluster[3] * d["lc"] * d["cls_reduce"] if d["grid_n"] > 1 else 0
-    ws = d["grid_n"] * grid_m * cls_m * bm * d["l_pad"] if d["grid_n"] > 1 else 0
+    return _scratch_fitting(*_launch_of(plan, device).need(m), device, stream)
+
+
+def _scratch_fitting(tickets, ws, device, stream):
     key = (device, stream)
     buf = _scratch.get(key)
     if buf is not None and buf.fits(tickets, ws):
@@ -189,6 +218,9 @@ def run(plan, tensors, activation, device, m, stream):
     `tensors` are (x, w_up, w_down, w_gate, b_up, b_gate, b_down, y) as fuser.ffn exports them (DLPack
     capsules or objects with __dlpack__, None where absent), validated by the caller; y is written in
     place."""
-    kernel = load(kernel_for(plan), device)
-    scratch = _scratch_for(plan, m, device, stream)
-    _C.ffn_launch(kernel, *tensors[:7], activation, tensors[7], scratch.capsule, stream)
+    l = _launch_of(plan, device)
+    tickets, ws = l.need(m)
+    buf = _scratch.get((device, stream))
+    if buf is None or not buf.fits(tickets, ws):
+        buf = _scratch_fitting(tickets, ws, device, stream)
+    _C.ffn_launch(l.kernel, *tensors[:7], activation, tensors[7], buf.capsule, stream)

@@ -37,7 +37,9 @@ typedef struct {
 
 enum {
     FUSER_TAKE_WRITABLE = 1,  /* the tensor will be written (out=): refuse read-only or copied exports */
-    FUSER_TAKE_NO_CAPSULE = 2 /* refuse raw capsules (the caller needs to read the object again) */
+    FUSER_TAKE_NO_CAPSULE = 2, /* refuse raw capsules (the caller needs to read the object again) */
+    FUSER_TAKE_BORROW = 4      /* read a raw capsule without consuming it: it stays usable, and its own
+                                  destructor deletes it if nobody consumes it (capsules fuser exported) */
 };
 
 /* Take `obj` (an object with __dlpack__, or a "dltensor"/"dltensor_versioned" capsule) and validate

@@ -1,7 +1,8 @@
 /* ffn_bind.c: _C.ffn_check: fuser.ffn's arguments, taken in through DLPack and validated by the core.
  * Every tensor taken is released exactly once, on success and on every error path. A raw capsule is
  * refused (it could be read only once) unless its bit in `capsules` says fuser.ffn exported it itself
- * (torch tensors, exported without __dlpack__'s Python overhead). */
+ * (torch tensors, exported without __dlpack__'s Python overhead): those are only borrowed, so the
+ * fused route launches with the same capsules instead of exporting again. */
 #include "binding.h"
 
 #include "fuser/chain.h"
@@ -53,7 +54,8 @@ PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs)
     for (int i = 0; i < N_TENSOR_ARGS; i++) {
         if (!obj[i] || obj[i] == Py_None)
             continue;
-        int opts = ((capsules >> i) & 1 ? 0 : FUSER_TAKE_NO_CAPSULE) | (i == A_OUT ? FUSER_TAKE_WRITABLE : 0);
+        int opts = ((capsules >> i) & 1 ? FUSER_TAKE_BORROW : FUSER_TAKE_NO_CAPSULE) |
+                   (i == A_OUT ? FUSER_TAKE_WRITABLE : 0);
         if (fuser_take(st, obj[i], tensor_names[i], stream, opts, &held[i]))
             goto done;
         t[i] = &held[i].t;

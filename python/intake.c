@@ -1,6 +1,7 @@
 /* intake.c: DLPack intake. Objects with __dlpack__ and raw capsules of both kinds come in here, are
- * consumed by the protocol's rules (rename to used_*, delete exactly once, also on every error path)
- * and validated by the core (fuser_tensor_from_dl). */
+ * consumed by the protocol's rules (rename to used_*, delete exactly once, also on every error path),
+ * or only borrowed (capsules fuser exported itself, read again later), and validated by the core
+ * (fuser_tensor_from_dl). */
 #include "binding.h"
 
 #include <string.h>
@@ -141,9 +142,13 @@ int fuser_take(fuser_state *st, PyObject *obj, const char *name, PyObject *strea
     int rc = -1;
     if (cname && !strcmp(cname, FUSER_DLPACK_CAPSULE_VERSIONED)) {
         DLManagedTensorVersioned *v = PyCapsule_GetPointer(cap, cname);
-        if (!v || PyCapsule_SetName(cap, FUSER_DLPACK_CAPSULE_VERSIONED_USED))
+        if (!v)
             goto done;
-        h->managed = v; /* ours from here on: deleted exactly once by fuser_release */
+        if (!(opts & FUSER_TAKE_BORROW)) {
+            if (PyCapsule_SetName(cap, FUSER_DLPACK_CAPSULE_VERSIONED_USED))
+                goto done;
+            h->managed = v; /* ours from here on: deleted exactly once by fuser_release */
+        }
         h->versioned = 1;
         h->flags = v->flags;
         if (v->version.major != FUSER_DLPACK_MAJOR) {
@@ -155,9 +160,13 @@ int fuser_take(fuser_state *st, PyObject *obj, const char *name, PyObject *strea
         dl = &v->dl_tensor;
     } else if (cname && !strcmp(cname, FUSER_DLPACK_CAPSULE)) {
         DLManagedTensor *t = PyCapsule_GetPointer(cap, cname);
-        if (!t || PyCapsule_SetName(cap, FUSER_DLPACK_CAPSULE_USED))
+        if (!t)
             goto done;
-        h->managed = t;
+        if (!(opts & FUSER_TAKE_BORROW)) {
+            if (PyCapsule_SetName(cap, FUSER_DLPACK_CAPSULE_USED))
+                goto done;
+            h->managed = t;
+        }
         dl = &t->dl_tensor;
     } else if (cname && (!strcmp(cname, FUSER_DLPACK_CAPSULE_USED) ||
                          !strcmp(cname, FUSER_DLPACK_CAPSULE_VERSIONED_USED))) {

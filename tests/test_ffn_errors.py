@@ -206,8 +206,7 @@ def test_fused_route_hands_the_launch_every_tensor_and_the_callers_stream(monkey
     import fuser.runtime
     from fuser import _C
     seen = {}
-    monkeypatch.setattr(fuser.ops, "_stream_of", lambda x: 0x1234)
-    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(fuser.ops, "_placement", lambda x: (0, 0x1234, contextlib.nullcontext()))
     monkeypatch.setattr(fuser.ops, "_fused_plan", lambda chain, tensors, plan: "PLAN")
 
     def run(plan, tensors, activation, device, m, stream):

@@ -59,6 +59,9 @@ def test_ffn_runs_the_planners_choice_and_a_forced_fused_plan():
     y2 = fuser.ffn(x, wu, wd, w_gate=wg, activation="silu", plan=forced)
     assert rel_error(y2, ref) <= 2 * rel_error(eager, ref)
     assert not torch.equal(y2, eager)  # the kernel really ran (its rounding differs from eager's)
+    out = torch.full_like(y2, float("nan"))
+    assert fuser.ffn(x, wu, wd, w_gate=wg, activation="silu", plan=forced, out=out) is out
+    assert torch.equal(out, y2)        # out= on the fused route: written in full, the same bits
 
 
 def test_failed_launch_raises_and_the_next_call_works():

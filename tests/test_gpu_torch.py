@@ -136,3 +136,45 @@ def test_gradients_on_gpu_match(name, op_calls):
     assert got.keys() == expected.keys()
     for k, g in expected.items():
         assert rel_error(got[k], g) < 1e-4, k
+
+
+def test_fused_module_launches_directly_on_later_calls_and_still_validates(monkeypatch, op_calls):
+    """A FusedFFN whose route is a fused plan goes through the op once, then launches the plan directly
+    (ops.run_fused): the kernel runs (results differ from eager's rounding, match float64), on the caller's
+    stream, a misaligned input is copied, and a weight swapped for one of another shape raises the
+    launch's clear error instead of running."""
+    from fuser import ops, runtime
+    from fuser.module import FusedFFN
+    torch.manual_seed(0)
+    d, f = 256, 512
+    mlp = torch.nn.Sequential(torch.nn.Linear(d, f), torch.nn.SiLU(), torch.nn.Linear(f, d)).cuda().bfloat16().eval()
+    plan = fuser.plan(32, d, f, bias=True, activation="silu", dtype="bfloat16", fused=True)
+    monkeypatch.setattr(runtime, "plan_for", lambda chain, device: plan)
+    direct = []
+    real = ops.run_fused
+    monkeypatch.setattr(ops, "run_fused", lambda *a, **k: direct.append(1) or real(*a, **k))
+    module = FusedFFN.from_module(mlp)
+    x = torch.randn(32, d, device="cuda", dtype=torch.bfloat16)
+    w = module.weights()
+    ref = fuser.ffn_reference(x, w["up"], w["down"], b_up=w["b_up"], b_down=w["b_down"], activation="silu",
+                              compute_dtype=torch.float64)
+    eager = fuser.ffn_reference(x, w["up"], w["down"], b_up=w["b_up"], b_down=w["b_down"], activation="silu")
+    with torch.no_grad():
+        ys = [module(x) for _ in range(3)]
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            ys.append(module(x))
+        torch.cuda.current_stream().wait_stream(s)
+        buf = torch.empty(32 * d + 1, device="cuda", dtype=torch.bfloat16)
+        xm = buf[1:].view(32, d)                          # 2-byte offset: not 16-byte aligned
+        xm.copy_(x)
+        ys.append(module(xm))
+    assert op_calls == ["silu"] and len(direct) == 5      # every call launched; only the first validated
+    for y in ys:
+        assert rel_error(y, ref) <= 2 * rel_error(eager, ref) + 1e-3
+        assert not torch.equal(y, eager)
+    with torch.no_grad():
+        mlp[2].weight = torch.nn.Parameter(torch.randn(d, 2 * f, device="cuda", dtype=torch.bfloat16))
+        with pytest.raises(ValueError, match="w_down"):
+            module(x)

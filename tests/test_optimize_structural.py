@@ -248,7 +248,7 @@ def test_eager_skips_validation_once_a_shape_is_known_to_take_the_reference(op_c
 
 def test_shapes_that_may_fuse_always_go_through_the_op(op_calls, monkeypatch):
     import fuser.ops
-    monkeypatch.setattr(fuser.ops, "always_reference", lambda chain, x: False)
+    monkeypatch.setattr(fuser.ops, "route", lambda chain, x: None)   # nothing remembered
     f = FusedFFN.from_module(seq(nn.ReLU())).bfloat16().eval()
     x = torch.randn(4, 32, dtype=torch.bfloat16)
     with torch.no_grad():
@@ -269,12 +269,44 @@ def test_compiled_graph_keeps_the_op_after_eager_remembered_the_route(op_calls):
     torch.testing.assert_close(y, f._source(x), rtol=0, atol=0)
 
 
-def test_always_reference_names_the_routes_that_never_fuse():
+def test_route_names_the_calls_that_never_fuse():
     import fuser.ops
     chain = dict(m=4, d_model=32, d_ff=96, d_out=32, gated=False, activation="gelu", bias_up=True,
                  bias_gate=False, bias_down=True, dtype="bfloat16")
-    assert fuser.ops.always_reference(chain, torch.randn(4, 32, dtype=torch.bfloat16))   # CPU
-    assert fuser.ops.always_reference(dict(chain, m=0), torch.randn(0, 32))
+    assert fuser.ops.route(chain, torch.randn(4, 32, dtype=torch.bfloat16)) == "reference"   # CPU
+    assert fuser.ops.route(dict(chain, m=0), torch.randn(0, 32)) == "reference"
+
+
+def test_a_remembered_fused_route_launches_the_plan_directly_where_the_op_would(op_calls, monkeypatch):
+    """Once a shape's route is a fused plan, eager inference launches it through ops.run_fused without
+    the op (no validation, no planner); autograd, FUSER_DISABLE, a new shape or a dispatch mode go
+    through the op again. (On CPU the launch is recorded, not run; GPU tests run it.)"""
+    import fuser.ops
+    from torch.utils.flop_counter import FlopCounterMode
+    plan = object()                             # stands for the fused Plan route() found
+    monkeypatch.setattr(fuser.ops, "route", lambda chain, x: plan)
+    launched = []
+
+    def fake_run(p, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out=None):
+        launched.append((p, tuple(x.shape), activation))
+        return fuser.ffn_reference(x, w_up, w_down, b_up=b_up, b_down=b_down, activation=activation)
+    monkeypatch.setattr(fuser.ops, "run_fused", fake_run)
+    f = FusedFFN.from_module(seq(nn.ReLU())).bfloat16()
+    x = torch.randn(4, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        f(x)                                    # first call: through the op, which remembers the plan
+        assert op_calls == ["relu"] and not launched
+        y = f(x)
+        assert launched == [(plan, (4, 32), "relu")] and op_calls == ["relu"]
+        torch.testing.assert_close(y, f._source(x), rtol=0, atol=0)
+        monkeypatch.setenv("FUSER_DISABLE", "1")
+        f(x)
+        monkeypatch.delenv("FUSER_DISABLE")
+        with FlopCounterMode(display=False):
+            f(x)
+        f(torch.randn(5, 32, dtype=torch.bfloat16))
+    assert len(launched) == 1 and op_calls == ["relu"] * 4
+    assert f(x).grad_fn is not None and len(launched) == 1 and len(op_calls) == 5   # autograd: the op
 
 
 def test_eager_inference_calls_the_op_implementation_without_the_dispatcher(op_calls, monkeypatch):
@@ -283,7 +315,7 @@ def test_eager_inference_calls_the_op_implementation_without_the_dispatcher(op_c
     import fuser.module
     import fuser.ops
     from torch.utils.flop_counter import FlopCounterMode
-    monkeypatch.setattr(fuser.ops, "always_reference", lambda chain, x: False)
+    monkeypatch.setattr(fuser.ops, "route", lambda chain, x: None)   # nothing remembered
     direct = []
     real = fuser.module._ffn_impl
     monkeypatch.setattr(fuser.module, "_ffn_impl", lambda *a: direct.append(1) or real(*a))
