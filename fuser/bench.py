@@ -1,40 +1,137 @@
-"""A quick side-by-side timing of ``fuser.ffn`` (the best fused plan, forced) against PyTorch eager on a
-few FFN shapes, on a Hopper GPU: what ``python -m fuser bench`` and ``benchmarks/quick_ffn.py`` print.
+"""The side-by-side FFN benchmark: ``python -m fuser bench`` and ``benchmarks/ffn.py``.
 
-Timing is ``fuser.timing.time_interleaved`` (CUDA events, the two functions interleaved, medians), with
-several weight sets rotated so the L2 cache does not flatter either side. Each row also carries the
-roofline floor of the shape (``plan.floor_us``) and what the planner would pick unforced. The full
-benchmark harness is a separate piece of work; this is the smoke version.
+For each workload, in one process, fuser and the baselines run interleaved (one call of each variant
+per round, A B C ... B C A ..., each round starting one variant later so that no variant always
+follows the same one), each call bracketed by CUDA events, after warm-up; the result is the
+median over rounds. Every call takes the next of several input and weight sets, so the 60 MB L2 holds
+nobody's weights from the previous call. The roofline floor uses a matmul rate and a copy bandwidth
+measured in the same run, and the SM clock is read (NVML) around every workload.
+
+Variants (``VARIANTS``; "graph": L calls captured in one CUDA graph, timed per replay / L):
+
+  eager            PyTorch eager (F.linear, activation, [gate product], F.linear)
+  eager_graph      the same, in a CUDA graph
+  compile          torch.compile default mode (the paper's PyTorch baseline); compile time reported
+  compile_graph    that, in a CUDA graph
+  autotune         torch.compile mode="max-autotune-no-cudagraphs" (GEMM autotuning: slow to compile,
+                   so by default only on a subset, see ``AUTOTUNE_SUBSET``)
+  autotune_graph   that, in a CUDA graph
+  cublas_graph     the GEMMs alone (x @ W1 with gate and up merged, p @ W2): the unfused lower bound
+  fuser            fuser.ffn as a user calls it (the planner's choice: fused kernel or PyTorch eager)
+  fuser_graph      that, in a CUDA graph
+  fused_graph      the best fused plan, forced, in a CUDA graph: fuser's kernel itself
+
+Speedups compare like with like: ``fuser`` against the per-call baselines, ``fuser_graph`` against the
+graphed ones.
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import math
+import statistics
+import time
+import types
 
-__all__ = ["QUICK_SHAPES", "Row", "bench", "hopper_reason"]
+__all__ = ["VARIANTS", "BASELINES", "Workload", "Result", "hopper_reason", "parse_workload", "workload_set",
+           "measure_ceilings", "run", "host_costs", "Clocks"]
 
-#: (workload name from ``fuser.workloads.MODELS``, tokens): the shapes the quick timing runs by default.
-QUICK_SHAPES = (("llama3-8b", 1), ("llama3-8b", 16), ("llama3-8b", 128), ("gpt2", 128), ("gpt2", 2048),
-                ("gpt3-6.7b", 16), ("llama2-7b", 512))
+VARIANTS = ("eager", "eager_graph", "compile", "compile_graph", "autotune", "autotune_graph", "cublas_graph",
+            "fuser", "fuser_graph", "fused_graph")
+BASELINES = VARIANTS[:7]
+#: Token counts of the model sweep (issue #6).
+BENCH_TOKENS = (1, 16, 128, 512, 2048, 8192)
+#: Where max-autotune runs unless asked for everywhere: the model shapes at these token counts.
+AUTOTUNE_SUBSET = (16, 128, 2048)
+L2_BYTES = 60 << 20
+#: A call shorter than this is captured L times per graph, with L rotating sets.
+GRAPH_SHORT_US = 500.0
 
 
 @dataclasses.dataclass(frozen=True)
-class Row:
-    """One timed shape: ``eager_us`` and ``fused_us`` are medians in microseconds, ``ratio`` is
-    eager / fused (above 1: fused is faster), ``floor_us`` the roofline floor, ``plan`` the fused plan's
-    summary and ``planner_fuses`` whether the planner, unforced, would fuse this shape."""
-    shape: str
-    tokens: int
-    floor_us: float
-    eager_us: float
-    fused_us: float
-    ratio: float
-    plan: str
-    planner_fuses: bool
+class Workload:
+    """One FFN shape: ``name`` (a paper workload, a model, or "custom"), tokens ``m``, widths, gating and
+    activation. bfloat16 throughout."""
+    name: str
+    m: int
+    d_model: int
+    d_ff: int
+    d_out: int
+    gated: bool
+    activation: str
 
-    def __str__(self):
-        return (f"{self.shape:10s} M={self.tokens:<5d} floor {self.floor_us:8.1f} us  eager {self.eager_us:8.1f} us  "
-                f"fused {self.fused_us:8.1f} us  ({self.ratio:.2f}x)  planner picks "
-                f"{'fused' if self.planner_fuses else 'unfused'}  {self.plan}")
+    @property
+    def label(self):
+        return f"{self.name} M={self.m}"
+
+    @property
+    def flops(self):
+        return 2 * self.m * self.d_ff * (self.d_model * (2 if self.gated else 1) + self.d_out)
+
+    @property
+    def min_bytes(self):
+        """Every weight, x and y once, in bfloat16."""
+        weights = self.d_ff * (self.d_model * (2 if self.gated else 1) + self.d_out)
+        return 2 * (weights + self.m * (self.d_model + self.d_out))
+
+    def floor_us(self, tflops, tbps):
+        """(the roofline floor in microseconds, "C" or "M" for the bound) at these rates."""
+        c, m = self.flops / (tflops * 1e6), self.min_bytes / (tbps * 1e6)
+        return (c, "C") if c >= m else (m, "M")
+
+
+def parse_workload(text):
+    """A workload from the command line: ``G3`` or ``S1`` (the paper's, 128 tokens, or ``S1:512``), ``NAME:M``
+    with a model of ``fuser.workloads.MODELS``, or ``D_MODELxD_FF:ACT[-gated]:M`` for any shape.
+
+    Example:
+        >>> from fuser.bench import parse_workload
+        >>> parse_workload("llama3-8b:16")
+        Workload(name='llama3-8b', m=16, d_model=4096, d_ff=14336, d_out=4096, gated=True, activation='silu')
+        >>> parse_workload("1024x4096:gelu:64").d_ff
+        4096
+    """
+    from fuser.workloads import MODELS, PAPER
+    parts = text.split(":")
+    try:
+        if parts[0] in PAPER and len(parts) <= 2:
+            w = dict(PAPER[parts[0]])
+            m = int(parts[1]) if len(parts) == 2 else w.pop("m")
+            w.pop("m", None)
+            return Workload(parts[0], m, **w)
+        if parts[0] in MODELS and len(parts) == 2:
+            return Workload(parts[0], int(parts[1]), **MODELS[parts[0]])
+        if len(parts) == 3 and "x" in parts[0]:
+            d, f = (int(v) for v in parts[0].split("x"))
+            act, _, gated = parts[1].partition("-")
+            if act in ("relu", "gelu", "gelu_tanh", "silu") and gated in ("", "gated"):
+                return Workload("custom", int(parts[2]), d, f, d, gated == "gated", act)
+    except ValueError:
+        pass
+    raise ValueError(f"workload {text!r}: expected a paper workload (G1-G10, S1-S8, optionally :TOKENS), "
+                     f"NAME:TOKENS with NAME one of {', '.join(MODELS)}, or DxF:ACT[-gated]:TOKENS "
+                     "(ACT relu, gelu, gelu_tanh or silu), e.g. 4096x14336:silu-gated:128")
+
+
+def workload_set(name):
+    """``paper`` (G1-G10, S1-S8 at 128 tokens), ``models`` (the H200 baselines' models at
+    ``BENCH_TOKENS``), ``all`` (both) or ``quick`` (a few, for a smoke run).
+
+    Example:
+        >>> from fuser.bench import workload_set
+        >>> len(workload_set("paper")), len(workload_set("models")), len(workload_set("all"))
+        (18, 30, 48)
+    """
+    from fuser.workloads import MODELS, PAPER
+    if name == "paper":
+        return [parse_workload(n) for n in PAPER]
+    if name == "models":
+        return [parse_workload(f"{n}:{m}") for n in MODELS for m in BENCH_TOKENS]
+    if name == "all":
+        return workload_set("paper") + workload_set("models")
+    if name == "quick":
+        return [parse_workload(t) for t in ("G4", "S8", "gpt2:128", "llama3-8b:16", "llama3-8b:2048")]
+    raise ValueError(f"workload set {name!r}: expected paper, models, all or quick")
 
 
 def hopper_reason():
@@ -52,58 +149,377 @@ def hopper_reason():
     return None if cc == (9, 0) else f"the GPU is sm_{cc[0]}{cc[1]}, not Hopper (sm_90)"
 
 
-def bench(shapes=QUICK_SHAPES, iters=30, log=None):
-    """Time ``fuser.ffn`` (forced onto its best fused plan) and PyTorch eager, bfloat16, side by side.
+class Clocks:
+    """The GPU's SM clock (MHz), clock-event reasons and power draw (W), read through NVML (libnvidia-ml)
+    with ctypes; ``read()`` gives Nones where NVML is missing. Reading never changes a setting."""
 
-    ``shapes`` are ``(name, tokens)`` pairs with names from ``fuser.workloads.MODELS``; ``iters`` timed
-    calls of each. Returns one :class:`Row` per shape (and calls ``log(row)`` as each is done, if given).
-    Raises ``RuntimeError`` without a Hopper GPU.
+    def __init__(self, index=0):
+        self._nvml, self._dev = None, ctypes.c_void_p()
+        try:
+            lib = ctypes.CDLL("libnvidia-ml.so.1")
+            if lib.nvmlInit_v2() == 0 and lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(self._dev)) == 0:
+                self._nvml = lib
+        except OSError:
+            pass
+
+    def read(self):
+        """dict(sm_mhz, reasons, watts), each None where unavailable. ``reasons`` is NVML's bit mask
+        (0x4: software power cap, 0x1: idle)."""
+        if self._nvml is None:
+            return dict(sm_mhz=None, reasons=None, watts=None)
+        clk, reasons, mw = ctypes.c_uint(), ctypes.c_ulonglong(), ctypes.c_uint()
+        ok_clk = self._nvml.nvmlDeviceGetClockInfo(self._dev, 1, ctypes.byref(clk)) == 0   # 1: NVML_CLOCK_SM
+        ok_r = self._nvml.nvmlDeviceGetCurrentClocksEventReasons(self._dev, ctypes.byref(reasons)) == 0
+        ok_p = self._nvml.nvmlDeviceGetPowerUsage(self._dev, ctypes.byref(mw)) == 0
+        return dict(sm_mhz=clk.value if ok_clk else None, reasons=reasons.value if ok_r else None,
+                    watts=mw.value / 1000 if ok_p else None)
+
+
+def _median_event_us(fn, reps, per=1):
+    import torch
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3 / per)
+    return statistics.median(ts)
+
+
+def measure_ceilings(reps=15):
+    """The rates the floor uses, measured now: dict(matmul_tflops: bf16 8192^3 torch.matmul,
+    copy_tbps: device-to-device copy of 1 GiB, bytes read + written).
 
     Example:
         >>> import fuser.bench
-        >>> rows = fuser.bench.bench([("gpt2", 128)], iters=10)  # doctest: +SKIP
-        >>> rows[0].fused_us > 0 and rows[0].ratio == rows[0].eager_us / rows[0].fused_us  # doctest: +SKIP
+        >>> c = fuser.bench.measure_ceilings()  # doctest: +SKIP
+        >>> 300 < c["matmul_tflops"] < 1200 and 2 < c["copy_tbps"] < 6  # doctest: +SKIP
         True
     """
     import torch
+    a = torch.randn(8192, 8192, device="cuda").bfloat16()
+    b = torch.randn(8192, 8192, device="cuda").bfloat16()
+    src = torch.empty(1 << 29, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        a @ b
+        dst.copy_(src)
+    mm_us = _median_event_us(lambda: a @ b, reps)
+    cp_us = _median_event_us(lambda: dst.copy_(src), reps)
+    del a, b, src, dst
+    return dict(matmul_tflops=2 * 8192 ** 3 / (mm_us * 1e6), copy_tbps=2 * (1 << 30) / (cp_us * 1e6))
+
+
+@dataclasses.dataclass
+class Result:
+    """One workload's measurements: ``times`` (variant -> median us, None where not run), ``compile_s``
+    (variant -> first-call seconds), the floor, the plans, and the clocks seen."""
+    workload: Workload
+    floor_us: float
+    bound: str
+    times: dict
+    compile_s: dict
+    plan: str               # the planner's choice, one line
+    planner_fuses: bool
+    fused_plan: str         # the forced fused plan timed as fused_graph
+    fused_predicted_us: float
+    clocks: dict
+    sets: int
+    reps: int
+    notes: list = dataclasses.field(default_factory=list)
+
+    def speedup(self, baseline):
+        """baseline's time over fuser's in the same mode (graphed against fuser_graph), or None."""
+        mine = self.times.get("fuser_graph" if baseline.endswith("_graph") else "fuser")
+        other = self.times.get(baseline)
+        return other / mine if mine and other else None
+
+    def row(self):
+        """A flat dict (the CSV row)."""
+        w = self.workload
+        r = dict(workload=w.name, m=w.m, d_model=w.d_model, d_ff=w.d_ff, d_out=w.d_out, gated=w.gated,
+                 activation=w.activation, floor_us=round(self.floor_us, 2), bound=self.bound)
+        for v in VARIANTS:
+            t = self.times.get(v)
+            r[f"{v}_us"] = None if t is None else round(t, 2)
+        for v in VARIANTS:
+            t = self.times.get(v)
+            r[f"{v}_x_floor"] = None if t is None else round(t / self.floor_us, 3)
+        for b in BASELINES:
+            s = self.speedup(b)
+            r[f"speedup_vs_{b}"] = None if s is None else round(s, 3)
+        t = self.times.get("fuser_graph")
+        r["fuser_tflops"] = round(w.flops / (t * 1e6), 1) if t else None
+        r["fuser_gbps"] = round(w.min_bytes / (t * 1e3), 1) if t else None
+        for v in ("compile", "autotune"):
+            r[f"{v}_compile_s"] = None if self.compile_s.get(v) is None else round(self.compile_s[v], 1)
+        r.update(plan=self.plan, planner_fuses=self.planner_fuses, fused_plan=self.fused_plan,
+                 fused_predicted_us=round(self.fused_predicted_us, 2), sets=self.sets, reps=self.reps,
+                 sm_mhz_min=self.clocks.get("sm_mhz_min"), sm_mhz_max=self.clocks.get("sm_mhz_max"),
+                 clock_reasons=self.clocks.get("reasons"), notes="; ".join(self.notes))
+        return r
+
+
+# ---- the variants of one workload ---------------------------------------------------------------------
+
+class _Sets:
+    """Rotating input and weight sets for one workload (enough that the L2 cannot hold the next call's
+    weights), and a ``turn()`` that hands out the next one."""
+
+    def __init__(self, w, max_sets=24):
+        import torch
+        per_set = w.min_bytes
+        self.n = max(2, min(max_sets, math.ceil(4 * L2_BYTES / per_set))) if per_set < 4 * L2_BYTES else 1
+        g = torch.Generator(device="cuda").manual_seed(0)
+        mk = lambda *s, fan: torch.randn(*s, device="cuda", generator=g).mul_(fan ** -0.5).bfloat16()  # noqa: E731
+        self.sets = []
+        for _ in range(self.n):
+            s = {"x": torch.randn(w.m, w.d_model, device="cuda", generator=g).bfloat16()}
+            up = mk(w.d_ff * (2 if w.gated else 1), w.d_model, fan=w.d_model)   # [gate; up] merged, cuBLAS's
+            s["w_gu"] = up
+            s["w_gate"], s["w_up"] = (up[:w.d_ff], up[w.d_ff:]) if w.gated else (None, up)
+            s["w_down"] = mk(w.d_out, w.d_ff, fan=w.d_ff)
+            s["p"] = torch.randn(w.m, w.d_ff, device="cuda", generator=g).bfloat16()
+            self.sets.append(s)
+        self.i = 0
+
+    def turn(self):
+        self.i = (self.i + 1) % self.n
+        return self.sets[self.i]
+
+
+def _eager_fn(activation):
+    import torch.nn.functional as F
+    from fuser.reference import ACTIVATIONS
+    act = ACTIVATIONS[activation]
+
+    def ffn(x, w_gate, w_up, w_down):
+        h = F.linear(x, w_up)
+        h = act(F.linear(x, w_gate)) * h if w_gate is not None else act(h)
+        return F.linear(h, w_down)
+    return ffn
+
+
+def _graphed(fn, calls):
+    """(a replay function, calls per replay): `calls` calls of fn captured in one CUDA graph after a
+    warm-up on a side stream."""
+    import torch
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
+    return g.replay, calls
+
+
+def _variants(w, sets, want, autotune, log):
+    """name -> (function, calls per invocation), compile seconds, the plans, notes."""
+    import torch
 
     import fuser
-    from fuser.timing import time_interleaved
-    from fuser.workloads import MODELS
+    eager = _eager_fn(w.activation)
+    compile_s, notes = {}, []
 
+    def per_call(f):
+        def call():
+            s = sets.turn()
+            return f(s["x"], s["w_gate"], s["w_up"], s["w_down"])
+        return call
+
+    fns = {"eager": per_call(eager)}
+    torch._dynamo.reset()       # each workload compiles from scratch (compile times are cold)
+    for v, mode in (("compile", "default"), ("autotune", "max-autotune-no-cudagraphs")):
+        if v not in want or (v == "autotune" and not autotune):
+            continue
+        # a code object of its own: dynamo caches compiled code per code object, and the two modes must
+        # not evict or reuse each other's
+        own = types.FunctionType(eager.__code__.replace(co_name=f"ffn_{v}"), eager.__globals__, f"ffn_{v}",
+                                 eager.__defaults__, eager.__closure__)
+        cf = torch.compile(own, mode=mode, dynamic=False, fullgraph=True)
+        t0 = time.perf_counter()
+        s = sets.sets[0]
+        cf(s["x"], s["w_gate"], s["w_up"], s["w_down"])
+        torch.cuda.synchronize()
+        compile_s[v] = time.perf_counter() - t0
+        fns[v] = per_call(cf)
+
+    def cublas():
+        s = sets.turn()
+        torch.mm(s["x"], s["w_gu"].t())
+        torch.mm(s["p"], s["w_down"].t())
+
+    plan = fuser.plan(w.m, w.d_model, w.d_ff, d_out=w.d_out, gated=w.gated, activation=w.activation)
+    fplan = plan if plan.fused else fuser.plan(w.m, w.d_model, w.d_ff, d_out=w.d_out, gated=w.gated,
+                                                activation=w.activation, fused=True)
+
+    def user(p=None):
+        def call():
+            s = sets.turn()
+            return fuser.ffn(s["x"], s["w_up"], s["w_down"], w_gate=s["w_gate"], activation=w.activation, plan=p)
+        return call
+
+    fns["fuser"] = user()
+    graph_of = {"eager_graph": fns["eager"], "compile_graph": fns.get("compile"),
+                "autotune_graph": fns.get("autotune"), "cublas_graph": cublas, "fuser_graph": fns["fuser"],
+                "fused_graph": user(fplan)}
+    out = {k: (f, 1) for k, f in fns.items() if k in want}
+    probe = _median_event_us(fns["eager"], 3)
+    calls = max(1, min(sets.n, int(GRAPH_SHORT_US // max(probe, 1.0)))) if probe < GRAPH_SHORT_US else 1
+    for k, f in graph_of.items():
+        if k not in want or f is None:
+            continue
+        try:
+            out[k] = _graphed(f, calls)
+        except Exception as e:  # noqa: BLE001 (a baseline that cannot be captured is reported, not fatal)
+            notes.append(f"{k}: capture failed ({type(e).__name__}: {str(e).splitlines()[0][:80]})")
+            log(f"  {k}: capture failed: {e}")
+    return out, compile_s, plan, fplan, notes
+
+
+def run(workloads, *, variants=VARIANTS, autotune="subset", reps=None, log=print, ceilings=None,
+        on_result=None, budget_s=None):
+    """Time every workload; returns (results, meta). ``autotune``: "subset" (models at
+    ``AUTOTUNE_SUBSET`` tokens), "all" or "none". ``reps``: rounds per workload (default: enough for
+    ~0.3 s of timing, 5 to 40). ``on_result(result)`` is called as each workload finishes (write it out:
+    a run cut short keeps what it measured). With ``budget_s``, workloads that start after that many
+    seconds skip the torch.compile variants (noted in the result).
+
+    Example:
+        >>> from fuser.bench import parse_workload, run
+        >>> results, meta = run([parse_workload("G4")], autotune="none", reps=5)  # doctest: +SKIP
+        >>> r = results[0]; r.times["fuser_graph"] > 0 and r.speedup("eager_graph") > 0  # doctest: +SKIP
+        True
+    """
+    import torch
     why = hopper_reason()
     if why is not None:
-        raise RuntimeError(f"fuser.bench times kernels on a Hopper GPU: {why}")
-    rows = []
-    for name, m in shapes:
-        w = MODELS[name]
-        d, f = w["d_model"], w["d_ff"]
-        sets = 2 if d * f > 8_000_000 else 8
-        ws = []
-        for _ in range(sets):
-            t = dict(w_up=torch.randn(f, d, device="cuda").bfloat16() * d ** -0.5,
-                     w_down=torch.randn(d, f, device="cuda").bfloat16() * f ** -0.5)
-            if w["gated"]:
-                t["w_gate"] = torch.randn(f, d, device="cuda").bfloat16() * d ** -0.5
-            ws.append(t)
-        x = torch.randn(m, d, device="cuda").bfloat16()
-        plan = fuser.plan(m, d, f, gated=w["gated"], activation=w["activation"])
-        fplan = plan if plan.fused else fuser.plan(m, d, f, gated=w["gated"], activation=w["activation"], fused=True)
-        turn = [0]
+        raise RuntimeError(f"fuser bench times kernels on a Hopper GPU: {why}")
+    from fuser.workloads import MODELS
+    t_start = time.perf_counter()
+    clocks = Clocks(torch.cuda.current_device())
+    ceil = ceilings or measure_ceilings()
+    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, **ceil, clocks_before=clocks.read())
+    log(f"ceilings: bf16 matmul {ceil['matmul_tflops']:.1f} TFLOP/s, copy {ceil['copy_tbps']:.3f} TB/s")
+    results = []
+    for w in workloads:
+        t0 = time.perf_counter()
+        want = set(variants)
+        over = budget_s is not None and t0 - t_start > budget_s
+        if over:
+            want -= {"compile", "compile_graph", "autotune", "autotune_graph"}
+        tune = autotune == "all" or (autotune == "subset" and w.name in MODELS and w.m in AUTOTUNE_SUBSET)
+        sets = _Sets(w)
+        c0 = clocks.read()
+        fns, compile_s, plan, fplan, notes = _variants(w, sets, want, tune, log)
+        if over:
+            notes.append("torch.compile variants skipped: past the time budget")
+        names = list(fns)
+        for f, _ in fns.values():      # warm-up, interleaved
+            f()
+        probe = sum(_median_event_us(f, 1, per) for f, per in fns.values())
+        n = reps or max(5, min(40, int(3e5 / max(probe, 1.0))))
+        samples = {k: [] for k in names}
+        mhz = [c0["sm_mhz"]]
+        for i in range(n):
+            for k in names[i % len(names):] + names[:i % len(names)]:   # each round starts one later
+                f, per = fns[k]
+                samples[k].append(_median_event_us(f, 1, per))
+            mhz.append(clocks.read()["sm_mhz"])
+        c1 = clocks.read()
+        floor, bound = w.floor_us(ceil["matmul_tflops"], ceil["copy_tbps"])
+        seen = [v for v in mhz if v is not None]
+        r = Result(w, floor, bound, {k: statistics.median(v) for k, v in samples.items()}, compile_s,
+                   plan.summary(), plan.fused, fplan.summary(), fplan.predicted_us,
+                   dict(sm_mhz_min=min(seen) if seen else None, sm_mhz_max=max(seen) if seen else None,
+                        reasons=c1["reasons"]), sets.n, n, notes)
+        results.append(r)
+        log(f"{w.label:18s} floor {floor:9.1f} us  " + "  ".join(
+            f"{k} {r.times[k]:.1f}" for k in names) + f"  [{time.perf_counter() - t0:.1f} s]")
+        if on_result:
+            on_result(r)
+        del fns, sets
+        torch.cuda.empty_cache()
+    meta["clocks_after"] = clocks.read()
+    meta["seconds"] = time.perf_counter() - t_start
+    return results, meta
 
-        def weights():
-            turn[0] = (turn[0] + 1) % sets
-            return ws[turn[0]]
 
-        def eager():
-            return fuser.ffn_reference(x, activation=w["activation"], **weights())
+def host_costs(workload=None, calls=300):
+    """Host-side costs of fuser on this machine, for the results table: dict(
+    jit_s: first compile of a fused kernel with an empty kernel cache (NVRTC),
+    cache_load_s: the same compile answered from the disk cache (a new process's first call),
+    module_load_ms: loading that CUBIN onto the GPU (cuModuleLoadData and attributes),
+    call_us: fuser.ffn's host time per call outside graphs (launches queued behind a GPU sleep, so the
+    loop is host time alone), bare_launch_us: the same for a bare _C.ffn_launch of the kernel).
 
-        def fused():
-            return fuser.ffn(x, activation=w["activation"], plan=fplan, **weights())
+    Example:
+        >>> import fuser.bench
+        >>> h = fuser.bench.host_costs()  # doctest: +SKIP
+        >>> h["jit_s"] > h["cache_load_s"]  # doctest: +SKIP
+        True
+    """
+    import os
+    import tempfile
 
-        eager_us, fused_us = time_interleaved([eager, fused], iters)
-        row = Row(name, m, fplan.floor_us, eager_us, fused_us, eager_us / fused_us, fplan.summary(), plan.fused)
-        rows.append(row)
-        if log:
-            log(row)
-    return rows
+    import torch
+
+    import fuser
+    from fuser import _C, runtime
+    w = workload or parse_workload("llama3-8b:16")
+    plan = fuser.plan(w.m, w.d_model, w.d_ff, d_out=w.d_out, gated=w.gated, activation=w.activation, fused=True)
+    old = os.environ.get("FUSER_CACHE_DIR")
+    with tempfile.TemporaryDirectory() as d:
+        os.environ["FUSER_CACHE_DIR"] = d
+        try:
+            t0 = time.perf_counter()
+            k = fuser.compile(plan)
+            t1 = time.perf_counter()
+            fuser.compile(plan)
+            t2 = time.perf_counter()
+        finally:
+            if old is None:
+                del os.environ["FUSER_CACHE_DIR"]
+            else:
+                os.environ["FUSER_CACHE_DIR"] = old
+    dev = torch.cuda.current_device()
+    t3 = time.perf_counter()
+    _C.load_kernel(plan._d, plan.target or "h200", k.cubin, dev)
+    t4 = time.perf_counter()
+    sets = _Sets(w, max_sets=1)
+    s = sets.sets[0]
+    y = torch.empty(w.m, w.d_out, device="cuda", dtype=torch.bfloat16)
+    args = (s["x"], s["w_up"], s["w_down"], s["w_gate"], None, None, None)
+    call = lambda: fuser.ffn(s["x"], s["w_up"], s["w_down"], w_gate=s["w_gate"], activation=w.activation,  # noqa: E731
+                             plan=plan)
+    call()
+    cap = torch._C._to_dlpack_versioned
+    stream = torch.cuda.current_stream().cuda_stream
+    kern = runtime.load(runtime.kernel_for(plan), dev)
+    scratch = runtime._scratch_for(plan, w.m, dev, stream)
+
+    def bare():
+        _C.ffn_launch(kern, *(t if t is None else cap(t) for t in args), w.activation, cap(y), scratch.capsule,
+                      stream)
+    res = {}
+    for name, fn in (("bare_launch_us", bare), ("call_us", call)):
+        fn()
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(7):
+            torch.cuda._sleep(200_000_000)     # ~0.1 s: the loop below only enqueues
+            t = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            ts.append((time.perf_counter() - t) / calls * 1e6)
+            torch.cuda.synchronize()
+        res[name] = statistics.median(ts)
+    return dict(jit_s=t1 - t0, cache_load_s=t2 - t1, module_load_ms=(t4 - t3) * 1e3, **res,
+                workload=w.label)

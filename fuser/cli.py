@@ -9,7 +9,7 @@ Commands:
             FFN shape at a token count
     warmup  compile ahead of time every fused kernel the LLaMA's FFNs could need at some token counts
             (needs NVRTC)
-    bench   time fuser.ffn against PyTorch eager on a few FFN shapes, side by side (needs a Hopper GPU)
+    bench   time fuser against PyTorch eager, CUDA graphs, torch.compile, cuBLAS and the floor (Hopper GPU)
 """
 from __future__ import annotations
 
@@ -183,24 +183,55 @@ def _cmd_warmup(args):
 
 
 def _cmd_bench(args):
-    from fuser.bench import QUICK_SHAPES, bench, hopper_reason
-    from fuser.workloads import MODELS
-    why = hopper_reason()
+    import json
+    import os
+
+    from fuser import bench, bench_report
+    if args.plot:       # redraw tables and plot from a saved CSV: any machine
+        rows = bench_report.read_csv(args.plot)
+        os.makedirs(args.out, exist_ok=True)
+        print(bench_report.markdown(rows))
+        return _bench_plot(bench_report, rows, args.out)
+    why = bench.hopper_reason()
     if why is not None:
         print(f"fuser bench times kernels on a Hopper GPU (sm_90): {why}", file=sys.stderr)
         return 2
-    shapes = QUICK_SHAPES
-    if args.shape:
-        shapes = []
-        for spec in args.shape:
-            name, _, tokens = spec.partition(":")
-            if name not in MODELS or not tokens.isdigit():
-                print(f"--shape: expected NAME:TOKENS with NAME one of {', '.join(MODELS)}, got {spec!r}",
-                      file=sys.stderr)
-                return 2
-            shapes.append((name, int(tokens)))
-    print(f"== fuser.ffn (best fused plan) vs PyTorch eager, bfloat16, median of {args.iters} interleaved calls ==")
-    bench(shapes, args.iters, log=lambda row: print(row, flush=True))
+    try:
+        workloads = [bench.parse_workload(t) for t in args.shape] if args.shape else bench.workload_set(args.set)
+    except ValueError as e:
+        print(f"--shape: {e}", file=sys.stderr)
+        return 2
+    os.makedirs(args.out, exist_ok=True)
+    meta = {}
+    if not args.no_host:
+        meta["host"] = bench.host_costs()
+        h = meta["host"]
+        print(f"host: first-call JIT {h['jit_s']:.2f} s, warm-cache load {h['cache_load_s'] * 1e3:.1f} ms + module "
+              f"load {h['module_load_ms']:.1f} ms; fuser.ffn {h['call_us']:.1f} us per call vs bare launch "
+              f"{h['bare_launch_us']:.1f} us ({h['workload']})", flush=True)
+    rows = []
+
+    def keep(result):     # written as each workload finishes: a run cut short keeps what it measured
+        rows.append(result.row())
+        bench_report.write_csv(rows, os.path.join(args.out, "results.csv"))
+    results, m = bench.run(workloads, autotune=args.autotune, reps=args.reps, budget_s=args.budget_s,
+                           on_result=keep, log=lambda line: print(line, flush=True))
+    meta.update(m)
+    with open(os.path.join(args.out, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=1, default=str)
+    md = bench_report.markdown(rows)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(md)
+    print(md)
+    return _bench_plot(bench_report, rows, args.out)
+
+
+def _bench_plot(bench_report, rows, out):
+    import os
+    try:
+        bench_report.plot(rows, os.path.join(out, "speedup.png"))
+    except ImportError as e:
+        print(str(e), file=sys.stderr)
     return 0
 
 
@@ -256,10 +287,19 @@ def main(argv=None):
     _model_options(p, planned=True)
     p.add_argument("--tokens", default="1,16,128", help="comma-separated token counts (default 1,16,128)")
     p.set_defaults(func=_cmd_warmup)
-    p = sub.add_parser("bench", help="time fuser.ffn against PyTorch eager on a few shapes (Hopper only)")
-    p.add_argument("--iters", type=int, default=30, help="timed calls of each (default 30)")
-    p.add_argument("--shape", action="append", metavar="NAME:TOKENS",
-                   help="a workload (fuser.workloads.MODELS) and token count, repeatable (default: a quick set)")
+    p = sub.add_parser("bench", help="time fuser against eager, CUDA graphs, torch.compile and the floor (Hopper only)")
+    p.add_argument("--set", default="quick", choices=["quick", "paper", "models", "all"],
+                   help="workloads: quick (default), paper (G1-G10, S1-S8), models (x 1..8192 tokens), all")
+    p.add_argument("--shape", action="append", metavar="WORKLOAD",
+                   help="G3, S1[:TOKENS], NAME:TOKENS (a model) or DxF:ACT[-gated]:TOKENS; repeatable (replaces --set)")
+    p.add_argument("--autotune", default="subset", choices=["subset", "all", "none"],
+                   help="where torch.compile max-autotune runs (subset: models at 16, 128, 2048 tokens)")
+    p.add_argument("--reps", type=int, default=None, help="interleaved rounds per workload (default: ~0.3 s of timing)")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="skip torch.compile for workloads starting after this many seconds")
+    p.add_argument("--out", default="bench-out", help="folder for results.csv, results.md, meta.json, speedup.png")
+    p.add_argument("--no-host", action="store_true", help="skip the host-cost measurements (JIT, load, per call)")
+    p.add_argument("--plot", metavar="CSV", help="only redraw results.md-style tables and the plot from a saved CSV")
     p.set_defaults(func=_cmd_bench)
     args = parser.parse_args(argv)
     return args.func(args)

@@ -279,7 +279,7 @@ class FusedFFN(nn.Module):
             >>> f.plan_summary()
             'FFN 8 -> 32 -> 8, plain, activation=relu, dtype=float32, bias=none; plan: float32: unfused (PyTorch eager ops)'
             >>> f.bfloat16().plan_summary()  # doctest: +ELLIPSIS
-            'FFN 8 -> 32 -> 8, ..., dtype=bfloat16, bias=none; plan @128 tokens: unfused (PyTorch eager ops), predicted ... us'
+            'FFN 8 -> 32 -> 8, ..., dtype=bfloat16, bias=none; plan @128 tokens: ..., predicted ... us'
         """
         args = self.plan_args()
         dtype = args["dtype"]

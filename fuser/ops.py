@@ -48,6 +48,8 @@ def _as_torch(obj):
 #: torch's current raw stream of a device (what Inductor's generated code calls): ~0.1 us where
 #: ``torch.cuda.current_stream(d).cuda_stream`` builds a Stream object (~3 us)
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+#: the current device's index without torch.cuda.current_device()'s Python (~3 us on a slow host)
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or (lambda: torch.cuda.current_device())
 _NO_GUARD = contextlib.nullcontext()
 
 
@@ -59,7 +61,7 @@ def _placement(x):
     if isinstance(x, torch.Tensor) and x.is_cuda:
         dev = x.get_device()
         stream = _raw_stream(dev) if _raw_stream is not None else torch.cuda.current_stream(dev).cuda_stream
-        return dev, stream, (_NO_GUARD if dev == torch.cuda.current_device() else torch.cuda.device(dev))
+        return dev, stream, (_NO_GUARD if dev == _current_device() else torch.cuda.device(dev))
     return None, None, _NO_GUARD
 
 
@@ -104,13 +106,14 @@ def disabled():
     return os.environ.get("FUSER_DISABLE", "") not in ("", "0")
 
 
-def run_fused(plan, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out=None, exported=None):
+def run_fused(plan, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out=None, exported=None,
+              placement=None):
     """Launch fused `plan` on torch CUDA tensors and return the output (``out`` when given). The launch
     validates the tensors again in C against the kernel's chain, so a wrong tensor raises instead of
     running; the caller has checked the route (CUDA, 16-bit, no autograd, fused path available).
     ``exported``: the eight objects ``fuser.ffn`` exported for its check (capsules C only borrowed),
-    launched as they are instead of exporting again."""
-    device, stream, guard = _placement(x)
+    launched as they are instead of exporting again; ``placement``: its ``_placement(x)``."""
+    device, stream, guard = placement or _placement(x)
     y = out if out is not None else x.new_empty((*x.shape[:-1], w_down.shape[0]))
     if exported is None:
         objs, _ = _export((x, w_up, w_down, w_gate, b_up, b_gate, b_down, y))
@@ -160,7 +163,8 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
         torch.Size([2, 5, 64])
     """
     args = (x, w_up, w_down, w_gate, b_up, b_gate, b_down, out)
-    _, stream, guard = _placement(x)
+    placement = _placement(x)
+    _, stream, guard = placement
     with guard:
         objs, mask = _export(args)
         chain = _C.ffn_check(*objs[:7], activation=activation, out=objs[7], stream=stream, capsules=mask)
@@ -169,7 +173,8 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
         _check_plan(plan, chain)
     fused = _fused_plan(chain, (x, w_up, w_down, w_gate, b_up, b_gate, b_down), plan)
     if fused is not None:
-        return run_fused(fused, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out, objs)
+        return run_fused(fused, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out, objs,
+                         placement if isinstance(x, torch.Tensor) and x is args[0] else None)
     if out is not None and torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (x, w_up, w_down, w_gate, b_up, b_gate, b_down)):
         raise ValueError("out: out= does not support autograd (an input requires grad); "

@@ -15,3 +15,26 @@ def test_host_overhead_prints_every_variant_with_its_overhead():
     rows = dict(re.findall(r"^  (\S+(?: \S+)?)\s+([\d.]+) us", r.stdout, re.M))
     assert set(rows) >= {"fuser.ffn", "FusedFFN", "torch.ops", "original module"} and len(rows) == 5, r.stdout
     assert r.stdout.count("overhead") == 3
+
+
+def _planner_accuracy():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("planner_accuracy", ROOT / "benchmarks/planner_accuracy.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_planner_accuracy_statistics():
+    pa = _planner_accuracy()
+    assert pa.ranks([3.0, 1.0, 2.0, 2.0]) == [4.0, 1.0, 2.5, 2.5]
+    assert pa.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
+    assert pa.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == -1.0
+    assert abs(pa.spearman([1, 2, 3, 4, 5], [2, 1, 4, 3, 5]) - 0.8) < 1e-12
+
+
+def test_planner_accuracy_compiles_its_candidates_without_a_gpu():
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/planner_accuracy.py"), "--compile-only", "--shape", "G1",
+                        "--k", "3"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("G1 M=128: 3 kernels")

@@ -2,7 +2,7 @@
 to get transformers when it is missing); ``env`` still works; ``explain`` prints the report and the
 planner's explanation per FFN shape; ``warmup`` compiles the model's fused kernels (clean: no spills)
 and says what it needs without NVRTC; ``bench`` refuses clearly without a Hopper GPU. ``fuser.warmup``
-and ``fuser.bench.bench`` are the functions behind them."""
+and ``fuser.bench.run`` are the functions behind them."""
 import os
 import subprocess
 import sys
@@ -119,18 +119,37 @@ def test_bench_needs_hopper():
     r = subprocess.run([sys.executable, "-m", "fuser", "bench"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "fuser bench times kernels on a Hopper GPU (sm_90): " + hopper_reason() in r.stderr
     with pytest.raises(RuntimeError, match="Hopper"):
-        fuser.bench.bench([("gpt2", 16)], iters=1)
+        fuser.bench.run([fuser.bench.parse_workload("gpt2:16")])
 
 
 @pytest.mark.gpu
-def test_bench_on_hopper():
-    r = subprocess.run([sys.executable, "-m", "fuser", "bench", "--shape", "gpt2:128", "--iters", "5"],
-                       capture_output=True, text=True, timeout=300)
+def test_bench_on_hopper(tmp_path):
+    """A small run of the harness: every variant but max-autotune timed for a model and a paper workload,
+    the CSV, tables and plot written, the floor from the rates measured in the same run."""
+    import json
+
+    from fuser import bench_report
+    from fuser.bench import BASELINES, VARIANTS
+    r = subprocess.run([sys.executable, "-m", "fuser", "bench", "--shape", "gpt2:128", "--shape", "G1", "--reps", "5",
+                        "--autotune", "none", "--out", str(tmp_path)], capture_output=True, text=True, timeout=560)
     assert r.returncode == 0, r.stderr
-    assert "gpt2       M=128" in r.stdout and "floor" in r.stdout and "fused " in r.stdout
-    rows = fuser.bench.bench([("gpt2", 16)], iters=5)
-    assert len(rows) == 1 and rows[0].fused_us > 0 and rows[0].ratio == rows[0].eager_us / rows[0].fused_us
-    assert rows[0].floor_us == fuser.plan(16, 768, 3072, activation="gelu", fused=True).floor_us
+    rows = bench_report.read_csv(tmp_path / "results.csv")
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert [(x["workload"], x["m"]) for x in rows] == [("gpt2", 128), ("G1", 128)]
+    for x in rows:
+        for v in VARIANTS:
+            assert (x[f"{v}_us"] is None) == v.startswith("autotune"), (v, x)
+        assert x["compile_compile_s"] > 0 and x["sm_mhz_max"] > 0
+        w = fuser.bench.Workload(x["workload"], x["m"], x["d_model"], x["d_ff"], x["d_out"], x["gated"], x["activation"])
+        assert abs(x["floor_us"] - w.floor_us(meta["matmul_tflops"], meta["copy_tbps"])[0]) < 0.01
+        assert abs(x["speedup_vs_eager_graph"] - x["eager_graph_us"] / x["fuser_graph_us"]) < 0.01
+    assert 300 < meta["matmul_tflops"] < 1200 and 2 < meta["copy_tbps"] < 6
+    assert meta["host"]["jit_s"] > meta["host"]["cache_load_s"] and meta["host"]["call_us"] > 0
+    assert "| gpt2 | 128 |" in (tmp_path / "results.md").read_text()
+    import importlib.util
+    if importlib.util.find_spec("matplotlib"):      # the plot is optional; CPU tests draw it from a CSV
+        assert (tmp_path / "speedup.png").read_bytes()[:4] == b"\x89PNG"
+    assert set(BASELINES) < set(VARIANTS)
 
 
 def test_demo_says_why_transformers_cannot_be_imported(monkeypatch):

@@ -1,0 +1,135 @@
+"""How well the planner's cost model ranks fused plans (issue #6): for each shape, the K best fused
+candidates by predicted time (K = 64, the search's most; every one compiled and run) are timed on the
+GPU, interleaved, each in a CUDA graph over rotated inputs (CUDA events, medians). Reported per shape:
+the Spearman rank correlation between predicted and measured time, the regret of the planner's pick
+(its measured time over the best measured), the median measured / predicted ratio (what
+``fused_time_scale`` in the target table stands for), and PyTorch eager in a graph for scale.
+
+    python benchmarks/planner_accuracy.py [--shape llama3-8b:16 ...] [--k 64] [--reps 10] [--csv out.csv]
+
+Compile the candidates ahead of time (no GPU needed) with ``--compile-only``; the kernel cache then
+serves the GPU run.
+"""
+import argparse
+import csv
+import statistics
+import sys
+import time
+
+import fuser
+from fuser.bench import _graphed, _median_event_us, _Sets, hopper_reason, parse_workload
+
+SHAPES = ("gpt2:16", "gpt2:2048", "G9", "S8", "llama3-8b:16", "llama3-8b:512")
+
+
+def ranks(values):
+    """Ranks 1..n, ties sharing their mean rank."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    r = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            r[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return r
+
+
+def spearman(a, b):
+    """Spearman's rank correlation of two equal-length sequences (Pearson's on their ranks)."""
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
+    return cov / var if var else float("nan")
+
+
+def candidates(w, k):
+    return fuser.plans(w.m, w.d_model, w.d_ff, d_out=w.d_out, gated=w.gated, activation=w.activation,
+                       fused=True, k=k)
+
+
+def measure(w, plans, reps):
+    """Median microseconds per call of each plan (graphed), and of eager in a graph."""
+    import torch
+    sets = _Sets(w)
+
+    def call(p):
+        def f():
+            s = sets.turn()
+            return fuser.ffn(s["x"], s["w_up"], s["w_down"], w_gate=s["w_gate"], activation=w.activation, plan=p)
+        return f
+
+    def eager():
+        s = sets.turn()
+        return fuser.ffn_reference(s["x"], s["w_up"], s["w_down"], w_gate=s["w_gate"], activation=w.activation)
+    per = 1 if w.m >= 512 else 4
+    fns = []
+    for p in plans:
+        try:
+            fns.append(_graphed(call(p), per))
+        except Exception as e:  # noqa: BLE001 (reported: a candidate the planner offers must run)
+            print(f"  {w.label}: candidate failed to run: {p.summary()}: {type(e).__name__}: {e}", flush=True)
+            fns.append(None)
+    fns.append(_graphed(eager, per))
+    samples = [[] for _ in fns]
+    for _ in range(reps):
+        for i, fp in enumerate(fns):
+            if fp is not None:
+                samples[i].append(_median_event_us(fp[0], 1, fp[1]))
+    del fns, sets
+    torch.cuda.empty_cache()
+    med = [statistics.median(s) if s else None for s in samples]
+    return med[:-1], med[-1]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", action="append", help="workloads as for `python -m fuser bench --shape`")
+    ap.add_argument("--k", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--csv", default=None, help="write every candidate's prediction and measurement here")
+    ap.add_argument("--compile-only", action="store_true", help="only compile the candidates (no GPU needed)")
+    a = ap.parse_args(argv)
+    workloads = [parse_workload(s) for s in (a.shape or SHAPES)]
+    if a.compile_only:
+        for w in workloads:
+            t = time.perf_counter()
+            ks = [fuser.compile(p) for p in candidates(w, a.k)]
+            print(f"{w.label}: {len(ks)} kernels, {sum(not k.cache_hit for k in ks)} compiled, "
+                  f"{time.perf_counter() - t:.1f} s", flush=True)
+        return 0
+    why = hopper_reason()
+    if why is not None:
+        print(f"planner_accuracy times kernels on a Hopper GPU: {why}", file=sys.stderr)
+        return 2
+    rows = []
+    print("| shape | candidates | Spearman | regret of the pick | measured / predicted (median) | best measured "
+          "us | pick us | eager graph us | best plan |\n|---|---|---|---|---|---|---|---|---|")
+    for w in workloads:
+        ps = candidates(w, a.k)
+        measured, eager = measure(w, ps, a.reps)
+        ran = [i for i, m in enumerate(measured) if m is not None]
+        ps, measured = [ps[i] for i in ran], [measured[i] for i in ran]
+        pred = [p.predicted_us for p in ps]
+        best = min(range(len(ps)), key=measured.__getitem__)
+        ratio = statistics.median(m / p for m, p in zip(measured, pred))
+        print(f"| {w.label} | {len(ps)} | {spearman(pred, measured):.2f} | {measured[0] / measured[best]:.2f}x | "
+              f"{ratio:.2f} | {measured[best]:.1f} | {measured[0]:.1f} | {eager:.1f} | {ps[best].summary()} |",
+              flush=True)
+        for i, (p, m) in enumerate(zip(ps, measured)):
+            rows.append(dict(shape=w.label, rank_predicted=i, predicted_us=round(p.predicted_us, 2),
+                             measured_us=round(m, 2), eager_graph_us=round(eager, 2), plan=p.summary(),
+                             **{f"cost_{k}": round(v, 3) for k, v in p.breakdown.items()}))
+    if a.csv:
+        with open(a.csv, "w", newline="") as f:
+            wr = csv.DictWriter(f, fieldnames=list(rows[0]))
+            wr.writeheader()
+            wr.writerows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

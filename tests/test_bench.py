@@ -1,0 +1,103 @@
+"""The benchmark harness's CPU-checkable parts: workload parsing and sets, the floor, the row a result
+becomes (speedups like with like), and the report (CSV round trip, Markdown tables, headline, PNG plot)
+drawn from a results CSV. The timing itself runs on the GPU (tests/test_cli.py::test_bench_on_hopper)."""
+import math
+
+import pytest
+
+from fuser import bench, bench_report
+from fuser.bench import BASELINES, VARIANTS, Result, Workload, parse_workload, workload_set
+
+
+def test_parse_workload_forms():
+    assert parse_workload("G3") == Workload("G3", 128, 416, 512, 256, False, "relu")
+    assert parse_workload("S1:512") == Workload("S1", 512, 3072, 8192, 3072, True, "silu")
+    assert parse_workload("gpt3-6.7b:1") == Workload("gpt3-6.7b", 1, 4096, 16384, 4096, False, "gelu")
+    assert parse_workload("1024x2816:silu-gated:8") == Workload("custom", 8, 1024, 2816, 1024, True, "silu")
+    for bad in ("G11", "llama3-8b", "llama3-8b:x", "1024x2816:swish:8", "1024x:relu:8", "gpt2:16:3"):
+        with pytest.raises(ValueError, match="expected a paper workload"):
+            parse_workload(bad)
+
+
+def test_workload_sets_hold_the_issue_list():
+    paper = workload_set("paper")
+    assert [w.name for w in paper] == [f"G{i}" for i in range(1, 11)] + [f"S{i}" for i in range(1, 9)]
+    assert all(w.m == 128 for w in paper)
+    models = workload_set("models")
+    assert {w.name for w in models} == {"gpt2", "llama2-7b", "llama3-8b", "llama-70b", "gpt3-6.7b"}
+    assert sorted({w.m for w in models}) == [1, 16, 128, 512, 2048, 8192]
+    with pytest.raises(ValueError, match="paper, models, all or quick"):
+        workload_set("everything")
+
+
+def test_floor_matches_the_baselines_doc():
+    """h200-baselines.md: LLaMA-3-8B at 16 tokens, 82.5 us memory-bound at 4.275 TB/s; at 8192 tokens
+    3758.7 us compute-bound at 767.9 TFLOP/s."""
+    w = parse_workload("llama3-8b:16")
+    assert w.flops == 2 * 16 * 14336 * 4096 * 3
+    us, bound = w.floor_us(767.9, 4.275)
+    assert bound == "M" and us == pytest.approx(82.5, abs=0.1)
+    us, bound = parse_workload("llama3-8b:8192").floor_us(767.9, 4.275)
+    assert bound == "C" and us == pytest.approx(3758.7, abs=0.5)
+
+
+def fake_result(w, eager=100.0, fuser=80.0, **extra):
+    times = {v: eager * (1 + 0.01 * i) for i, v in enumerate(BASELINES)}
+    times.update(fuser=fuser, fuser_graph=fuser * 0.9, fused_graph=fuser * 0.8, autotune=None, autotune_graph=None, **extra)
+    times = {k: v for k, v in times.items() if v is not None}
+    floor, bound = w.floor_us(800.0, 4.0)
+    return Result(w, floor, bound, times, {"compile": 4.2}, "fused x: 1 us", True, "fused x: 1 us", 12.5,
+                  dict(sm_mhz_min=1500, sm_mhz_max=1980, reasons=4), 3, 20)
+
+
+def test_result_row_compares_like_with_like():
+    w = parse_workload("gpt2:128")
+    r = fake_result(w).row()
+    t = fake_result(w).times
+    assert r["speedup_vs_eager"] == pytest.approx(t["eager"] / t["fuser"], abs=1e-3)
+    assert r["speedup_vs_eager_graph"] == pytest.approx(t["eager_graph"] / t["fuser_graph"], abs=1e-3)
+    assert r["autotune_us"] is None and r["speedup_vs_autotune"] is None
+    assert r["fuser_tflops"] == pytest.approx(w.flops / (t["fuser_graph"] * 1e6), abs=0.1)
+    assert r["eager_x_floor"] == pytest.approx(t["eager"] / w.floor_us(800.0, 4.0)[0], abs=1e-3)
+    assert r["compile_compile_s"] == 4.2 and r["autotune_compile_s"] is None
+    assert set(VARIANTS) <= {k[:-3] for k in r if k.endswith("_us")}
+
+
+def test_report_from_a_csv(tmp_path):
+    rows = [fake_result(parse_workload(s), eager=100 + i, fuser=90 - i).row()
+            for i, s in enumerate(["G1", "S8", "gpt2:1", "gpt2:128", "llama3-8b:16"])]
+    bench_report.write_csv(rows, tmp_path / "r.csv")
+    back = bench_report.read_csv(tmp_path / "r.csv")
+    assert len(back) == 5 and back[3]["m"] == 128 and back[3]["gated"] is False
+    assert all(math.isclose(a["fuser_us"], b["fuser_us"]) for a, b in zip(rows, back))
+    md = bench_report.markdown(back)
+    assert md.count("\n### ") == 3          # the paper's, gpt2, llama3-8b
+    assert "| G1 | 128 |" in md and "| gpt2 | 1 |" in md and "[4 s]" in md and "max-autotune" not in md
+    head = bench_report.headline(back)
+    assert head.count("\n") == 2 + 5 and "eager graph" in head
+    pytest.importorskip("matplotlib", reason="the plot needs matplotlib (the test extra installs it)")
+    bench_report.plot(back, tmp_path / "s.png")
+    assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_redraws_from_a_csv(tmp_path):
+    from fuser.cli import main
+    rows = [fake_result(parse_workload("llama3-8b:16")).row()]
+    bench_report.write_csv(rows, tmp_path / "r.csv")
+    assert main(["bench", "--plot", str(tmp_path / "r.csv"), "--out", str(tmp_path / "o")]) == 0
+
+
+def test_clocks_reader_degrades_without_nvml():
+    c = bench.Clocks()
+    r = c.read()
+    assert set(r) == {"sm_mhz", "reasons", "watts"}
+
+
+def test_compare_two_runs_counts_only_shapes_above_the_threshold():
+    big = fake_result(parse_workload("llama3-8b:16"), eager=400, fuser=300).row()
+    small = fake_result(parse_workload("G1"), eager=20, fuser=10).row()
+    other = dict(big, speedup_vs_eager_graph=big["speedup_vs_eager_graph"] * 1.08)
+    rows, summary = bench_report.compare([big, small], [other, small])
+    assert {r[0] for r in rows} == {"llama3-8b"}
+    assert summary["n"] == len(rows) == sum(big[f"speedup_vs_{b}"] is not None for b in BASELINES)
+    assert summary["over_5pct"] == 1 and summary["max"] == pytest.approx(1 - 1 / 1.08, abs=1e-3)
