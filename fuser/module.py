@@ -191,7 +191,7 @@ class FusedFFN(nn.Module):
         if torch.compiler.is_compiling() or torch.jit.is_tracing() or not isinstance(x, torch.Tensor):
             return None
         up = w["up"]
-        return (tuple(x.shape), x.dtype, x.device, x.is_contiguous(), up.dtype, up.device)
+        return (x.shape, x.dtype, x.device, x.is_contiguous(), up.dtype, up.device)
 
     def _remember_route(self, key, x):
         """After a call the op validated: remember its route for this input shape (``fuser.ops.route``):
