@@ -38,3 +38,22 @@ def test_planner_accuracy_compiles_its_candidates_without_a_gpu():
                         "--k", "3"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("G1 M=128: 3 kernels")
+
+
+def test_e2e_runs_the_tiny_model_and_checks_its_logits(capsys):
+    """benchmarks/e2e.py end to end on this machine (the tiny configuration, eager, CPU timer without a
+    GPU): prefill and decode rows, both models' logits compared, the FFN share between 0 and 1."""
+    import importlib.util
+
+    import models  # noqa: F401  (makes transformers importable beside CI's CPU torch)
+    spec = importlib.util.spec_from_file_location("e2e", ROOT / "benchmarks/e2e.py")
+    e2e = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(e2e)
+    assert e2e.main(["--tiny", "--iters", "3", "--decode", "1,2"]) == 0
+    out = capsys.readouterr().out
+    assert "fuser: 2 FFN(s) swapped" in out
+    rows = [line for line in out.splitlines() if line.startswith("| prefill") or line.startswith("| decode")]
+    assert [r.split(" | ")[1] for r in rows] == ["1 x 16", "2 x 16", "1 x 1", "2 x 1"]
+    for r in rows:
+        share = float(r.split(" | ")[-2].rstrip("%")) / 100
+        assert 0 <= share <= 1
