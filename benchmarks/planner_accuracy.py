@@ -17,7 +17,8 @@ import sys
 import time
 
 import fuser
-from fuser.bench import _graphed, _median_event_us, _Sets, hopper_reason, parse_workload
+from fuser.bench import hopper_reason, parse_workload
+from fuser.calibrate import time_plans
 
 SHAPES = ("gpt2:16", "gpt2:2048", "G9", "S8", "llama3-8b:16", "llama3-8b:512")
 
@@ -52,37 +53,10 @@ def candidates(w, k):
 
 
 def measure(w, plans, reps):
-    """Median microseconds per call of each plan (graphed), and of eager in a graph."""
-    import torch
-    sets = _Sets(w)
-
-    def call(p):
-        def f():
-            s = sets.turn()
-            return fuser.ffn(s["x"], s["w_up"], s["w_down"], w_gate=s["w_gate"], activation=w.activation, plan=p)
-        return f
-
-    def eager():
-        s = sets.turn()
-        return fuser.ffn_reference(s["x"], s["w_up"], s["w_down"], w_gate=s["w_gate"], activation=w.activation)
-    per = 1 if w.m >= 512 else 4
-    fns = []
-    for p in plans:
-        try:
-            fns.append(_graphed(call(p), per))
-        except Exception as e:  # noqa: BLE001 (reported: a candidate the planner offers must run)
-            print(f"  {w.label}: candidate failed to run: {p.summary()}: {type(e).__name__}: {e}", flush=True)
-            fns.append(None)
-    fns.append(_graphed(eager, per))
-    samples = [[] for _ in fns]
-    for _ in range(reps):
-        for i, fp in enumerate(fns):
-            if fp is not None:
-                samples[i].append(_median_event_us(fp[0], 1, fp[1]))
-    del fns, sets
-    torch.cuda.empty_cache()
-    med = [statistics.median(s) if s else None for s in samples]
-    return med[:-1], med[-1]
+    """Median microseconds per call of each plan (graphed; None where one failed), and of eager in a graph."""
+    unfused = fuser.plan(w.m, w.d_model, w.d_ff, d_out=w.d_out, gated=w.gated, activation=w.activation, fused=False)
+    t = time_plans(w, list(plans) + [unfused], reps)
+    return t[:-1], t[-1]
 
 
 def main(argv=None):

@@ -30,10 +30,11 @@ from fuser import custom_op  # noqa: E402,F401  (registers torch.ops.fuser.ffn)
 from fuser.module import FusedFFN
 from fuser.optimize import Report, optimize, report, revert
 from fuser.warm import warmup
-from fuser import bench, svg, warm  # noqa: E402  (fuser.svg.plan_svg, fuser.bench.bench, fuser.warm.ffn_shapes)
+from fuser.tuning import tune
+from fuser import bench, calibrate, svg, tuning, warm  # noqa: E402,F811  (fuser.svg.plan_svg, fuser.bench.run, ...)
 
 __all__ = [
     "ffn", "ffn_reference", "env", "Env", "ACTIVATIONS", "plan", "plans", "Plan", "simulate", "DATAFLOWS", "jit", "compile", "Kernel",
-    "optimize", "report", "revert", "Report", "FusedFFN", "warmup",
+    "optimize", "report", "revert", "Report", "FusedFFN", "warmup", "tune",
     "FuserError", "CudaError", "CompileError", "CacheError", "UnsupportedError",
 ]

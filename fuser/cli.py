@@ -10,6 +10,7 @@ Commands:
     warmup  compile ahead of time every fused kernel the LLaMA's FFNs could need at some token counts
             (needs NVRTC)
     bench   time fuser against PyTorch eager, CUDA graphs, torch.compile, cuBLAS and the floor (Hopper GPU)
+    calibrate  measure this GPU's cost-model constants and store them where the planner picks them up
 """
 from __future__ import annotations
 
@@ -235,6 +236,18 @@ def _bench_plot(bench_report, rows, out):
     return 0
 
 
+def _cmd_calibrate(args):
+    from fuser import calibrate
+    from fuser.bench import hopper_reason
+    why = hopper_reason()
+    if why is not None:
+        print(f"fuser calibrate measures a Hopper GPU (sm_90): {why}", file=sys.stderr)
+        return 2
+    record, path = calibrate.calibrate(log=lambda line: print(line, flush=True), k=args.k, reps=args.reps)
+    print("stored " + path + ": " + ", ".join(f"{k} {v:.4g}" for k, v in record["fields"].items()))
+    return 0
+
+
 def _model_options(p, planned=False):
     """The LLaMA options of demo, explain and warmup; `planned` adds the planner's dtype and target (the
     model is built on the CPU in that dtype, bfloat16 by default: float32 FFNs never fuse)."""
@@ -301,6 +314,10 @@ def main(argv=None):
     p.add_argument("--no-host", action="store_true", help="skip the host-cost measurements (JIT, load, per call)")
     p.add_argument("--plot", metavar="CSV", help="only redraw results.md-style tables and the plot from a saved CSV")
     p.set_defaults(func=_cmd_bench)
+    p = sub.add_parser("calibrate", help="measure this GPU's cost-model constants and store them for the planner")
+    p.add_argument("--k", type=int, default=8, help="fused candidates timed per shape (default 8)")
+    p.add_argument("--reps", type=int, default=10)
+    p.set_defaults(func=_cmd_calibrate)
     args = parser.parse_args(argv)
     return args.func(args)
 

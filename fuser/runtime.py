@@ -1,6 +1,6 @@
 """Running fused plans: ``fuser.compile`` (plan -> CUBIN through NVRTC and the disk cache, no GPU
 needed), loading onto a device, the per-stream scratch buffer (inter-cluster workspace and its tickets),
-the plan cache, and the fused branch of ``fuser.ffn``. Nothing here synchronises the device."""
+the plan cache (consulting ``fuser.tune``'s stored winners first), and the fused branch of ``fuser.ffn``. Nothing here synchronises the device."""
 from __future__ import annotations
 
 import collections
@@ -163,14 +163,24 @@ def _scratch_fitting(tickets, ws, device, stream):
     return buf
 
 
+_gpu = {}                          # device -> (GPU name, SM count)
+
+
 def fused_available(device):
     """(True, "") when fused kernels can run on CUDA device `device`, else (False, why)."""
     r = _env_ok.get(device)
     if r is None:
         from fuser._env import env
         e = env(device)
+        _gpu[device] = (e.gpu_name, e.sm_count)
         r = _env_ok[device] = (e.fused_available, e.why)
     return r
+
+
+def forget_plans():
+    """Drop the plans cached in this process (after a calibration or tuning changed what is best)."""
+    with _lock:
+        _plans.clear()
 
 
 def plan_for(chain, device):
@@ -182,12 +192,16 @@ def plan_for(chain, device):
         if p is not None:
             _plans.move_to_end(key)
             return p
+    from fuser import tuning
     from fuser.planner import Plan, default_target
-    with torch.cuda.device(device):
-        target = default_target()
-    raw, stats = _C.search({k: chain[k] for k in ("m", "d_model", "d_ff", "d_out", "gated", "activation", "bias_up",
-                                                  "bias_gate", "bias_down", "dtype")}, target, k=1)
-    p = Plan(raw[0], stats)
+    fused_available(device)
+    p = tuning.lookup(chain, *_gpu[device]) if _gpu.get(device, ("",))[0] else None   # fuser.tune's winner
+    if p is None:
+        with torch.cuda.device(device):
+            target = default_target()
+        raw, stats = _C.search({k: chain[k] for k in ("m", "d_model", "d_ff", "d_out", "gated", "activation",
+                                                      "bias_up", "bias_gate", "bias_down", "dtype")}, target, k=1)
+        p = Plan(raw[0], stats)
     with _lock:
         _plans[key] = p
         while len(_plans) > _PLAN_CACHE_SIZE:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fuser
-from fuser import _C
+from fuser import _C, runtime
 from conftest import rel_error
 
 pytestmark = pytest.mark.gpu
@@ -89,3 +89,34 @@ def test_compiled_kernel_matches_the_loaded_function():
     info = _C.kernel_info(runtime.load(k, torch.cuda.current_device()))
     assert info["registers"] == k.registers and info["local_bytes"] == 0
     assert info["dynamic_shared_bytes"] == p.derived["smem_bytes"] and info["max_active_clusters"] > 0
+
+
+def test_calibrate_and_tune_on_the_gpu(tmp_path, monkeypatch):
+    """python -m fuser calibrate's measurements land in sane ranges and feed the planner's target;
+    fuser.tune stores the fastest candidate and fuser.ffn then runs it, correctly."""
+    from fuser import calibrate, planner, tuning
+    monkeypatch.setenv("FUSER_CACHE_DIR", str(tmp_path))
+    calibrate.forget()
+    tuning.forget()
+    runtime.forget_plans()
+    try:
+        record, path = calibrate.calibrate(log=lambda line: None, k=2, reps=3)
+        f = record["fields"]
+        assert 3000 < f["hbm_gbs"] < 6000 and 400 < f["mma_tflops"] < 1200 and 0.3 < f["small_gemm_eff"] <= 1
+        assert 0.3 < f["launch_us"] < 10 and 0.2 < f["fused_time_scale"] < 30
+        t = planner.default_target()
+        assert all(t[k] == f[k] for k in calibrate.MEASURED)
+        r = fuser.tune(16, 768, 3072, activation="gelu", k=3, reps=3)
+        assert all(m is not None for _, _, m in r.timings)
+        chain = r.best.chain
+        assert runtime.plan_for(chain, torch.cuda.current_device()) == r.best
+        x = torch.randn(16, 768, device="cuda").bfloat16()
+        w1 = torch.randn(3072, 768, device="cuda").bfloat16() * 768 ** -0.5
+        w2 = torch.randn(768, 3072, device="cuda").bfloat16() * 3072 ** -0.5
+        ref = fuser.ffn_reference(x, w1, w2, activation="gelu", compute_dtype=torch.float64)
+        eager = fuser.ffn_reference(x, w1, w2, activation="gelu")
+        assert rel_error(fuser.ffn(x, w1, w2, activation="gelu"), ref) <= 2 * rel_error(eager, ref) + 1e-3
+    finally:
+        calibrate.forget()
+        tuning.forget()
+        runtime.forget_plans()
