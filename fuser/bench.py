@@ -19,6 +19,8 @@ Variants (``VARIANTS``; "graph": L calls captured in one CUDA graph, timed per r
   cublas_graph     the GEMMs alone (x @ W1 with gate and up merged, p @ W2): the unfused lower bound
   fuser            fuser.ffn as a user calls it (the planner's choice: fused kernel or PyTorch eager)
   fuser_graph      that, in a CUDA graph
+  fusedffn         the same FFN as the module ``fuser.optimize`` swaps in (``FusedFFN``), called per
+                   call: it remembers each input shape's route, so an eager route costs no validation
   fused_graph      the best fused plan, forced, in a CUDA graph: fuser's kernel itself
 
 Speedups compare like with like: ``fuser`` against the per-call baselines, ``fuser_graph`` against the
@@ -37,7 +39,7 @@ __all__ = ["VARIANTS", "BASELINES", "Workload", "Result", "hopper_reason", "pars
            "measure_ceilings", "run", "host_costs", "Clocks"]
 
 VARIANTS = ("eager", "eager_graph", "compile", "compile_graph", "autotune", "autotune_graph", "cublas_graph",
-            "fuser", "fuser_graph", "fused_graph")
+            "fuser", "fuser_graph", "fused_graph", "fusedffn")
 BASELINES = VARIANTS[:7]
 #: Token counts of the model sweep (issue #6).
 BENCH_TOKENS = (1, 16, 128, 512, 2048, 8192)
@@ -301,6 +303,25 @@ def _eager_fn(activation):
     return ffn
 
 
+def _module_of(w, s):
+    """A ``FusedFFN`` over one set's tensors (no copy): a gate/up linear holding [gate; up] and a down
+    linear, as fuser.optimize would leave a gated or plain FFN."""
+    import torch
+    from torch import nn
+
+    from fuser.module import FusedFFN
+    from fuser.recognize import FFNSpec, WeightRef
+    gu, down = nn.Linear(1, 1, bias=False), nn.Linear(1, 1, bias=False)
+    gu.weight = nn.Parameter(s["w_gu"], requires_grad=False)
+    down.weight = nn.Parameter(s["w_down"], requires_grad=False)
+    f = w.d_ff
+    up = WeightRef("gate_up", "weight", (f, 2 * f) if w.gated else None)
+    gate = WeightRef("gate_up", "weight", (0, f)) if w.gated else None
+    spec = FFNSpec("bench", w.activation, w.d_model, f, w.d_out, up, WeightRef("down", "weight"), gate)
+    with torch.no_grad():
+        return FusedFFN(spec, {"gate_up": gu, "down": down}).eval()
+
+
 def _graphed(fn, calls):
     """(a replay function, calls per replay): `calls` calls of fn captured in one CUDA graph after a
     warm-up on a side stream."""
@@ -366,6 +387,13 @@ def _variants(w, sets, want, autotune, log):
         return call
 
     fns["fuser"] = user()
+    if "fusedffn" in want:
+        mods = [_module_of(w, s) for s in sets.sets]
+
+        def module():
+            sets.turn()
+            return mods[sets.i](sets.sets[sets.i]["x"])
+        fns["fusedffn"] = module
     graph_of = {"eager_graph": fns["eager"], "compile_graph": fns.get("compile"),
                 "autotune_graph": fns.get("autotune"), "cublas_graph": cublas, "fuser_graph": fns["fuser"],
                 "fused_graph": user(fplan)}
@@ -392,7 +420,7 @@ def run(workloads, *, variants=VARIANTS, autotune="subset", reps=None, log=print
         on_result=None, budget_s=None):
     """Time every workload; returns (results, meta). ``autotune``: "subset" (models at
     ``AUTOTUNE_SUBSET`` tokens), "all" or "none". ``reps``: rounds per workload (default: enough for
-    ~0.3 s of timing, 5 to 40). ``on_result(result)`` is called as each workload finishes (write it out:
+    ~0.4 s of timing, 15 to 60). ``on_result(result)`` is called as each workload finishes (write it out:
     a run cut short keeps what it measured). With ``budget_s``, workloads that start after that many
     seconds skip the torch.compile variants (noted in the result).
 
@@ -429,7 +457,8 @@ def run(workloads, *, variants=VARIANTS, autotune="subset", reps=None, log=print
         for f, _ in fns.values():      # warm-up, interleaved
             f()
         probe = sum(_median_event_us(f, 1, per) for f, per in fns.values())
-        n = reps or max(5, min(40, int(3e5 / max(probe, 1.0))))
+        # at least 15 rounds: per-call times move with the host, and medians of fewer moved by >5% run to run
+        n = reps or max(15, min(60, int(4e5 / max(probe, 1.0))))
         samples = {k: [] for k in names}
         mhz = [c0["sm_mhz"]]
         for i in range(n):

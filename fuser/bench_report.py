@@ -12,7 +12,8 @@ from fuser.bench import BASELINES, VARIANTS
 #: Column titles of the Markdown tables.
 TITLES = {"eager": "eager", "eager_graph": "eager graph", "compile": "compile", "compile_graph": "compile graph",
           "autotune": "max-autotune", "autotune_graph": "max-autotune graph", "cublas_graph": "cuBLAS GEMMs graph",
-          "fuser": "fuser", "fuser_graph": "fuser graph", "fused_graph": "fused kernel graph"}
+          "fuser": "fuser", "fuser_graph": "fuser graph", "fused_graph": "fused kernel graph",
+          "fusedffn": "FusedFFN"}
 
 
 def write_csv(rows, path):

@@ -101,3 +101,22 @@ def test_compare_two_runs_counts_only_shapes_above_the_threshold():
     assert {r[0] for r in rows} == {"llama3-8b"}
     assert summary["n"] == len(rows) == sum(big[f"speedup_vs_{b}"] is not None for b in BASELINES)
     assert summary["over_5pct"] == 1 and summary["max"] == pytest.approx(1 - 1 / 1.08, abs=1e-3)
+
+
+@pytest.mark.parametrize("text", ["G3:4", "S8:4"])
+def test_fusedffn_variant_computes_the_workloads_ffn(text):
+    """The harness's FusedFFN variant wraps one weight set's tensors (no copy) as optimize() would."""
+    import torch
+
+    import fuser
+    w = parse_workload(text)
+    n = w.d_ff * (2 if w.gated else 1)
+    s = {"w_gu": torch.randn(n, w.d_model) * w.d_model ** -0.5, "w_down": torch.randn(w.d_out, w.d_ff) * w.d_ff ** -0.5}
+    m = bench._module_of(w, s)
+    wts = m.weights()
+    assert wts["up"].data_ptr() == s["w_gu"][n - w.d_ff:].data_ptr() and wts["down"].data_ptr() == s["w_down"].data_ptr()
+    x = torch.randn(w.m, w.d_model)
+    gate, up = (s["w_gu"][:w.d_ff], s["w_gu"][w.d_ff:]) if w.gated else (None, s["w_gu"])
+    ref = fuser.ffn_reference(x, up, s["w_down"], w_gate=gate, activation=w.activation)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), ref)
