@@ -18,7 +18,7 @@ import time
 
 import fuser
 from fuser.bench import hopper_reason, parse_workload
-from fuser.calibrate import time_plans
+from fuser.calibrate import TERMS, fit_term_scales, time_plans, unscaled_terms
 
 SHAPES = ("gpt2:16", "gpt2:2048", "G9", "S8", "llama3-8b:16", "llama3-8b:512")
 
@@ -59,6 +59,18 @@ def measure(w, plans, reps):
     return t[:-1], t[-1]
 
 
+def samples_from_csv(path, scale_used=None):
+    """The (shape, measured us, launch us, unscaled terms) samples of a CSV this script wrote: from its
+    model_* columns, or from cost_* / scale_used for a CSV written before those existed."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if rows and "model_compute" not in rows[0] and scale_used is None:
+        raise SystemExit(f"{path}: no model_* columns; give --scale-used (the fused_time_scale of that run)")
+    return [(r["shape"], float(r["measured_us"]), float(r["cost_launch"]),
+             {k: float(r[f"model_{k}"]) if "model_compute" in r else float(r[f"cost_{k}"]) / scale_used for k in TERMS})
+            for r in rows]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", action="append", help="workloads as for `python -m fuser bench --shape`")
@@ -66,7 +78,18 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--csv", default=None, help="write every candidate's prediction and measurement here")
     ap.add_argument("--compile-only", action="store_true", help="only compile the candidates (no GPU needed)")
+    ap.add_argument("--fit", metavar="CSV", help="only fit the cost model's calibration to a CSV this script wrote")
+    ap.add_argument("--scale-used", type=float, default=None,
+                    help="with --fit on a CSV without model_* columns: the uniform fused_time_scale its cost_* "
+                         "columns were computed with (4.1 for results/2026-11-29-h200-planner.csv)")
     a = ap.parse_args(argv)
+    if a.fit:
+        fit = fit_term_scales(samples_from_csv(a.fit, a.scale_used))
+        print(f"fused_time_scale {fit['fused_time_scale']:.3f}; leave-one-shape-out log error: uniform "
+              f"{fit['loso_uniform']:.3f}, per-term {fit['loso_terms']:.3f}; factors "
+              f"{'adopted' if fit['adopted'] else 'not adopted'}: "
+              + ", ".join(f"fused_scale_{k} {v:.3f}" for k, v in fit["factors"].items()))
+        return 0
     workloads = [parse_workload(s) for s in (a.shape or SHAPES)]
     if a.compile_only:
         for w in workloads:
@@ -96,7 +119,8 @@ def main(argv=None):
         for i, (p, m) in enumerate(zip(ps, measured)):
             rows.append(dict(shape=w.label, rank_predicted=i, predicted_us=round(p.predicted_us, 2),
                              measured_us=round(m, 2), eager_graph_us=round(eager, 2), plan=p.summary(),
-                             **{f"cost_{k}": round(v, 3) for k, v in p.breakdown.items()}))
+                             **{f"cost_{k}": round(v, 3) for k, v in p.breakdown.items()},
+                             **{f"model_{k}": round(v, 4) for k, v in unscaled_terms(p).items()}))
     if a.csv:
         with open(a.csv, "w", newline="") as f:
             wr = csv.DictWriter(f, fieldnames=list(rows[0]))

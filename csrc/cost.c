@@ -186,10 +186,15 @@ void fuser_plan_cost(fuser_plan *p, const fuser_target *t)
     if (p->grid_n > 1)
         k->tail += (double)p->grid_n * p->bm * p->sw * 4 * p->lc / (t->sm_load_gbs * 1e9) * 1e6;
     k->launch = t->launch_us;
-    /* calibration: every fused term scaled by the measured fused/model ratio (target.c) */
-    double *terms[] = {&k->compute, &k->hbm, &k->l2, &k->dsm, &k->smem, &k->sync, &k->tail};
-    for (size_t i = 0; i < sizeof terms / sizeof terms[0]; i++)
-        *terms[i] *= t->fused_time_scale;
+    /* calibration: every fused term scaled by the measured fused/model ratio and its own fitted factor
+     * (target.c, fuser/calibrate.py) */
+    const struct { double *term; double factor; } cal[] = {
+        {&k->compute, t->fused_scale_compute}, {&k->hbm, t->fused_scale_hbm}, {&k->l2, t->fused_scale_l2},
+        {&k->dsm, t->fused_scale_dsm}, {&k->smem, t->fused_scale_smem}, {&k->sync, t->fused_scale_sync},
+        {&k->tail, t->fused_scale_tail},
+    };
+    for (size_t i = 0; i < sizeof cal / sizeof cal[0]; i++)
+        *cal[i].term *= t->fused_time_scale * cal[i].factor;
     double body = fmax(fmax(k->compute, k->hbm), fmax(fmax(k->l2, k->dsm), k->smem));
     k->total = k->launch + body + k->sync + k->tail;
 }

@@ -27,18 +27,27 @@ void fuser_constraints_init(fuser_constraints *c)
     c->order = c->gate_mode = c->fused = -1;
 }
 
-/* ---- the k best, sorted ascending by predicted time (stable) ---- */
+/* ---- the k best, sorted ascending by predicted time (stable) ----
+ * Fused plans rank by their predicted time x (1 + the target's fusion_margin): fusion must be predicted
+ * clearly faster than the unfused path to be chosen; among fused plans the order is the predicted one. */
 typedef struct {
     fuser_plan *v;
     int n, k;
+    double margin;
 } topk;
+
+static double rank_key(const topk *h, const fuser_plan *p)
+{
+    return p->fused ? p->cost.total * (1 + h->margin) : p->cost.total;
+}
 
 static void topk_push(topk *h, const fuser_plan *p)
 {
-    if (h->n == h->k && !(p->cost.total < h->v[h->n - 1].cost.total))
+    const double key = rank_key(h, p);
+    if (h->n == h->k && !(key < rank_key(h, &h->v[h->n - 1])))
         return;
     int i = h->n < h->k ? h->n++ : h->n - 1;
-    while (i > 0 && p->cost.total < h->v[i - 1].cost.total) {
+    while (i > 0 && key < rank_key(h, &h->v[i - 1])) {
         h->v[i] = h->v[i - 1];
         i--;
     }
@@ -122,7 +131,7 @@ int fuser_search(const fuser_chain *c, const fuser_target *t, const fuser_constr
         return err->code;
     if (k < 1 || k > 64)
         return fuser_fail(err, FUSER_E_VALUE, "k must be in [1, 64], got %d", k);
-    topk best = {out, 0, k};
+    topk best = {out, 0, k, t->fusion_margin};
 
     /* the unfused path */
     st->candidates = 1;

@@ -11,6 +11,9 @@ Measured (``MEASURED``):
   launch_us         per-kernel time of tiny kernels back to back in a CUDA graph
   fused_time_scale  fuser's fused kernels against the cost model: the best `k` predicted candidates of
                     a few shapes timed in CUDA graphs; median of measured / modelled (launch excluded)
+  fused_scale_*     per-term corrections on top of it (compute, hbm, l2, dsm, smem, sync, tail), fitted
+                    to the same kernels (``fit_term_scales``); kept at 1 unless they predict shapes
+                    left out of the fit better (leave-one-shape-out)
 
 Not measured here (kept from the table, measured once in the H200 baselines): DSM bandwidth per cluster
 size, barrier cost, L2 bandwidth, shared-memory bandwidth.
@@ -20,9 +23,11 @@ from __future__ import annotations
 import datetime
 import statistics
 
-__all__ = ["MEASURED", "apply", "calibrate", "time_plans"]
+__all__ = ["MEASURED", "TERMS", "apply", "calibrate", "time_plans", "fit_term_scales", "unscaled_terms"]
 
-MEASURED = ("hbm_gbs", "mma_tflops", "small_gemm_eff", "launch_us", "fused_time_scale")
+MEASURED = ("hbm_gbs", "mma_tflops", "small_gemm_eff", "launch_us", "fused_time_scale", "fused_scale_compute",
+            "fused_scale_hbm", "fused_scale_l2", "fused_scale_dsm", "fused_scale_smem", "fused_scale_sync",
+            "fused_scale_tail")
 #: Read-only streaming over copy bandwidth, measured on the H200 (h200-baselines.md section 2:
 #: 4.48-4.51 TB/s streaming with 16-byte loads against a 4.275 TB/s copy).
 STREAM_OVER_COPY = 1.05
@@ -106,9 +111,111 @@ def time_plans(workload, plans, reps=10, calls=None):
     return [statistics.median(s) if s else None for s in samples]
 
 
-def _scale_samples(log, k, reps):
-    """measured / modelled (launch excluded) for the best k fused candidates of each calibration shape,
-    modelled with the scale currently in effect taken out."""
+#: The fused cost terms, in the model's order: the first five overlap (their maximum counts), sync and
+#: tail add.
+TERMS = ("compute", "hbm", "l2", "dsm", "smem", "sync", "tail")
+
+
+def unscaled_terms(plan):
+    """A fused plan's cost terms (us) with the target's calibration taken out: what the model itself says.
+
+    Example:
+        >>> import fuser
+        >>> from fuser.calibrate import unscaled_terms
+        >>> p = fuser.plan(128, 768, 3072, activation="gelu", fused=True)
+        >>> t = p.target
+        >>> abs(unscaled_terms(p)["hbm"] * t["fused_time_scale"] * t["fused_scale_hbm"] - p.breakdown["hbm"]) < 1e-9
+        True
+    """
+    import fuser
+    t = plan.target if isinstance(plan.target, dict) else fuser._C.targets()[plan.target or "h200"]
+    b = plan.breakdown
+    return {k: b[k] / (t["fused_time_scale"] * t.get(f"fused_scale_{k}", 1.0)) for k in TERMS}
+
+
+def _loss(params, samples):
+    """Mean squared log error of the scaled model over samples, for each row of params [P, 7]."""
+    import torch
+    c = torch.tensor([[s[3][k] for k in TERMS] for s in samples], dtype=torch.float64)
+    launch = torch.tensor([s[2] for s in samples], dtype=torch.float64)
+    meas = torch.tensor([s[1] for s in samples], dtype=torch.float64)
+    p = params.unsqueeze(1)                                    # [P, 1, 7]
+    scaled = c.unsqueeze(0) * p                                # [P, n, 7]
+    pred = launch + scaled[..., :5].amax(-1) + scaled[..., 5] + scaled[..., 6]
+    return ((pred.log() - meas.log()) ** 2).mean(-1)
+
+
+#: Per-term scales stay within [1, FACTOR_RANGE x the uniform scale]: a term the model computes from
+#: measured rates is a lower bound (a kernel cannot beat it), and a term the data cannot pin down (one
+#: that is never the largest) is pulled towards the uniform scale by PRIOR instead of drifting.
+FACTOR_RANGE = 3.0
+PRIOR = 0.002
+
+
+def _fit(samples, start):
+    """Per-term scales minimising the log error plus PRIOR x the squared log distance from `start`:
+    coordinate descent over a shrinking geometric grid, clamped to [1, FACTOR_RANGE x start]
+    (deterministic)."""
+    import torch
+    p = torch.full((7,), float(start), dtype=torch.float64)
+    lo, hi = 1.0, FACTOR_RANGE * float(start)
+    span = 4.0
+    steps = torch.linspace(-1, 1, 41, dtype=torch.float64)
+    for _ in range(14):
+        for i in range(7):
+            cand = p.repeat(41, 1)
+            cand[:, i] = (p[i] * span ** steps).clamp(lo, hi)
+            cost = _loss(cand, samples) + PRIOR * ((cand / start).log() ** 2).sum(-1)
+            p = cand[int(cost.argmin())].clone()
+        span = span ** 0.6
+    return p
+
+
+def fit_term_scales(samples):
+    """Calibrate the fused model from measured kernels. `samples`: (shape, measured us, launch us,
+    {term: unscaled us}) per kernel (``unscaled_terms``). Returns dict(fused_time_scale: the median
+    measured / modelled with launch excluded; factors: per-term corrections on top of it (all 1 unless
+    they cut the leave-one-shape-out log error by at least 10%); loso_uniform, loso_terms: those errors;
+    fit_loss: the in-sample error with the factors used).
+
+    Example:
+        >>> from fuser.calibrate import fit_term_scales
+        >>> t = dict(compute=1.0, hbm=2.0, l2=0.5, dsm=0.0, smem=0.1, sync=0.5, tail=0.5)
+        >>> s = [(f"s{i % 3}", 2.5 + 3.0 * (2.0 + 1.0) * (1 + i / 10), 2.5, {k: v * (1 + i / 10) for k, v in t.items()})
+        ...      for i in range(9)]
+        >>> round(fit_term_scales(s)["fused_time_scale"], 3)
+        3.0
+    """
+    import torch
+    body = [(m - launch) / (max(c[k] for k in TERMS[:5]) + c["sync"] + c["tail"]) for _, m, launch, c in samples]
+    scale = statistics.median(body)
+    shapes = sorted({s[0] for s in samples})
+
+    def uniform_loss(test, train):
+        u = statistics.median((m - launch) / (max(c[k] for k in TERMS[:5]) + c["sync"] + c["tail"])
+                              for _, m, launch, c in train)
+        return float(_loss(torch.full((1, 7), u, dtype=torch.float64), test)[0])
+
+    lu = lt = 0.0
+    for sh in shapes if len(shapes) > 2 else ():
+        test = [s for s in samples if s[0] == sh]
+        train = [s for s in samples if s[0] != sh]
+        lu += uniform_loss(test, train) * len(test)
+        lt += float(_loss(_fit(train, scale).unsqueeze(0), test)[0]) * len(test)
+    n = len(samples)
+    adopt = bool(shapes) and len(shapes) > 2 and lt < 0.9 * lu
+    factors = {k: 1.0 for k in TERMS}
+    if adopt:
+        p = _fit(samples, scale)
+        factors = {k: float(p[i]) / scale for i, k in enumerate(TERMS)}
+    used = torch.tensor([[scale * factors[k] for k in TERMS]], dtype=torch.float64)
+    return dict(fused_time_scale=scale, factors=factors, loso_uniform=lu / n if lu else None,
+                loso_terms=lt / n if lt else None, fit_loss=float(_loss(used, samples)[0]), adopted=adopt)
+
+
+def _kernel_samples(log, k, reps):
+    """(shape, measured us, launch us, unscaled terms) for the best k fused candidates of each
+    calibration shape."""
     import fuser
     from fuser.bench import parse_workload
     out = []
@@ -116,11 +223,7 @@ def _scale_samples(log, k, reps):
         w = parse_workload(text)
         ps = fuser.plans(w.m, w.d_model, w.d_ff, d_out=w.d_out, gated=w.gated, activation=w.activation, fused=True, k=k)
         measured = time_plans(w, ps, reps)
-        for p, t in zip(ps, measured):
-            tgt = p.target if isinstance(p.target, dict) else fuser._C.targets()[p.target or "h200"]
-            body = (p.predicted_us - p.breakdown["launch"]) / tgt["fused_time_scale"]
-            if t is not None and body > 0:
-                out.append((t - p.breakdown["launch"]) / body)
+        out += [(w.label, t, p.breakdown["launch"], unscaled_terms(p)) for p, t in zip(ps, measured) if t is not None]
         log(f"  {w.label}: {len(ps)} fused candidates timed")
     return out
 
@@ -149,17 +252,18 @@ def measure(log=print, k=8, reps=10):
     g, _ = _graphed(lambda: [tiny.add_(1) for _ in range(n)], 1)
     launch = statistics.median(_median_event_us(g, 1) for _ in range(20)) / n
     log(f"tiny kernels in a graph: {launch:.2f} us each -> launch_us")
-    samples = _scale_samples(log, k, reps)
-    scale = statistics.median(samples)
-    q = statistics.quantiles(samples, n=4)
-    log(f"fused kernels / model: median {scale:.2f} (quartiles {q[0]:.2f}-{q[2]:.2f}, {len(samples)} kernels)")
+    fit = fit_term_scales(_kernel_samples(log, k, reps))
+    log(f"fused kernels / model: median {fit['fused_time_scale']:.2f}; per-term factors "
+        + ("adopted (leave-one-shape-out log error {:.3f} -> {:.3f}): ".format(fit["loso_uniform"], fit["loso_terms"])
+           + ", ".join(f"{t} {v:.2f}" for t, v in fit["factors"].items()) if fit["adopted"] else "not adopted"))
     from fuser._env import env
     e = env()
     return dict(
         fields=dict(hbm_gbs=hbm, mma_tflops=ceil["matmul_tflops"], small_gemm_eff=min(1.0, stream_gbs / hbm),
-                    launch_us=launch, fused_time_scale=scale),
-        details=dict(copy_tbps=ceil["copy_tbps"], stream_gbs=stream_gbs, gemv_us=gemv_us,
-                     scale_quartiles=q, scale_kernels=len(samples), shapes=list(SHAPES), k=k, reps=reps),
+                    launch_us=launch, fused_time_scale=fit["fused_time_scale"],
+                    **{f"fused_scale_{t}": v for t, v in fit["factors"].items()}),
+        details=dict(copy_tbps=ceil["copy_tbps"], stream_gbs=stream_gbs, gemv_us=gemv_us, fit=fit,
+                     shapes=list(SHAPES), k=k, reps=reps),
         gpu=e.gpu_name, sm_count=e.sm_count, torch=torch.__version__,
         measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 

@@ -297,7 +297,12 @@ class Plan:
         r = self._runner_up
         if r is not None:
             delta = r.predicted_us - self.predicted_us
-            why = (f"{delta:.1f} us slower" if delta > 0.05 else "tied; the enumeration order decides")
+            margin = self.target.get("fusion_margin", 0.0) if isinstance(self.target, dict) else 0.0
+            if delta < -0.05 and r.fused and not self.fused:
+                why = (f"{-delta:.1f} us faster ({-delta / self.predicted_us:.0%}), less than the {margin:.0%} "
+                       "margin fusion needs to be chosen")
+            else:
+                why = f"{delta:.1f} us slower" if delta > 0.05 else "tied; the enumeration order decides"
             rtop, _ = r._bound()
             out.append(f"Runner-up: {r.summary()} ({why}; bound by {rtop})")
         if self.candidates:

@@ -27,8 +27,9 @@ static const field target_fields[] = {
     TF(max_regs_per_thread, F_INT), TF(max_cluster, F_INT), TF(clock_ghz, F_DBL), TF(hbm_gbs, F_DBL),
     TF(l2_gbs, F_DBL), TF(sm_load_gbs, F_DBL), TF(mem_latency_us, F_DBL), TF(smem_bytes_per_clk, F_DBL),
     TF(barrier_cycles, F_DBL), TF(launch_us, F_DBL), TF(mma_tflops, F_DBL), TF(fused_mma_eff, F_DBL),
-    TF(fused_time_scale, F_DBL),
-    TF(small_gemm_eff, F_DBL), TF(max_workspace, F_I64),
+    TF(fused_time_scale, F_DBL), TF(fused_scale_compute, F_DBL), TF(fused_scale_hbm, F_DBL),
+    TF(fused_scale_l2, F_DBL), TF(fused_scale_dsm, F_DBL), TF(fused_scale_smem, F_DBL), TF(fused_scale_sync, F_DBL),
+    TF(fused_scale_tail, F_DBL), TF(small_gemm_eff, F_DBL), TF(fusion_margin, F_DBL), TF(max_workspace, F_I64),
 };
 #define PF(k) {#k, F_INT, offsetof(fuser_plan, k)}
 #define PL(k) {#k, F_I64, offsetof(fuser_plan, k)}

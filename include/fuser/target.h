@@ -40,8 +40,15 @@ typedef struct fuser_target {
     double mma_tflops;           /* dense 16-bit matmul rate of a cuBLAS-class kernel, TFLOP/s */
     double fused_mma_eff;        /* fraction of mma_tflops fuser's current GEMM main loop reaches */
     double fused_time_scale;     /* measured fused kernel time / the model's prediction (calibration of
-                                    the whole fused estimate until each term is calibrated) */
+                                    the whole fused estimate) */
+    /* per-term corrections on top of fused_time_scale (1 = none): each fused cost term is multiplied by
+     * fused_time_scale x its own factor, fitted to measured kernels (fuser/calibrate.py) */
+    double fused_scale_compute, fused_scale_hbm, fused_scale_l2, fused_scale_dsm, fused_scale_smem,
+        fused_scale_sync, fused_scale_tail;
     double small_gemm_eff;       /* fraction of hbm_gbs library GEMMs reach when weight-streaming */
+    double fusion_margin;        /* a fused plan is chosen over the unfused path only when predicted at
+                                    least this much faster (0.1: 10%): the model's error is larger than
+                                    small predicted gains, and a fused kernel that loses is a slowdown */
     int64_t max_workspace;       /* bytes of global scratch a plan may use (inter-cluster partials) */
 } fuser_target;
 
