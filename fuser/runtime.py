@@ -1,6 +1,7 @@
 """Running fused plans: ``fuser.compile`` (plan -> CUBIN through NVRTC and the disk cache, no GPU
 needed), loading onto a device, the per-stream scratch buffer (inter-cluster workspace and its tickets),
-the plan cache (consulting ``fuser.tune``'s stored winners first), and the fused branch of ``fuser.ffn``. Nothing here synchronises the device."""
+the plan cache (consulting ``fuser.tune``'s stored winners first), and the fused branch of
+``fuser.ffn``. Nothing here synchronises the device."""
 from __future__ import annotations
 
 import collections
