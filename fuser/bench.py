@@ -141,7 +141,8 @@ def hopper_reason():
 
     Example:
         >>> import torch, fuser.bench
-        >>> (fuser.bench.hopper_reason() is None) == (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0))
+        >>> hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+        >>> (fuser.bench.hopper_reason() is None) == hopper
         True
     """
     import torch

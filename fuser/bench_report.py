@@ -71,9 +71,10 @@ def markdown(rows):
         out.write("| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n")
         for r in rs:
             sp = [r.get(f"speedup_vs_{b}") for b in ("eager_graph", "compile_graph", "cublas_graph")]
-            cells = [r["workload"], str(r["m"]), f"{r['floor_us']:,.1f} ({r['bound']})"] + [_cell(r, v) for v in cols] + [
-                "" if s is None else f"{s:.2f}x" for s in sp] + [
-                "" if r.get("fuser_tflops") is None else f"{r['fuser_tflops']:.0f}", str(r["plan"]).split(":")[0]]
+            cells = ([r["workload"], str(r["m"]), f"{r['floor_us']:,.1f} ({r['bound']})"]
+                     + [_cell(r, v) for v in cols] + ["" if s is None else f"{s:.2f}x" for s in sp]
+                     + ["" if r.get("fuser_tflops") is None else f"{r['fuser_tflops']:.0f}",
+                        str(r["plan"]).split(":")[0]])
             out.write("| " + " | ".join(cells) + " |\n")
     return out.getvalue()
 
@@ -115,14 +116,21 @@ def plot(rows, path):
     paper = [r for r in rows if r["workload"] not in models]
     panels = len(models) + (1 if paper else 0)
     cols = min(3, max(panels, 1))
-    fig, axes = plt.subplots(-(-panels // cols), cols, figsize=(5 * cols, 3.6 * -(-panels // cols)), squeeze=False)
-    lines = [("fuser_graph", "eager_graph", "fuser vs eager graph"), ("fuser_graph", "compile_graph", "fuser vs compile graph"),
-             ("fuser_graph", "cublas_graph", "fuser vs cuBLAS GEMMs"), ("fused_graph", "eager_graph", "fused kernel vs eager graph")]
+    grid_rows = -(-panels // cols)
+    fig, axes = plt.subplots(grid_rows, cols, figsize=(5 * cols, 3.6 * grid_rows), squeeze=False)
+    lines = [("fuser_graph", "eager_graph", "fuser vs eager graph"),
+             ("fuser_graph", "compile_graph", "fuser vs compile graph"),
+             ("fuser_graph", "cublas_graph", "fuser vs cuBLAS GEMMs"),
+             ("fused_graph", "eager_graph", "fused kernel vs eager graph")]
     colors = ("tab:blue", "tab:orange", "tab:green", "tab:red")     # one per line, in every panel
+
+    def ratio(r, other, mine):
+        return r[f"{other}_us"] / r[f"{mine}_us"] if r.get(f"{other}_us") and r.get(f"{mine}_us") else None
+
     for ax, name in zip(axes.flat, models):
         rs = sorted((r for r in rows if r["workload"] == name), key=lambda r: r["m"])
         for (mine, other, label), color in zip(lines, colors):
-            pts = [(r["m"], r[f"{other}_us"] / r[f"{mine}_us"]) for r in rs if r.get(f"{other}_us") and r.get(f"{mine}_us")]
+            pts = [(r["m"], ratio(r, other, mine)) for r in rs if ratio(r, other, mine) is not None]
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=label, color=color)
         ax.set_xscale("log", base=2)
@@ -134,7 +142,7 @@ def plot(rows, path):
         ax = axes.flat[len(models)]
         names = [r["workload"] for r in paper]
         for k, (mine, other, label) in enumerate(lines):
-            vals = [(r[f"{other}_us"] / r[f"{mine}_us"]) if r.get(f"{other}_us") and r.get(f"{mine}_us") else 0 for r in paper]
+            vals = [ratio(r, other, mine) or 0 for r in paper]
             ax.bar([i + 0.2 * k for i in range(len(names))], vals, width=0.2, label=label, color=colors[k])
         ax.set_xticks([i + 0.3 for i in range(len(names))], names, rotation=90)
         ax.axhline(1.0, color="gray", lw=0.8)
