@@ -186,7 +186,7 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
     fused = _fused_plan(chain, (x, w_up, w_down, w_gate, b_up, b_gate, b_down), plan)
     if fused is not None:
         return run_fused(fused, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out, objs,
-                         placement if isinstance(x, torch.Tensor) and x is args[0] else None)
+                         placement if x is args[0] else None)   # a torch x: its placement holds
     if out is not None and torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (x, w_up, w_down, w_gate, b_up, b_gate, b_down)):
         raise ValueError("out: out= does not support autograd (an input requires grad); "
