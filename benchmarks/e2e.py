@@ -89,7 +89,17 @@ def steps(model, phase, batch, tokens, context, device):
               use_cache=True)
     tok = torch.randint(vocab, (batch, 1), generator=g).to(device)
     pos = torch.tensor([context], device=device)
-    return lambda: model(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
+    # transformers' static layers write where their own counter says (cumulative_length, advanced on each
+    # call, also inside a replayed graph), not at cache_position: rewind it so every timed step decodes
+    # token `context + 1` instead of running off the end of the cache.
+    counters = [c for c in (getattr(layer, "cumulative_length", None) for layer in getattr(cache, "layers", ()))
+                if isinstance(c, torch.Tensor)]
+
+    def step():
+        for c in counters:
+            c.fill_(context)
+        return model(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
+    return step
 
 
 def run_case(base, opt, phase, batch, tokens, args, device, graphs):
