@@ -27,15 +27,22 @@ static const fuser_target builtin[] = {
         .max_regs_per_thread = 255,
         .max_cluster = 16,
         .clock_ghz = 1.70,          /* 1.41-1.98 GHz seen under the 700 W cap; a mid value */
-        .hbm_gbs = 4480.0,          /* read-only stream, 16-byte loads */
+        /* NOTE: hbm_gbs, mma_tflops and launch_us: `python -m fuser calibrate` on the H200, 2026-11-29
+         * (commit 1e8bbf5, docs/gpu-results.md): 1 GiB copy 4.189 TB/s x 1.05 streaming/copy; 8192^3
+         * bf16 matmul; tiny kernels back to back in a CUDA graph. Were 4480 (baselines doc), 767.9 and
+         * 2.5 (derived). small_gemm_eff below: that run's 0.668 timed a lone eager GEMM (host latency
+         * included; calibrate now uses a graph); the cuBLAS-GEMMs-in-a-graph column of
+         * benchmarks/RESULTS.md run3 streams the weights at M=16 at 0.79 (LLaMA-2-7B), 0.81 (GPT-3),
+         * 0.84 (LLaMA-3-8B) and 0.93 (LLaMA-70B) of 4398 GB/s. */
+        .hbm_gbs = 4398.0,
         .l2_gbs = 8500.0,           /* L2-resident reads, 7.4-8.9 TB/s */
         .sm_load_gbs = 110.0,       /* derived: ~64 B/clk per SM of load throughput at 1.7 GHz */
         .mem_latency_us = 0.7,      /* not yet measured: ~1200 cycles under load, assumed */
         .dsm_bytes_per_clk = {0.0, 16.4, 12.4, 15.5, 15.0}, /* remote ld.shared::cluster.v4 */
         .smem_bytes_per_clk = 127.3,
         .barrier_cycles = 390.0,    /* cluster.sync at 256 threads: between 355 (128) and 430 (384) */
-        .launch_us = 2.5,           /* derived from graph-vs-eager gaps at small M */
-        .mma_tflops = 767.9,        /* torch.matmul 8192^3 bf16 */
+        .launch_us = 1.24,
+        .mma_tflops = 762.2,
         .fused_mma_eff = 0.45,      /* not yet measured: mma.sync main loop, assumed */
         /* NOTE: measured on an H200 (benchmarks/planner_accuracy.py, benchmarks/RESULTS.md): the 64 best
          * predicted fused candidates of 6 shapes (GPT-2 M=16/2048, G9, S8, LLaMA-3-8B M=16/512), 384
@@ -49,7 +56,7 @@ static const fuser_target builtin[] = {
         .fused_scale_compute = 0.996, .fused_scale_hbm = 0.489, .fused_scale_l2 = 0.801,
         .fused_scale_dsm = 1.300, .fused_scale_smem = 1.000, .fused_scale_sync = 1.335,
         .fused_scale_tail = 1.033,
-        .small_gemm_eff = 0.80,     /* cuBLAS GEMMs alone at M <= 16 reach ~0.8-0.95 of HBM */
+        .small_gemm_eff = 0.80,
         .fusion_margin = 0.10,      /* policy: the calibrated model's typical error is ~20% (log error
                                        0.041 leave-one-shape-out), so gains under 10% are not trusted */
         .max_workspace = (int64_t)256 << 20,
@@ -71,13 +78,13 @@ static const fuser_target builtin[] = {
         .dsm_bytes_per_clk = {0.0, 16.4, 12.4, 15.5, 15.0},
         .smem_bytes_per_clk = 127.3,
         .barrier_cycles = 390.0,
-        .launch_us = 2.5,
-        .mma_tflops = 767.9,
+        .launch_us = 1.24,        /* the H200's (same chip and driver path) */
+        .mma_tflops = 762.2,      /* the H200's (same SMs) */
         .fused_mma_eff = 0.45,
         .fused_time_scale = 2.5,    /* the H200's, until measured here */
         .fused_scale_compute = 1, .fused_scale_hbm = 1, .fused_scale_l2 = 1, .fused_scale_dsm = 1,
         .fused_scale_smem = 1, .fused_scale_sync = 1, .fused_scale_tail = 1,
-        .small_gemm_eff = 0.80,
+        .small_gemm_eff = 0.80,   /* the H200's, until measured here */
         .fusion_margin = 0.10,
         .max_workspace = (int64_t)256 << 20,
     },

@@ -129,12 +129,17 @@ def test_fit_keeps_factors_at_one_without_evidence():
 def test_fusion_margin_keeps_small_predicted_gains_unfused():
     """The planner picks a fused plan only when it is predicted faster than the unfused path by the
     target's fusion_margin; with no margin the same shape fuses, and explain() says why it did not."""
-    t = dict(fuser._C.targets()["h200"])
+    h200 = dict(fuser._C.targets()["h200"])
     args = dict(gated=True, activation="silu")
-    fused = fuser.plan(16, 4096, 14336, fused=True, target=t, **args)
-    unfused = fuser.plan(16, 4096, 14336, fused=False, target=t, **args)
-    gain = 1 - fused.predicted_us / unfused.predicted_us
-    assert 0 < gain < t["fusion_margin"]           # (the H200 table today: ~3% predicted)
+
+    def gain(t):
+        fused = fuser.plan(16, 4096, 14336, fused=True, target=t, **args)
+        unfused = fuser.plan(16, 4096, 14336, fused=False, target=t, **args)
+        return 1 - fused.predicted_us / unfused.predicted_us
+    # a fused-kernel scale at which LLaMA-3-8B's M=16 FFN is predicted a few percent faster fused (the
+    # H200 table itself predicts -1% since launch_us was measured)
+    t = next(dict(h200, fused_time_scale=h200["fused_time_scale"] * f / 100) for f in range(100, 40, -2)
+             if 0.01 < gain(dict(h200, fused_time_scale=h200["fused_time_scale"] * f / 100)) < h200["fusion_margin"])
     assert not fuser.plan(16, 4096, 14336, target=t, **args).fused
     assert fuser.plan(16, 4096, 14336, target=dict(t, fusion_margin=0.0), **args).fused
     text = fuser.plan(16, 4096, 14336, target=t, **args).explain()
