@@ -22,6 +22,7 @@ from torch import nn
 import fuser.custom_op  # noqa: F401  (registers torch.ops.fuser.ffn)
 import fuser.ops
 from fuser.custom_op import _c_ready, _ffn_impl
+from fuser.fast import FastLaunch
 from fuser.recognize import FFNSpec, Unsupported, recognise
 from fuser.reference import ACTIVATIONS
 
@@ -130,6 +131,14 @@ class FusedFFN(nn.Module):
             raise ValueError(f"module: {kind} spans two sibling modules; call fuser.optimize on their parent")
         return cls(spec, dict(module.named_children()), source=module)
 
+    def __getstate__(self):
+        # copy.deepcopy and pickling (torch.save of a whole model) leave out what forward keeps at run time:
+        # remembered routes and the fast launch hold loaded kernels and DLPack capsules of this process
+        state = super().__getstate__()
+        state.pop("_routes", None)
+        state.pop("_fast", None)
+        return state
+
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # GPT-2 Conv1D weights arrive in their [in, out] layout; the children load after this runs
         for name in self.spec.transposed:
@@ -140,14 +149,18 @@ class FusedFFN(nn.Module):
 
     # ---- the weights, read at every call --------------------------------------------------------------
 
-    def _tensor(self, ref):
-        # straight from the registries where the owner and tensor are registered (nn.Module.__getattr__
-        # costs ~0.5 us a lookup, read at every call); getattr for anything else
+    def _owner(self, ref):
+        # straight from the registries where the owner is registered (nn.Module.__getattr__ costs ~0.5 us
+        # a lookup, read at every call); getattr for anything else
         owner = self._linked.get(ref.owner)
         if owner is None:
             owner = self._modules.get(ref.owner)
             if owner is None:
                 owner = getattr(self, ref.owner)
+        return owner
+
+    def _tensor(self, ref):
+        owner = self._owner(ref)
         t = owner._parameters.get(ref.name) if isinstance(owner, nn.Module) else None
         if t is None:
             t = getattr(owner, ref.name)
@@ -209,6 +222,11 @@ class FusedFFN(nn.Module):
         routes[key] = fuser.ops.route(chain, x)
 
     def forward(self, x):
+        if FastLaunch.usable():
+            fast = self.__dict__.get("_fast")
+            y = fast.run(self, x) if fast is not None else None
+            if y is not None:
+                return y if not self.spec.post_dropout else getattr(self, self.spec.post_dropout)(y)
         w = self.weights()
         key = self._route_key(x, w)
         known = self.__dict__.get("_routes", {}).get(key) if key is not None else None
@@ -216,8 +234,10 @@ class FusedFFN(nn.Module):
                 or torch.is_autocast_enabled(x.device.type)):
             y = self._eager(x, w)
         elif known is not None and _plain_eager(x, w) and not fuser.ops.disabled():
-            y = fuser.ops.run_fused(known, _c_ready(x), w["up"], w["down"], w["gate"], w["b_up"], w["b_gate"],
-                                    w["b_down"], self.spec.activation)
+            x = _c_ready(x)
+            y = fuser.ops.run_fused(known, x, w["up"], w["down"], w["gate"], w["b_up"], w["b_gate"], w["b_down"],
+                                    self.spec.activation)
+            self.__dict__["_fast"] = FastLaunch.build(self, known, x, w)   # later calls of this shape
         else:
             op = _ffn_impl if key is not None and _plain_eager(x, w) else torch.ops.fuser.ffn
             y = op(x, w["up"], w["down"], w["gate"], w["b_up"], w["b_gate"], w["b_down"], self.spec.activation)

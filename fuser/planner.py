@@ -142,6 +142,12 @@ class Plan:
         self.target = stats.get("target", {})
         self._runner_up = None
 
+    def __getstate__(self):
+        # the loaded kernel kept per device (runtime._Launch) belongs to this process: not copied or pickled
+        state = dict(self.__dict__)
+        state.pop("_launch", None)
+        return state
+
     # ---- attributes ----
     chain = property(lambda self: dict(self._d["chain"]))
     fused = property(lambda self: self._d["fused"])

@@ -191,15 +191,16 @@ static int same_chain(const fuser_chain *a, const fuser_chain *b)
 PyObject *fuser_py_ffn_launch(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"kernel", "x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down", "activation",
-                             "y", "scratch", "stream", NULL};
+                             "y", "scratch", "stream", "borrow", NULL};
     enum { X, WU, WD, WG, BU, BG, BD, Y, NT };
     static const char *const names[NT] = {"x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down", "y"};
     PyObject *kobj, *sobj, *obj[NT] = {NULL};
     const char *activation;
     unsigned long long stream = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOsOOK:ffn_launch", kwlist, &kobj, &obj[X], &obj[WU],
+    int borrow = 0; /* bit i: read capsule i without consuming it (the caller keeps it for later launches) */
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOsOOK|i:ffn_launch", kwlist, &kobj, &obj[X], &obj[WU],
                                      &obj[WD], &obj[WG], &obj[BU], &obj[BG], &obj[BD], &activation, &obj[Y], &sobj,
-                                     &stream))
+                                     &stream, &borrow))
         return NULL;
     loaded *l = get_loaded(kobj);
     if (!l)
@@ -219,7 +220,8 @@ PyObject *fuser_py_ffn_launch(PyObject *module, PyObject *args, PyObject *kwargs
     for (int i = 0; i < NT; i++) {
         if (obj[i] == Py_None)
             continue;
-        if (fuser_take(st, obj[i], names[i], stream_obj, i == Y ? FUSER_TAKE_WRITABLE : 0, &h[i]))
+        if (fuser_take(st, obj[i], names[i], stream_obj,
+                       (i == Y ? FUSER_TAKE_WRITABLE : 0) | (borrow >> i & 1 ? FUSER_TAKE_BORROW : 0), &h[i]))
             goto done;
         t[i] = &h[i].t;
     }

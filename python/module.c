@@ -74,8 +74,9 @@ static PyMethodDef module_methods[] = {
     {"load_kernel", (PyCFunction)(void (*)(void))fuser_py_load_kernel, METH_VARARGS | METH_KEYWORDS,
      "load_kernel(plan, target, cubin, device) -> kernel: load a compiled plan onto a GPU."},
     {"ffn_launch", (PyCFunction)(void (*)(void))fuser_py_ffn_launch, METH_VARARGS | METH_KEYWORDS,
-     "ffn_launch(kernel, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, y, scratch, stream):\n"
-     "validate the tensors against the kernel's chain and launch it on the stream."},
+     "ffn_launch(kernel, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, y, scratch, stream, borrow=0):\n"
+     "validate the tensors against the kernel's chain and launch it on the stream. Capsules are consumed,\n"
+     "except those whose bit is set in borrow (bit 0 = x ... bit 7 = y): read only, reusable."},
     {"kernel_info", fuser_py_kernel_info, METH_VARARGS, "kernel_info(kernel) -> dict of the loaded function."},
     {"scratch_alloc", fuser_py_scratch_alloc, METH_VARARGS,
      "scratch_alloc(device, tickets_cap, ws_floats, stream) -> scratch: zeroed tickets + workspace, allocated\n"
