@@ -188,6 +188,8 @@ def _cmd_bench(args):
     import os
 
     from fuser import bench, bench_report
+    if args.compare:    # run-to-run agreement of two saved CSVs: any machine
+        return _bench_compare(bench_report, *args.compare)
     if args.plot:       # redraw tables and plot from a saved CSV: any machine
         rows = bench_report.read_csv(args.plot)
         os.makedirs(args.out, exist_ok=True)
@@ -225,6 +227,21 @@ def _cmd_bench(args):
         f.write(md)
     print(md)
     return _bench_plot(bench_report, rows, args.out)
+
+
+def _bench_compare(bench_report, path_a, path_b):
+    a, b = bench_report.read_csv(path_a), bench_report.read_csv(path_b)
+    for title, factor in (("all ratios", None), ("GPU-bound ratios (per-call within 1.1x of its graph)", 1.1)):
+        rows, s = bench_report.compare(a, b, gpu_bound=factor)
+        if not s["n"]:
+            print(f"{title}: no workload above 50 us in both runs")
+            continue
+        print(f"{title}, workloads above 50 us: {s['n']} ratios, median difference {s['median']:.1%}, "
+              f"max {s['max']:.1%}, {s['over_5pct']} over 5%")
+        for w, m, k, x, y, d in rows:
+            if d > 0.05:
+                print(f"  {w} M={m} {k}: {x:.3f} vs {y:.3f} ({d:.1%})")
+    return 0
 
 
 def _bench_plot(bench_report, rows, out):
@@ -313,6 +330,8 @@ def main(argv=None):
     p.add_argument("--out", default="bench-out", help="folder for results.csv, results.md, meta.json, speedup.png")
     p.add_argument("--no-host", action="store_true", help="skip the host-cost measurements (JIT, load, per call)")
     p.add_argument("--plot", metavar="CSV", help="only redraw results.md-style tables and the plot from a saved CSV")
+    p.add_argument("--compare", nargs=2, metavar=("A.csv", "B.csv"),
+                   help="only report how far the speedup ratios of two saved runs differ (run-to-run noise)")
     p.set_defaults(func=_cmd_bench)
     p = sub.add_parser("calibrate", help="measure this GPU's cost-model constants and store them for the planner")
     p.add_argument("--k", type=int, default=8, help="fused candidates timed per shape (default 8)")

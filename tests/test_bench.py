@@ -103,6 +103,27 @@ def test_compare_two_runs_counts_only_shapes_above_the_threshold():
     assert summary["over_5pct"] == 1 and summary["max"] == pytest.approx(1 - 1 / 1.08, abs=1e-3)
 
 
+def test_compare_can_leave_out_host_bound_per_call_ratios(tmp_path, capsys):
+    """With gpu_bound, a per-call ratio counts only where both variants run within that factor of their
+    graph times in both runs (a host-bound per-call time measures the host); graph ratios always count.
+    `python -m fuser bench --compare` prints both summaries."""
+    from fuser.cli import main
+    w = parse_workload("llama3-8b:16")
+    gpu = fake_result(w, eager=400, fuser=300, eager_graph=390).row()        # fuser 300 vs graph 270: 1.11x
+    slow_host = dict(gpu, speedup_vs_eager=gpu["speedup_vs_eager"] * 1.3)
+    _, everything = bench_report.compare([gpu], [slow_host])
+    rows, bound = bench_report.compare([gpu], [slow_host], gpu_bound=1.2)
+    assert everything["over_5pct"] == 1 and bound["over_5pct"] == 1
+    rows, bound = bench_report.compare([gpu], [slow_host], gpu_bound=1.1)
+    assert bound["over_5pct"] == 0 and {r[2] for r in rows} == {
+        f"speedup_vs_{b}" for b in BASELINES if b.endswith("_graph") and gpu[f"speedup_vs_{b}"]}
+    for name, row in (("a", gpu), ("b", slow_host)):
+        bench_report.write_csv([row], tmp_path / f"{name}.csv")
+    assert main(["bench", "--compare", str(tmp_path / "a.csv"), str(tmp_path / "b.csv")]) == 0
+    out = capsys.readouterr().out
+    assert "all ratios" in out and "1 over 5%" in out and "GPU-bound ratios" in out and "0 over 5%" in out
+
+
 @pytest.mark.parametrize("text", ["G3:4", "S8:4"])
 def test_fusedffn_variant_computes_the_workloads_ffn(text):
     """The harness's FusedFFN variant wraps one weight set's tensors (no copy) as optimize() would."""
