@@ -56,7 +56,7 @@ def test_e2e_runs_the_tiny_model_and_checks_its_logits(capsys):
     rows = [line for line in out.splitlines() if line.startswith("| prefill") or line.startswith("| decode")]
     assert [r.split(" | ")[1] for r in rows] == ["1 x 16", "2 x 16", "1 x 1", "2 x 1"]
     for r in rows:
-        share = float(r.split(" | ")[-2].rstrip("%")) / 100
+        share = float(r.split(" | ")[-3].rstrip("%")) / 100
         assert 0 <= share <= 1
 
 
