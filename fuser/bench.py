@@ -1,8 +1,8 @@
 """The side-by-side FFN benchmark: ``python -m fuser bench`` and ``benchmarks/ffn.py``.
 
 For each workload, in one process, fuser and the baselines run interleaved (one call of each variant
-per round, A B C ... B C A ..., each round starting one variant later so that no variant always
-follows the same one), each call bracketed by CUDA events, after warm-up; the result is the
+per round, each round in its own seeded random order, so that no variant always follows the same one:
+``round_orders``), each call bracketed by CUDA events, after warm-up; the result is the
 median over rounds. Every call takes the next of several input and weight sets, so the 60 MB L2 holds
 nobody's weights from the previous call. The roofline floor uses a matmul rate and a copy bandwidth
 measured in the same run, and the SM clock is read (NVML) around every workload.
@@ -189,6 +189,29 @@ def _median_event_us(fn, reps, per=1):
         b.synchronize()
         ts.append(a.elapsed_time(b) * 1e3 / per)
     return statistics.median(ts)
+
+
+def round_orders(names, rounds, seed=0):
+    """The order of the variants in each round: a fresh seeded permutation per round.
+
+    NOTE: a rotation (A B C, B C A, ...) keeps every variant's predecessor the same in all rounds but one.
+    In the first H200 runs eager_graph always followed the host-bound per-call FusedFFN (GPU mostly
+    idle) and read up to 1.3x slower than fuser_graph, the same ops after another graph; captured and
+    timed alone, E F E F in rotation, both agreed within 2% (docs/gpu-results.md).
+
+    Example:
+        >>> from fuser.bench import round_orders
+        >>> [sorted(o) for o in round_orders("abc", 2)]
+        [['a', 'b', 'c'], ['a', 'b', 'c']]
+    """
+    import random
+    rng = random.Random(str(seed))
+    out = []
+    for _ in range(rounds):
+        order = list(names)
+        rng.shuffle(order)
+        out.append(order)
+    return out
 
 
 def measure_ceilings(reps=15):
@@ -464,8 +487,8 @@ def run(workloads, *, variants=VARIANTS, autotune="subset", reps=None, log=print
         n = reps or max(15, min(60, int(4e5 / max(probe, 1.0))))
         samples = {k: [] for k in names}
         mhz = [c0["sm_mhz"]]
-        for i in range(n):
-            for k in names[i % len(names):] + names[:i % len(names)]:   # each round starts one later
+        for i, order in enumerate(round_orders(names, n, seed=w.label)):
+            for k in order:
                 f, per = fns[k]
                 samples[k].append(_median_event_us(f, 1, per))
             mhz.append(clocks.read()["sm_mhz"])

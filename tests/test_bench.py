@@ -141,3 +141,16 @@ def test_fusedffn_variant_computes_the_workloads_ffn(text):
     ref = fuser.ffn_reference(x, up, s["w_down"], w_gate=gate, activation=w.activation)
     with torch.no_grad():
         torch.testing.assert_close(m(x), ref)
+
+
+def test_round_orders_vary_every_variants_predecessor():
+    """Each round runs every variant once, in an order that changes: over 30 rounds each variant follows
+    several different ones (a rotation kept one predecessor in all rounds but one), and the same seed
+    gives the same orders (a rerun times in the same sequence)."""
+    orders = bench.round_orders(VARIANTS, 30, seed="llama3-8b M=128")
+    assert all(sorted(o) == sorted(VARIANTS) for o in orders)
+    for v in VARIANTS:
+        before = {o[o.index(v) - 1] for o in orders if o.index(v) > 0}
+        assert len(before) >= 4, v
+    assert orders == bench.round_orders(VARIANTS, 30, seed="llama3-8b M=128")
+    assert orders != bench.round_orders(VARIANTS, 30, seed="G1 M=128")
