@@ -120,3 +120,19 @@ def test_calibrate_and_tune_on_the_gpu(tmp_path, monkeypatch):
         calibrate.forget()
         tuning.forget()
         runtime.forget_plans()
+
+
+def test_bench_harness_times_like_with_like_on_the_gpu():
+    """One small workload through the harness without torch.compile: every variant timed, fuser's eager
+    route in a graph within 15% of eager's graph (the same ops: the first runs' fixed round order read
+    them 1.3x apart), FusedFFN per call timed after its route is remembered (within 3x of fuser.ffn per
+    call: its first-call planning was being timed), and the forced fused kernel's output is the one timed."""
+    from fuser import bench
+    want = tuple(v for v in bench.VARIANTS if "compile" not in v and "autotune" not in v)
+    results, meta = bench.run([bench.parse_workload("gpt2:16")], variants=want, autotune="none", reps=15,
+                              log=lambda line: None)
+    t = results[0].times
+    assert set(t) == set(want) and all(v > 0 for v in t.values())
+    assert 0.87 < t["fuser_graph"] / t["eager_graph"] < 1.15
+    assert t["fusedffn"] < 3 * t["fuser"]
+    assert meta["matmul_tflops"] > 300 and meta["copy_tbps"] > 2
