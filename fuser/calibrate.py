@@ -179,9 +179,7 @@ def _fit(samples, start):
 
 
 #: The grid ``fit_unfused`` searches: (lib_mma_eff, lib_gemm_fixed_us, small_gemm_eff).
-#: lib_mma_eff spans 0.96-1.20: it multiplies mma_tflops, whose measurement moves with the power cap
-#: (707-776 TFLOP/s in one day's runs), and the product is what the fit pins down.
-UNFUSED_GRID = tuple((me / 100, fx / 4, se / 100) for me in range(96, 121, 2) for fx in range(8, 25)
+UNFUSED_GRID = tuple((me / 100, fx / 4, se / 100) for me in range(96, 113, 2) for fx in range(8, 21)
                      for se in range(78, 95, 2))
 
 
@@ -279,7 +277,7 @@ def _eager_samples(reps):
     times them): rows for ``fit_unfused``."""
     from fuser.bench import GRAPH_SHORT_US, _eager_fn, _graphed, _median_event_us, _Sets, parse_workload
     rows = []
-    for i, text in enumerate((UNFUSED_SHAPES[0],) + UNFUSED_SHAPES):
+    for text in UNFUSED_SHAPES:
         w = parse_workload(text)
         sets, eager = _Sets(w), _eager_fn(w.activation)
 
@@ -290,9 +288,8 @@ def _eager_samples(reps):
         calls = max(1, min(sets.n, int(GRAPH_SHORT_US // max(probe, 1.0)))) if probe < GRAPH_SHORT_US else 1
         g, per = _graphed(call, calls)
         us = statistics.median(_median_event_us(g, 1, per) for _ in range(max(reps, 5)))
-        if i:   # the first shape twice: the process's first graphs ran G1 at 18.5 us for 7.4 (warm-up)
-            rows.append(dict(workload=w.name, m=w.m, d_model=w.d_model, d_ff=w.d_ff, d_out=w.d_out, gated=w.gated,
-                             activation=w.activation, eager_graph_us=us))
+        rows.append(dict(workload=w.name, m=w.m, d_model=w.d_model, d_ff=w.d_ff, d_out=w.d_out, gated=w.gated,
+                         activation=w.activation, eager_graph_us=us))
         del sets
     return rows
 
