@@ -104,10 +104,6 @@ def test_calibrate_and_tune_on_the_gpu(tmp_path, monkeypatch):
         f = record["fields"]
         assert 3000 < f["hbm_gbs"] < 6000 and 400 < f["mma_tflops"] < 1200 and 0.3 < f["small_gemm_eff"] <= 1
         assert 0.3 < f["launch_us"] < 10 and 0.2 < f["fused_time_scale"] < 30
-        assert 0.9 <= f["lib_mma_eff"] <= 1.15 and 1.5 <= f["lib_gemm_fixed_us"] <= 5     # (the grid's ends)
-        lib = record["details"]["unfused_fit"]
-        assert lib["msle_after"] < 0.05 and lib["msle_after"] <= lib["msle_before"]
-        assert len(record["details"]["eager"]) == len(calibrate.UNFUSED_SHAPES)
         t = planner.default_target()
         assert all(t[k] == f[k] for k in calibrate.MEASURED)
         r = fuser.tune(16, 768, 3072, activation="gelu", k=3, reps=3)
