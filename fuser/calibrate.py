@@ -23,8 +23,7 @@ from __future__ import annotations
 import datetime
 import statistics
 
-__all__ = ["MEASURED", "TERMS", "apply", "calibrate", "time_plans", "fit_term_scales", "fit_unfused",
-           "unscaled_terms"]
+__all__ = ["MEASURED", "TERMS", "apply", "calibrate", "time_plans", "fit_term_scales", "unscaled_terms"]
 
 MEASURED = ("hbm_gbs", "mma_tflops", "small_gemm_eff", "launch_us", "fused_time_scale", "fused_scale_compute",
             "fused_scale_hbm", "fused_scale_l2", "fused_scale_dsm", "fused_scale_smem", "fused_scale_sync",
@@ -170,43 +169,6 @@ def _fit(samples, start):
             p = cand[int(cost.argmin())].clone()
         span = span ** 0.6
     return p
-
-
-#: The grid ``fit_unfused`` searches: (lib_mma_eff, lib_gemm_fixed_us, small_gemm_eff).
-UNFUSED_GRID = tuple((me / 100, fx / 4, se / 100) for me in range(96, 113, 2) for fx in range(8, 21)
-                     for se in range(78, 95, 2))
-
-
-def fit_unfused(rows, target):
-    """Fit the unfused (PyTorch eager) model's library-GEMM constants to measured eager FFNs in CUDA
-    graphs: ``rows`` as ``python -m fuser bench`` writes them (``eager_graph_us`` per workload). Grid
-    search (``UNFUSED_GRID``) on the mean squared log error of predicted / measured; returns
-    dict(lib_mma_eff, lib_gemm_fixed_us, small_gemm_eff, msle_before, msle_after).
-
-    Example:
-        >>> from fuser import _C, bench_report, calibrate
-        >>> rows = bench_report.read_csv("benchmarks/results/2026-11-29-h200-s3-e.csv")  # doctest: +SKIP
-        >>> calibrate.fit_unfused(rows, _C.targets()["h200"])["lib_gemm_fixed_us"]  # doctest: +SKIP
-        3.5
-    """
-    import math
-
-    import fuser
-    rows = [r for r in rows if r.get("eager_graph_us")]
-    if not rows:
-        raise ValueError("rows: no workload with an eager_graph_us measurement")
-    shapes = [(r["m"], r["d_model"], r["d_ff"], r["d_out"], r["gated"], r["activation"], r["eager_graph_us"])
-              for r in rows]
-
-    def msle(t):
-        return statistics.mean(math.log(us / fuser.plan(m, d, f, d_out=o, gated=g, activation=a, fused=False,
-                                                          target=t).predicted_us) ** 2
-                               for m, d, f, o, g, a, us in shapes)
-    base = dict(target)
-    best = min(UNFUSED_GRID, key=lambda c: msle(dict(base, lib_mma_eff=c[0], lib_gemm_fixed_us=c[1],
-                                                      small_gemm_eff=c[2])))
-    fitted = dict(lib_mma_eff=best[0], lib_gemm_fixed_us=best[1], small_gemm_eff=best[2])
-    return dict(fitted, msle_before=msle(base), msle_after=msle(dict(base, **fitted)))
 
 
 def fit_term_scales(samples):

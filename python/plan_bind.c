@@ -29,8 +29,7 @@ static const field target_fields[] = {
     TF(barrier_cycles, F_DBL), TF(launch_us, F_DBL), TF(mma_tflops, F_DBL), TF(fused_mma_eff, F_DBL),
     TF(fused_time_scale, F_DBL), TF(fused_scale_compute, F_DBL), TF(fused_scale_hbm, F_DBL),
     TF(fused_scale_l2, F_DBL), TF(fused_scale_dsm, F_DBL), TF(fused_scale_smem, F_DBL), TF(fused_scale_sync, F_DBL),
-    TF(fused_scale_tail, F_DBL), TF(small_gemm_eff, F_DBL), TF(lib_mma_eff, F_DBL),
-    TF(lib_gemm_fixed_us, F_DBL), TF(fusion_margin, F_DBL), TF(max_workspace, F_I64),
+    TF(fused_scale_tail, F_DBL), TF(small_gemm_eff, F_DBL), TF(fusion_margin, F_DBL), TF(max_workspace, F_I64),
 };
 #define PF(k) {#k, F_INT, offsetof(fuser_plan, k)}
 #define PL(k) {#k, F_I64, offsetof(fuser_plan, k)}

@@ -46,9 +46,6 @@ typedef struct fuser_target {
     double fused_scale_compute, fused_scale_hbm, fused_scale_l2, fused_scale_dsm, fused_scale_smem,
         fused_scale_sync, fused_scale_tail;
     double small_gemm_eff;       /* fraction of hbm_gbs library GEMMs reach when weight-streaming */
-    double lib_mma_eff;          /* fraction of mma_tflops library GEMMs reach when compute-bound */
-    double lib_gemm_fixed_us;    /* per library GEMM beyond its launch: ramp-up, tail, split-K reduction
-                                    (what makes a tiny GEMM cost ~5 us in a graph) */
     double fusion_margin;        /* a fused plan is chosen over the unfused path only when predicted at
                                     least this much faster (0.1: 10%): the model's error is larger than
                                     small predicted gains, and a fused kernel that loses is a slowdown */
