@@ -12,6 +12,8 @@ serves the GPU run.
 """
 import argparse
 import csv
+import os
+import re
 import statistics
 import sys
 import time
@@ -59,16 +61,47 @@ def measure(w, plans, reps):
     return t[:-1], t[-1]
 
 
-def samples_from_csv(path, scale_used=None):
+#: The target constants each committed CSV was costed with, where they differ from today's table:
+#: ``samples_from_csv(..., costed_with=COSTED_WITH[name])`` converts its terms to today's constants.
+COSTED_WITH = {
+    "2026-11-29-h200-planner.csv": dict(mma_tflops=767.9, fused_mma_eff=0.45, barrier_cycles=390.0, launch_us=2.5,
+                                        dsm_bytes_per_clk=[0.0, 16.4, 12.4, 15.5, 15.0]),
+}
+
+
+def cluster_index(plan_text):
+    """log2 of the cluster size of a plan summary ("... cluster (1, 4, 4, 4) ...": 1 x 4 x 4 = 16 -> 4)."""
+    m, n, k = (int(v) for v in re.search(r"cluster \(([^)]*)\)", plan_text).group(1).split(",")[:3])
+    return (m * n * k).bit_length() - 1
+
+
+def samples_from_csv(path, scale_used=None, costed_with=None, target="h200"):
     """The (shape, measured us, launch us, unscaled terms) samples of a CSV this script wrote: from its
-    model_* columns, or from cost_* / scale_used for a CSV written before those existed."""
+    model_* columns, or from cost_* / scale_used for a CSV written before those existed.
+
+    `costed_with` (the target constants the CSV was costed with, see COSTED_WITH) converts the terms
+    that scale with one constant to `target`'s value of it: compute (mma_tflops x fused_mma_eff), dsm
+    (dsm_bytes_per_clk of the plan's cluster size), sync (barrier_cycles), and launch. The hbm and l2
+    terms (rates capped by loads in flight) are kept as written."""
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     if rows and "model_compute" not in rows[0] and scale_used is None:
         raise SystemExit(f"{path}: no model_* columns; give --scale-used (the fused_time_scale of that run)")
-    return [(r["shape"], float(r["measured_us"]), float(r["cost_launch"]),
-             {k: float(r[f"model_{k}"]) if "model_compute" in r else float(r[f"cost_{k}"]) / scale_used for k in TERMS})
-            for r in rows]
+    now = fuser._C.targets()[target] if isinstance(target, str) else target
+    out = []
+    for r in rows:
+        terms = {k: float(r[f"model_{k}"]) if "model_compute" in r else float(r[f"cost_{k}"]) / scale_used
+                 for k in TERMS}
+        launch = float(r["cost_launch"])
+        if costed_with:
+            was = costed_with
+            ci = cluster_index(r["plan"])
+            terms["compute"] *= was["mma_tflops"] * was["fused_mma_eff"] / (now["mma_tflops"] * now["fused_mma_eff"])
+            terms["dsm"] *= was["dsm_bytes_per_clk"][ci] / now["dsm_bytes_per_clk"][ci] if ci else 1.0
+            terms["sync"] *= was["barrier_cycles"] / now["barrier_cycles"]
+            launch = now["launch_us"]
+        out.append((r["shape"], float(r["measured_us"]), launch, terms))
+    return out
 
 
 def main(argv=None):
@@ -84,7 +117,7 @@ def main(argv=None):
                          "columns were computed with (4.1 for results/2026-11-29-h200-planner.csv)")
     a = ap.parse_args(argv)
     if a.fit:
-        fit = fit_term_scales(samples_from_csv(a.fit, a.scale_used))
+        fit = fit_term_scales(samples_from_csv(a.fit, a.scale_used, COSTED_WITH.get(os.path.basename(a.fit))))
         print(f"fused_time_scale {fit['fused_time_scale']:.3f}; leave-one-shape-out log error: uniform "
               f"{fit['loso_uniform']:.3f}, per-term {fit['loso_terms']:.3f}; factors "
               f"{'adopted' if fit['adopted'] else 'not adopted'}: "

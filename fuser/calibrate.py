@@ -9,25 +9,36 @@ Measured (``MEASURED``):
   mma_tflops        bf16 torch.matmul 8192^3 (the burst rate the floors use)
   small_gemm_eff    cuBLAS weight streaming at 16 tokens (a 4096 x 28672 GEMM) over hbm_gbs
   launch_us         per-kernel time of tiny kernels back to back in a CUDA graph
+  dsm_bytes_per_clk remote shared-memory reads per SM per clock at cluster 2, 4, 8, 16 (``fuser.probes``:
+                    every SM streaming its peer's shared memory with 16-byte ld.shared::cluster)
+  barrier_cycles    one cluster barrier (release/acquire) at the fused kernel's 256 threads per block,
+                    the median over cluster sizes 2-16 (``fuser.probes``)
+  fused_mma_eff     the fused main loop's tensor-core rate from shared memory (ldmatrix + mma.sync, the
+                    best of a few warp tiles, ``fuser.probes``) over mma_tflops
   fused_time_scale  fuser's fused kernels against the cost model: the best `k` predicted candidates of
-                    a few shapes timed in CUDA graphs; median of measured / modelled (launch excluded)
+                    a few shapes timed in CUDA graphs; median of measured / modelled (launch excluded),
+                    the model using every constant above as just measured
   fused_scale_*     per-term corrections on top of it (compute, hbm, l2, dsm, smem, sync, tail), fitted
                     to the same kernels (``fit_term_scales``); kept at 1 unless they predict shapes
                     left out of the fit better (leave-one-shape-out)
 
-Not measured here (kept from the table, measured once in the H200 baselines): DSM bandwidth per cluster
-size, barrier cost, L2 bandwidth, shared-memory bandwidth.
+Not measured here (kept from the table, measured once in the H200 baselines): L2 bandwidth, local
+shared-memory bandwidth, memory latency, the SM clock (the probes report the clock they ran at).
 """
 from __future__ import annotations
 
 import datetime
+import math
 import statistics
+import warnings
 
 __all__ = ["MEASURED", "TERMS", "apply", "calibrate", "time_plans", "fit_term_scales", "unscaled_terms"]
 
-MEASURED = ("hbm_gbs", "mma_tflops", "small_gemm_eff", "launch_us", "fused_time_scale", "fused_scale_compute",
-            "fused_scale_hbm", "fused_scale_l2", "fused_scale_dsm", "fused_scale_smem", "fused_scale_sync",
-            "fused_scale_tail")
+MEASURED = ("hbm_gbs", "mma_tflops", "small_gemm_eff", "launch_us", "dsm_bytes_per_clk", "barrier_cycles",
+            "fused_mma_eff", "fused_time_scale", "fused_scale_compute", "fused_scale_hbm", "fused_scale_l2",
+            "fused_scale_dsm", "fused_scale_smem", "fused_scale_sync", "fused_scale_tail")
+#: Fields that are at most 1 (efficiencies).
+FRACTIONS = ("small_gemm_eff", "fused_mma_eff")
 #: Read-only streaming over copy bandwidth, measured on the H200 (h200-baselines.md section 2:
 #: 4.48-4.51 TB/s streaming with 16-byte loads against a 4.275 TB/s copy).
 STREAM_OVER_COPY = 1.05
@@ -49,8 +60,22 @@ def forget():
     _cache.clear()
 
 
+def _usable(key, value, current):
+    """Whether a stored calibration value can replace the target's `current` one: a positive finite
+    number (at most 1 for an efficiency), or for a per-cluster-size list a list of as many numbers, each
+    positive (the cluster-size-1 slot, unused, may be 0)."""
+    def num(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if isinstance(current, list):
+        return (isinstance(value, list) and len(value) == len(current) and all(num(v) for v in value)
+                and value[0] >= 0 and all(v > 0 for v in value[1:]))
+    return num(value) and value > 0 and (key not in FRACTIONS or value <= 1)
+
+
 def apply(target, gpu_name, sm_count):
-    """`target` (a target dict) with the fields this GPU model's calibration file measured.
+    """`target` (a target dict) with the fields this GPU model's calibration file measured. A field
+    whose stored value is unusable (not a positive number, a list of the wrong length) keeps the
+    target's value, with a warning naming it.
 
     Example:
         >>> import fuser
@@ -60,9 +85,20 @@ def apply(target, gpu_name, sm_count):
         True
     """
     from fuser.store import device_key
-    fields = _stored(device_key(gpu_name, sm_count))
+    key = device_key(gpu_name, sm_count)
+    fields = _stored(key)
     out = dict(target)
-    out.update({k: float(v) for k, v in fields.items() if k in MEASURED and isinstance(v, (int, float))})
+    bad = []
+    for k, v in fields.items():
+        if k not in MEASURED or k not in out:
+            continue
+        if _usable(k, v, out[k]):
+            out[k] = [float(x) for x in v] if isinstance(v, list) else float(v)
+        else:
+            bad.append(f"{k}={v!r}")
+    if bad:
+        warnings.warn(f"fuser: calibration of {key}: ignoring unusable {', '.join(bad)} (run `python -m fuser "
+                      "calibrate` again)", RuntimeWarning, stacklevel=2)
     return out
 
 
@@ -213,15 +249,16 @@ def fit_term_scales(samples):
                 loso_terms=lt / n if lt else None, fit_loss=float(_loss(used, samples)[0]), adopted=adopt)
 
 
-def _kernel_samples(log, k, reps):
+def _kernel_samples(log, k, reps, target=None):
     """(shape, measured us, launch us, unscaled terms) for the best k fused candidates of each
-    calibration shape."""
+    calibration shape, planned for `target` (None: this GPU's)."""
     import fuser
     from fuser.bench import parse_workload
     out = []
     for text in SHAPES:
         w = parse_workload(text)
-        ps = fuser.plans(w.m, w.d_model, w.d_ff, d_out=w.d_out, gated=w.gated, activation=w.activation, fused=True, k=k)
+        ps = fuser.plans(w.m, w.d_model, w.d_ff, d_out=w.d_out, gated=w.gated, activation=w.activation, fused=True,
+                         k=k, target=target)
         measured = time_plans(w, ps, reps)
         out += [(w.label, t, p.breakdown["launch"], unscaled_terms(p)) for p, t in zip(ps, measured) if t is not None]
         log(f"  {w.label}: {len(ps)} fused candidates timed")
@@ -233,6 +270,8 @@ def measure(log=print, k=8, reps=10):
     (``fields``: the MEASURED values; ``details``: the raw numbers behind them)."""
     import torch
 
+    import fuser
+    from fuser import probes
     from fuser.bench import _graphed, _median_event_us, hopper_reason, measure_ceilings
     why = hopper_reason()
     if why is not None:
@@ -258,20 +297,52 @@ def measure(log=print, k=8, reps=10):
     g, _ = _graphed(lambda: [tiny.add_(1) for _ in range(n)], 1)
     launch = statistics.median(_median_event_us(g, 1) for _ in range(20)) / n
     log(f"tiny kernels in a graph: {launch:.2f} us each -> launch_us")
-    fit = fit_term_scales(_kernel_samples(log, k, reps))
+    hw = _hardware_fields(probes.measure_all(log), ceil["matmul_tflops"])
+    log(f"-> dsm_bytes_per_clk {', '.join(f'{v:.1f}' for v in hw['dsm_bytes_per_clk'][1:])} (cluster 2/4/8/16); "
+        f"barrier_cycles {hw['barrier_cycles']:.0f}; fused_mma_eff {hw['fused_mma_eff']:.3f}")
+    fields = dict(hbm_gbs=hbm, mma_tflops=ceil["matmul_tflops"], small_gemm_eff=min(1.0, stream_gbs / hbm),
+                  launch_us=launch, dsm_bytes_per_clk=hw["dsm_bytes_per_clk"], barrier_cycles=hw["barrier_cycles"],
+                  fused_mma_eff=hw["fused_mma_eff"])
+    # the fused kernels are fitted against the model with the constants just measured
+    from fuser.planner import default_target
+    base = default_target()
+    base = dict(fuser._C.targets()["h200"] if isinstance(base, str) else base, **fields)
+    fit = fit_term_scales(_kernel_samples(log, k, reps, target=base))
     log(f"fused kernels / model: median {fit['fused_time_scale']:.2f}; per-term factors "
         + ("adopted (leave-one-shape-out log error {:.3f} -> {:.3f}): ".format(fit["loso_uniform"], fit["loso_terms"])
            + ", ".join(f"{t} {v:.2f}" for t, v in fit["factors"].items()) if fit["adopted"] else "not adopted"))
     from fuser._env import env
     e = env()
     return dict(
-        fields=dict(hbm_gbs=hbm, mma_tflops=ceil["matmul_tflops"], small_gemm_eff=min(1.0, stream_gbs / hbm),
-                    launch_us=launch, fused_time_scale=fit["fused_time_scale"],
+        fields=dict(fields, fused_time_scale=fit["fused_time_scale"],
                     **{f"fused_scale_{t}": v for t, v in fit["factors"].items()}),
         details=dict(copy_tbps=ceil["copy_tbps"], stream_gbs=stream_gbs, gemv_us=gemv_us, fit=fit,
-                     shapes=list(SHAPES), k=k, reps=reps),
+                     shapes=list(SHAPES), k=k, reps=reps, probes=hw["probes"]),
         gpu=e.gpu_name, sm_count=e.sm_count, torch=torch.__version__,
         measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+
+
+def _hardware_fields(probed, matmul_tflops):
+    """The cost model's hardware constants from ``fuser.probes.measure_all`` output: dsm_bytes_per_clk
+    per cluster size (slot 0, cluster 1, unused: 0), barrier_cycles at the fused kernel's thread count
+    (median over cluster sizes 2-16), fused_mma_eff (the best warp tile over the matmul rate, at most 1).
+
+    Example:
+        >>> from fuser.calibrate import _hardware_fields
+        >>> p = dict(dsm=[dict(cluster=c, bytes_per_clk=16.0) for c in (2, 4, 8, 16)],
+        ...          barrier=[dict(cluster=c, threads=256, cycles=400.0 + c) for c in (1, 2, 4, 8, 16)],
+        ...          mma=[dict(tile="2x4", tflops=300.0), dict(tile="4x4", tflops=400.0)])
+        >>> f = _hardware_fields(p, 800.0)
+        >>> f["dsm_bytes_per_clk"], f["barrier_cycles"], f["fused_mma_eff"]
+        ([0.0, 16.0, 16.0, 16.0, 16.0], 406.0, 0.5)
+    """
+    from fuser import probes
+    by_size = {r["cluster"]: r["bytes_per_clk"] for r in probed["dsm"]}
+    sync = [r["cycles"] for r in probed["barrier"] if r["threads"] == probes.THREADS and r["cluster"] > 1]
+    best = max(r["tflops"] for r in probed["mma"])
+    return dict(dsm_bytes_per_clk=[0.0] + [float(by_size[c]) for c in probes.CLUSTERS],
+                barrier_cycles=float(statistics.median(sync)), fused_mma_eff=min(1.0, best / matmul_tflops),
+                probes=probed)
 
 
 def calibrate(log=print, k=8, reps=10):

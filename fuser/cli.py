@@ -261,7 +261,9 @@ def _cmd_calibrate(args):
         print(f"fuser calibrate measures a Hopper GPU (sm_90): {why}", file=sys.stderr)
         return 2
     record, path = calibrate.calibrate(log=lambda line: print(line, flush=True), k=args.k, reps=args.reps)
-    print("stored " + path + ": " + ", ".join(f"{k} {v:.4g}" for k, v in record["fields"].items()))
+    def show(v):
+        return "[" + ", ".join(f"{x:.4g}" for x in v) + "]" if isinstance(v, list) else f"{v:.4g}"
+    print("stored " + path + ": " + ", ".join(f"{k} {show(v)}" for k, v in record["fields"].items()))
     return 0
 
 

@@ -87,6 +87,13 @@ static PyMethodDef module_methods[] = {
      jit_compile_doc},
     {"cache_key", (PyCFunction)(void (*)(void))fuser_py_cache_key, METH_VARARGS | METH_KEYWORDS, cache_key_doc},
     {"cache_dir", fuser_py_cache_dir, METH_NOARGS, cache_dir_doc},
+    {"probe_load", fuser_py_probe_load, METH_VARARGS,
+     "probe_load(cubin, name, device) -> probe: a microbenchmark kernel of fuser/device/probes.cuh."},
+    {"probe_launch", fuser_py_probe_launch, METH_VARARGS,
+     "probe_launch(probe, grid, block, cluster, smem, out, iters, stream): launch it; out is a CUDA\n"
+     "float32 tensor of at least 2 x grid elements (cycles and a check value per block)."},
+    {"probe_clusters", fuser_py_probe_clusters, METH_VARARGS,
+     "probe_clusters(probe, block, cluster, smem) -> how many such clusters fit on the GPU at once."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -38,16 +38,72 @@ def test_store_round_trip_and_corrupt_file(cache):
 
 def test_calibration_file_feeds_the_target(cache):
     t = fuser._C.targets()["h200"]
+    dsm = [0.0, 8.0, 6.0, 7.0, 7.5]
     store.save("calibration", store.device_key("Fake H200", 132),
-               {"fields": {"launch_us": 4.0, "fused_time_scale": 1.5, "clock_ghz": 9.9, "hbm_gbs": "fast"}})
-    got = calibrate.apply(t, "Fake H200", 132)
-    assert got["launch_us"] == 4.0 and got["fused_time_scale"] == 1.5
+               {"fields": {"launch_us": 4.0, "fused_time_scale": 1.5, "clock_ghz": 9.9, "hbm_gbs": "fast",
+                           "dsm_bytes_per_clk": dsm, "barrier_cycles": 780.0, "fused_mma_eff": 0.6}})
+    with pytest.warns(RuntimeWarning, match="ignoring unusable hbm_gbs='fast'"):
+        got = calibrate.apply(t, "Fake H200", 132)
+    assert got["launch_us"] == 4.0 and got["fused_time_scale"] == 1.5 and got["dsm_bytes_per_clk"] == dsm
+    assert got["barrier_cycles"] == 780.0 and got["fused_mma_eff"] == 0.6
     assert got["clock_ghz"] == t["clock_ghz"] and got["hbm_gbs"] == t["hbm_gbs"]   # not MEASURED / not a number
     assert calibrate.apply(t, "Another GPU", 132) == t
     # the planner honours the fields: a lower fused scale predicts the fused plan faster
     base = fuser.plan(128, 768, 3072, activation="gelu", fused=True, target=t)
     cal = fuser.plan(128, 768, 3072, activation="gelu", fused=True, target=got)
     assert cal.predicted_us < base.predicted_us
+
+
+def test_measured_hardware_constants_drive_their_cost_terms():
+    """dsm_bytes_per_clk (per cluster size), barrier_cycles and fused_mma_eff, as calibrate stores them,
+    set the dsm, sync and compute terms of a fused plan: halving a rate doubles its term."""
+    t = dict(fuser._C.targets()["h200"])
+    p = fuser.plan(512, 4096, 14336, gated=True, activation="silu", fused=True, target=t)
+    ci = {2: 1, 4: 2, 8: 3, 16: 4}[p.derived["cluster_size"]]
+
+    def recost(**fields):   # the same plan, costed on a target with these fields
+        return fuser.Plan.from_dict(dict(p.to_dict(), target=dict(t, **fields)))
+    q = recost(barrier_cycles=2 * t["barrier_cycles"], fused_mma_eff=t["fused_mma_eff"] / 2,
+               dsm_bytes_per_clk=[v / 2 if i == ci else v for i, v in enumerate(t["dsm_bytes_per_clk"])])
+    for term in ("dsm", "sync", "compute"):
+        assert p.breakdown[term] > 0 and abs(q.breakdown[term] / p.breakdown[term] - 2) < 1e-9, term
+    # the other cluster sizes' slots change nothing
+    r = recost(dsm_bytes_per_clk=[v / 2 if i != ci else v for i, v in enumerate(t["dsm_bytes_per_clk"])])
+    assert r.breakdown == p.breakdown
+
+
+@pytest.mark.parametrize("field, value", [
+    ("dsm_bytes_per_clk", [0.0, 16.0, 12.0]),            # too short
+    ("dsm_bytes_per_clk", [0.0, 16.0, 0.0, 15.0, 15.0]),  # a cluster size with no bandwidth
+    ("dsm_bytes_per_clk", 16.0),                          # not a list
+    ("barrier_cycles", -390.0),
+    ("barrier_cycles", float("nan")),
+    ("fused_mma_eff", 1.5),                               # an efficiency above 1
+    ("launch_us", True),
+])
+def test_unusable_calibration_values_keep_the_table(cache, field, value):
+    t = fuser._C.targets()["h200"]
+    store.save("calibration", store.device_key("Fake H200", 132), {"fields": {field: value, "launch_us": 3.0}
+                                                                      if field != "launch_us" else {field: value}})
+    with pytest.warns(RuntimeWarning, match=f"ignoring unusable {field}="):
+        got = calibrate.apply(t, "Fake H200", 132)
+    assert got[field] == t[field]
+    fuser.plan(128, 768, 3072, activation="gelu", target=got)   # still a valid target
+
+
+def test_hardware_fields_from_probe_results():
+    """calibrate turns probe results into table fields: the DSM slot per cluster size, the barrier at
+    the kernel's 256 threads (median over cluster sizes 2-16, cluster 1 and other thread counts left
+    out), the best main-loop tile over the matmul rate, capped at 1."""
+    probed = dict(dsm=[dict(cluster=c, bytes_per_clk=10.0 + c) for c in (16, 2, 8, 4)],
+                  barrier=[dict(cluster=c, threads=n, cycles=float(n + c)) for n in (128, 256, 384)
+                           for c in (1, 2, 4, 8, 16)],
+                  mma=[dict(tile="1x4", tflops=200.0), dict(tile="4x8", tflops=900.0)])
+    f = calibrate._hardware_fields(probed, 800.0)
+    assert f["dsm_bytes_per_clk"] == [0.0, 12.0, 14.0, 18.0, 26.0]
+    assert f["barrier_cycles"] == 262.0 and f["fused_mma_eff"] == 1.0
+    t = dict(fuser._C.targets()["h200"], **{k: f[k] for k in ("dsm_bytes_per_clk", "barrier_cycles", "fused_mma_eff")})
+    fuser.plan(16, 768, 3072, activation="gelu", target=t)
 
 
 @no_hopper

@@ -1,0 +1,184 @@
+"""fuser.probes: the hardware microbenchmarks behind ``python -m fuser calibrate``.
+
+The kernels live in ``include/fuser/device/probes.cuh`` (compiled by NVRTC through the kernel cache like
+every fused kernel) and count their own cycles with ``clock64``, one block per SM, on the whole GPU:
+
+  dsm(cluster)             remote shared-memory read bandwidth, bytes per clock per SM, at one cluster
+                           size: each block streams its peer's shared memory with 16-byte
+                           ``ld.shared::cluster`` loads (the cost model's ``dsm_bytes_per_clk``)
+  barrier(cluster, threads) cycles of one full cluster barrier, release/acquire (``barrier_cycles``)
+  mma(mt, nt)              the fused main loop's tensor-core rate with its operands in shared memory
+                           (ldmatrix + mma.sync m16n8k16 on swizzled tiles, warp tile mt x m16 by nt x n8),
+                           TFLOP/s from CUDA events (``fused_mma_eff`` = the best tile over the bf16 matmul rate)
+
+Each result also carries the SM clock the probe ran at (its cycles over its event time).
+
+Example:
+    >>> from fuser import probes
+    >>> probes.dsm(2)["bytes_per_clk"] > 0           # doctest: +SKIP
+    True
+"""
+from __future__ import annotations
+
+import statistics
+
+__all__ = ["SOURCE", "CLUSTERS", "BARRIER_THREADS", "MMA_TILES", "compiled", "dsm", "barrier", "mma", "measure_all"]
+
+SOURCE = '#include "fuser/device/probes.cuh"\n'
+#: Dynamic shared memory per block: above half an SM's, so each block has an SM to itself.
+SMEM = 128 * 1024
+THREADS = 256                      # the fused kernel's block (FUSER_THREADS)
+CLUSTERS = (2, 4, 8, 16)           # the cost model's dsm_bytes_per_clk[1:]
+BARRIER_THREADS = (128, 256, 384)
+MMA_TILES = ((1, 4), (2, 4), (4, 4), (2, 8), (4, 8))
+DSM_LOADS = 8                      # PROBE_DSM_LOADS: 16-byte loads per thread per iteration
+MMA_WARPS = 8
+REPEATS = 3                        # launches per measurement after a warm-up; the median is kept
+
+_loaded = {}
+
+
+def compiled():
+    """The probes' CUBIN (from the kernel cache after the first time); a ``fuser.jit.Compiled``.
+
+    Example:
+        >>> from fuser import probes
+        >>> sorted(k["name"] for k in probes.compiled().kernels)[:2]   # doctest: +SKIP
+        ['fuser_probe_barrier', 'fuser_probe_dsm']
+    """
+    from fuser import jit
+    return jit.compile_source(SOURCE, "probes.cu")
+
+
+def _kernel(name):
+    import torch
+
+    from fuser import _C
+    dev = torch.cuda.current_device()
+    if (dev, name) not in _loaded:
+        _loaded[dev, name] = _C.probe_load(compiled().cubin, name, dev)
+    return _loaded[dev, name]
+
+
+def _launch(name, grid, block, cluster, iters):
+    """Run one probe; (per-block cycles [grid], check values [grid], event milliseconds)."""
+    import torch
+
+    from fuser import _C
+    k = _kernel(name)
+    out = torch.full((grid, 2), float("nan"), device="cuda")
+    stream = torch.cuda.current_stream()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(stream)
+    _C.probe_launch(k, grid, block, cluster, SMEM, out, iters, stream.cuda_stream)
+    end.record(stream)
+    end.synchronize()
+    host = out.cpu()
+    return host[:, 0].tolist(), host[:, 1].tolist(), start.elapsed_time(end)
+
+
+def _grid(name, block, cluster):
+    from fuser import _C
+    n = _C.probe_clusters(_kernel(name), block, cluster, SMEM)
+    if n < 1:
+        raise RuntimeError(f"no cluster of {cluster} blocks with {SMEM} bytes of shared memory fits on this GPU")
+    return n * cluster
+
+
+def _median_run(name, grid, block, cluster, iters, check=None):
+    """Warm up, then REPEATS launches; per launch the median block's cycles and the event time.
+    Returns (cycles, ms, clock GHz) medians."""
+    _launch(name, grid, block, cluster, max(1, iters // 10))
+    runs = []
+    for _ in range(REPEATS):
+        cycles, checks, ms = _launch(name, grid, block, cluster, iters)
+        if check is not None:
+            check(checks)
+        c = statistics.median(cycles)
+        runs.append((c, ms, max(cycles) / (ms * 1e6)))
+    return tuple(statistics.median(r[i] for r in runs) for i in range(3))
+
+
+def dsm(cluster, threads=THREADS, iters=1000):
+    """Remote shared-memory read bandwidth at one cluster size (every SM reading its peer at once), with
+    `threads` per block (the fused kernel's 256 by default).
+
+    Example:
+        >>> from fuser import probes
+        >>> r = probes.dsm(4)                                      # doctest: +SKIP
+        >>> sorted(r)                                              # doctest: +SKIP
+        ['blocks', 'bytes_per_clk', 'clock_ghz', 'cluster', 'tbps', 'threads']
+    """
+    grid = _grid("fuser_probe_dsm", threads, cluster)
+
+    def peers_read(checks):
+        want = [b - b % cluster + (b % cluster + 1) % cluster for b in range(grid)]
+        bad = [b for b, (got, w) in enumerate(zip(checks, want)) if int(got) != w]
+        if bad:
+            raise RuntimeError(f"DSM probe at cluster {cluster}: block {bad[0]} read block {checks[bad[0]]} "
+                               f"instead of its peer {want[bad[0]]}")
+    cycles, ms, ghz = _median_run("fuser_probe_dsm", grid, threads, cluster, iters, peers_read)
+    per_block = iters * DSM_LOADS * 16 * threads
+    return dict(cluster=cluster, threads=threads, blocks=grid, bytes_per_clk=per_block / cycles,
+                tbps=per_block * grid / (ms * 1e9), clock_ghz=ghz)
+
+
+def barrier(cluster, threads=THREADS, iters=2000):
+    """Cycles of one cluster barrier with `threads` per block, every SM running the loop.
+
+    Example:
+        >>> from fuser import probes
+        >>> 100 < probes.barrier(2, 256)["cycles"] < 1000          # doctest: +SKIP
+        True
+    """
+    grid = _grid("fuser_probe_barrier", threads, cluster)
+    cycles, ms, ghz = _median_run("fuser_probe_barrier", grid, threads, cluster, iters)
+    return dict(cluster=cluster, threads=threads, blocks=grid, cycles=cycles / iters, clock_ghz=ghz)
+
+
+def mma(mt, nt, iters=2000):
+    """The main loop's rate from shared memory for a warp tile of mt x 16 rows by nt x 8 columns.
+
+    Example:
+        >>> from fuser import probes
+        >>> r = probes.mma(2, 4)                                   # doctest: +SKIP
+        >>> r["tile"], r["tflops"] > 0                             # doctest: +SKIP
+        ('2x4', True)
+    """
+    import math
+
+    import torch
+    name = f"fuser_probe_mma_{mt}x{nt}"
+    grid = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+    def finite(checks):
+        if not all(math.isfinite(v) for v in checks):
+            raise RuntimeError(f"MMA probe {mt}x{nt}: accumulators not finite")
+    cycles, ms, ghz = _median_run(name, grid, THREADS, 1, iters, finite)
+    flops = grid * MMA_WARPS * iters * 4 * mt * nt * (16 * 8 * 16 * 2)   # 4 k16 steps per BK = 64
+    return dict(tile=f"{mt}x{nt}", tflops=flops / (ms * 1e9), flop_per_clk_sm=flops / grid / cycles, clock_ghz=ghz)
+
+
+def measure_all(log=print):
+    """Every probe at every size; returns dict(dsm=[...], barrier=[...], mma=[...]) of the dicts above.
+
+    Example:
+        >>> from fuser import probes
+        >>> [len(v) for v in probes.measure_all(log=lambda s: None).values()]   # doctest: +SKIP
+        [4, 15, 5]
+    """
+    out = dict(dsm=[], barrier=[], mma=[])
+    for c in CLUSTERS:
+        out["dsm"].append(dsm(c))
+    log("DSM reads, B/clk/SM: " + ", ".join(f"cluster {r['cluster']} {r['bytes_per_clk']:.1f} ({r['tbps']:.2f} TB/s)"
+                                            for r in out["dsm"]))
+    for t in BARRIER_THREADS:
+        for c in (1,) + CLUSTERS:
+            out["barrier"].append(barrier(c, t))
+    log("cluster barrier, cycles: " + "; ".join(
+        f"{t} threads " + "/".join(f"{r['cycles']:.0f}" for r in out["barrier"] if r["threads"] == t)
+        for t in BARRIER_THREADS) + " (cluster 1/2/4/8/16)")
+    for mt, nt in MMA_TILES:
+        out["mma"].append(mma(mt, nt))
+    log("main loop from shared memory, TFLOP/s: " + ", ".join(f"{r['tile']} {r['tflops']:.0f}" for r in out["mma"]))
+    return out
