@@ -1,5 +1,5 @@
-"""``FusedFFN``'s fast path: the fused launch of its last input shape, kept ready (issue #5, host time per
-call outside CUDA graphs).
+"""``FusedFFN``'s fast paths: the route of its last input shape, kept ready (issue #5, host time per call
+outside CUDA graphs): :class:`FastLaunch` for a fused plan, :class:`FastEager` for the PyTorch ops.
 
 The first calls of a shape go the general way (the op validates and plans; then ``ops.run_fused``), and
 forward keeps a :class:`FastLaunch`: the loaded kernel, the scratch of the stream, the output shape, and
@@ -20,6 +20,10 @@ between calls, and returns None (the general route runs, and keeps a fresh FastL
 
 The launch validates everything again in C (shapes, dtypes, alignment, the chain of the kernel), so what
 the checks above miss raises there instead of running.
+
+Where the route is PyTorch's eager ops (every shape the planner does not fuse), ``FastEager`` keeps the
+weights by role and checks only x (shape, dtype, device, contiguity: the route's key) and the weights as
+above; autograd, autocast and dropout are the eager ops' own business, as on the general route.
 """
 from __future__ import annotations
 
@@ -41,31 +45,87 @@ _disabled = ops.disabled
 _ROLES = ("up", "down", "gate", "b_up", "b_gate", "b_down")   # the order of ffn_launch's arguments 2-7
 
 
-class FastLaunch:
-    """One input shape's fused launch for one FusedFFN (see the module docstring). Built by
-    :meth:`build` right after the general route launched ``plan`` for ``x``; :meth:`run` returns the output,
-    or None when the general route has to run instead."""
+class _Weights:
+    """The module's weights as they were when kept: each owner module by name, and each Parameter with
+    its address and shape; ``same(module)`` says whether all still hold."""
 
-    __slots__ = ("shape", "dtype", "device", "stream", "out_shape", "kernel", "scratch", "activation",
-                 "owners", "params", "caps", "borrow", "dropout")
+    __slots__ = ("owners", "params")
 
-    @classmethod
-    def build(cls, module, plan, x, w):
-        """The fast launch of `plan` for inputs shaped like `x` (just launched with weights `w`, the
-        module's ``weights()``), or None where it cannot be kept (a weight not held by a module)."""
-        if _raw_stream is None or _to_capsule is None or type(x) is not _Tensor:
-            return None
-        f = cls()
-        f.owners, f.params = [], []
+    def __init__(self, module):
+        self.owners, self.params = [], []
         for role, ref in module.__dict__["_refs"]:
             if ref is None:
                 continue
             owner = module._owner(ref)
             p = owner._parameters.get(ref.name) if isinstance(owner, torch.nn.Module) else None
             if p is None:
-                return None
-            f.owners.append((ref.owner, owner))
-            f.params.append((owner, ref.name, p, p.data_ptr(), p.shape))
+                raise LookupError(ref.name)
+            self.owners.append((ref.owner, owner))
+            self.params.append((owner, ref.name, p, p.data_ptr(), p.shape))
+
+    @classmethod
+    def of(cls, module):
+        """The weights of `module`, or None where one is not a registered Parameter (nothing is kept)."""
+        try:
+            return cls(module)
+        except LookupError:
+            return None
+
+    def same(self, module):
+        modules, linked = module._modules, module.__dict__["_linked"]
+        for name, owner in self.owners:
+            if (linked.get(name) or modules.get(name)) is not owner:
+                return False
+        for owner, name, p, ptr, shape in self.params:
+            if owner._parameters.get(name) is not p or p.data_ptr() != ptr or p.shape != shape:
+                return False
+        return True
+
+    def need_grad(self):
+        return any(p[2].requires_grad for p in self.params)
+
+
+class FastEager:
+    """One input shape's eager route for one FusedFFN: :meth:`run` returns the output of the module's
+    PyTorch ops with the kept weights, or None when x or the weights changed."""
+
+    __slots__ = ("shape", "dtype", "device", "contiguous", "weights", "w")
+
+    @classmethod
+    def build(cls, module, x, w):
+        weights = _Weights.of(module) if type(x) is _Tensor else None
+        if weights is None:
+            return None
+        f = cls()
+        f.shape, f.dtype, f.device, f.contiguous = x.shape, x.dtype, x.device, x.is_contiguous()
+        f.weights, f.w = weights, w
+        return f
+
+    def run(self, module, x):
+        if (type(x) is not _Tensor or x.shape != self.shape or x.dtype is not self.dtype
+                or x.device != self.device or x.is_contiguous() != self.contiguous
+                or not self.weights.same(module)):
+            return None
+        return module._eager(x, self.w)
+
+
+class FastLaunch:
+    """One input shape's fused launch for one FusedFFN (see the module docstring). Built by
+    :meth:`build` right after the general route launched ``plan`` for ``x``; :meth:`run` returns the output,
+    or None when the general route has to run instead."""
+
+    __slots__ = ("shape", "dtype", "device", "stream", "out_shape", "kernel", "scratch", "activation",
+                 "weights", "caps", "borrow", "dropout")
+
+    @classmethod
+    def build(cls, module, plan, x, w):
+        """The fast launch of `plan` for inputs shaped like `x` (just launched with weights `w`, the
+        module's ``weights()``), or None where it cannot be kept (a weight not held by a module)."""
+        weights = _Weights.of(module) if _raw_stream is not None and _to_capsule is not None else None
+        if weights is None or type(x) is not _Tensor:
+            return None
+        f = cls()
+        f.weights = weights
         device = x.get_device()
         f.shape, f.dtype, f.device, f.stream = x.shape, x.dtype, device, _raw_stream(device)
         f.out_shape = (*x.shape[:-1], w["down"].shape[0])
@@ -86,7 +146,7 @@ class FastLaunch:
                 or _current_device() != self.device or _dispatch_modes() or _function_modes()
                 or _autocast("cuda") or _disabled()):
             return None
-        if _grad_enabled() and (x.requires_grad or any(p[2].requires_grad for p in self.params)):
+        if _grad_enabled() and (x.requires_grad or self.weights.need_grad()):
             return None
         if self.dropout is not None:
             d = getattr(module, self.dropout)
@@ -95,13 +155,8 @@ class FastLaunch:
         stream = _raw_stream(self.device)
         if stream != self.stream or runtime._scratch.get((self.device, stream)) is not self.scratch:
             return None
-        modules, linked = module._modules, module.__dict__["_linked"]
-        for name, owner in self.owners:
-            if (linked.get(name) or modules.get(name)) is not owner:
-                return None
-        for owner, name, p, ptr, shape in self.params:
-            if owner._parameters.get(name) is not p or p.data_ptr() != ptr or p.shape != shape:
-                return None
+        if not self.weights.same(module):
+            return None
         y = x.new_empty(self.out_shape)
         _C.ffn_launch(self.kernel, _to_capsule(x), *self.caps, self.activation, _to_capsule(y),
                       self.scratch.capsule, stream, self.borrow)

@@ -22,7 +22,7 @@ from torch import nn
 import fuser.custom_op  # noqa: F401  (registers torch.ops.fuser.ffn)
 import fuser.ops
 from fuser.custom_op import _c_ready, _ffn_impl
-from fuser.fast import FastLaunch
+from fuser.fast import FastEager, FastLaunch
 from fuser.recognize import FFNSpec, Unsupported, recognise
 from fuser.reference import ACTIVATIONS
 
@@ -233,6 +233,8 @@ class FusedFFN(nn.Module):
         if (known == "reference" or self._mid_dropout_active() or x.dtype != w["up"].dtype
                 or torch.is_autocast_enabled(x.device.type)):
             y = self._eager(x, w)
+            if known == "reference":
+                self.__dict__["_fast"] = FastEager.build(self, x, w)     # later calls of this shape
         elif known is not None and _plain_eager(x, w) and not fuser.ops.disabled():
             x = _c_ready(x)
             y = fuser.ops.run_fused(known, x, w["up"], w["down"], w["gate"], w["b_up"], w["b_gate"], w["b_down"],
