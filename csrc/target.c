@@ -14,8 +14,9 @@ int fuser_cluster_size_index(int size)
     return -1;
 }
 
-/* NOTE: every number below is a measurement on one H200 (shared docs, h200-baselines.md) unless its
- * comment says otherwise; `python -m fuser calibrate` will re-measure them per GPU. */
+/* NOTE: every number below is a measurement on one H200 (shared docs, h200-baselines.md, or
+ * `python -m fuser calibrate` where its comment says so) unless the comment says otherwise; calibrate
+ * re-measures the fields of fuser.calibrate.MEASURED on any Hopper GPU and the planner uses those. */
 static const fuser_target builtin[] = {
     {
         .name = "h200",
@@ -38,27 +39,38 @@ static const fuser_target builtin[] = {
         .l2_gbs = 8500.0,           /* L2-resident reads, 7.4-8.9 TB/s */
         .sm_load_gbs = 110.0,       /* derived: ~64 B/clk per SM of load throughput at 1.7 GHz */
         .mem_latency_us = 0.7,      /* not yet measured: ~1200 cycles under load, assumed */
-        .dsm_bytes_per_clk = {0.0, 16.4, 12.4, 15.5, 15.0}, /* remote ld.shared::cluster.v4 */
+        /* NOTE: dsm_bytes_per_clk, barrier_cycles, fused_mma_eff: `python -m fuser calibrate`'s probes
+         * (include/fuser/device/probes.cuh) on the H200, 2026-11-29 (docs/gpu-results.md, fourth session),
+         * at the fused kernel's 256 threads per block, one block per SM, the whole GPU at once:
+         * remote ld.shared::cluster.v4 streaming at cluster 2/4/8/16; one barrier.cluster
+         * arrive.release + wait.acquire (371-379 cycles over cluster 2-16, median 377); gemm1's
+         * ldmatrix + mma.sync step from shared memory, best warp tile (4x8: 588 TFLOP/s) over that run's
+         * 791.6 TFLOP/s matmul. At the baselines doc's 1024 threads the same probes read 16.3 / 12.6 /
+         * 15.6 / 14.9 B/clk and 616-633 barrier cycles, the doc's numbers within 3%. Were 16.4, 12.4,
+         * 15.5, 15.0 (1024 threads), 390 (interpolated) and 0.45 (assumed). */
+        .dsm_bytes_per_clk = {0.0, 16.0, 14.3, 14.4, 15.1},
         .smem_bytes_per_clk = 127.3,
-        .barrier_cycles = 390.0,    /* cluster.sync at 256 threads: between 355 (128) and 430 (384) */
+        .barrier_cycles = 377.0,
         .launch_us = 1.24,
         .mma_tflops = 762.2,
-        .fused_mma_eff = 0.45,      /* not yet measured: mma.sync main loop, assumed */
-        /* NOTE: measured on an H200 (benchmarks/planner_accuracy.py, benchmarks/RESULTS.md): the 64 best
-         * predicted fused candidates of 6 shapes (GPT-2 M=16/2048, G9, S8, LLaMA-3-8B M=16/512), 384
-         * kernels, each in a CUDA graph: measured / unscaled model, launch excluded, median 2.47
-         * (quartiles 2.06-2.67). Was 4.1 (7 planner picks, 2026-11-29 first validation). Scaling keeps
-         * the planner from choosing kernels that lose to eager. */
-        .fused_time_scale = 2.5,
-        /* NOTE: per-term factors fitted to the same 384 kernels (fuser.calibrate.fit_term_scales on
-         * benchmarks/results/2026-11-29-h200-planner.csv; tests/test_calibrate_tune.py refits them):
-         * leave-one-shape-out mean squared log error 0.074 -> 0.041. */
-        .fused_scale_compute = 0.996, .fused_scale_hbm = 0.489, .fused_scale_l2 = 0.801,
-        .fused_scale_dsm = 1.300, .fused_scale_smem = 1.000, .fused_scale_sync = 1.335,
-        .fused_scale_tail = 1.033,
+        .fused_mma_eff = 0.742,
+        /* NOTE: fused_time_scale and the per-term factors: fuser.calibrate.fit_term_scales on the 768
+         * fused kernels measured on the H200 (benchmarks/results/2026-11-29-h200-planner.csv and
+         * -planner-2.csv: the 64 best predicted candidates of 6 shapes, twice, each in a CUDA graph),
+         * their terms converted to the constants above (benchmarks/planner_accuracy.py COSTED_WITH;
+         * tests/test_calibrate_tune.py refits them): median measured / modelled 2.62, leave-one-shape-
+         * out mean squared log error 0.106 -> 0.037 with the factors. The compute factor puts the fused
+         * kernels' FLOP rate at 1 / (2.62 x 1.52) of what their main loop does from shared memory
+         * (0.19 of the matmul rate): operand staging and the pipeline, not mma.sync, hold them back
+         * (benchmarks/RESULTS.md). Calibrate's own fit on that day (40 kernels,
+         * scale 2.98) predicts the 768 with log error 0.011, as well as this fit does. */
+        .fused_time_scale = 2.618,
+        .fused_scale_compute = 1.523, .fused_scale_hbm = 0.459, .fused_scale_l2 = 0.782,
+        .fused_scale_dsm = 1.221, .fused_scale_smem = 1.000, .fused_scale_sync = 1.421,
+        .fused_scale_tail = 1.099,
         .small_gemm_eff = 0.80,
         .fusion_margin = 0.10,      /* policy: the calibrated model's typical error is ~20% (log error
-                                       0.041 leave-one-shape-out), so gains under 10% are not trusted */
+                                       0.037 leave-one-shape-out), so gains under 10% are not trusted */
         .max_workspace = (int64_t)256 << 20,
     },
     {
@@ -75,13 +87,13 @@ static const fuser_target builtin[] = {
         .l2_gbs = 8500.0,
         .sm_load_gbs = 110.0,
         .mem_latency_us = 0.7,
-        .dsm_bytes_per_clk = {0.0, 16.4, 12.4, 15.5, 15.0},
+        .dsm_bytes_per_clk = {0.0, 16.0, 14.3, 14.4, 15.1}, /* the H200's (same SMs and network) */
         .smem_bytes_per_clk = 127.3,
-        .barrier_cycles = 390.0,
+        .barrier_cycles = 377.0,
         .launch_us = 1.24,        /* the H200's (same chip and driver path) */
         .mma_tflops = 762.2,      /* the H200's (same SMs) */
-        .fused_mma_eff = 0.45,
-        .fused_time_scale = 2.5,    /* the H200's, until measured here */
+        .fused_mma_eff = 0.742,
+        .fused_time_scale = 2.618,  /* the H200's median, until measured here */
         .fused_scale_compute = 1, .fused_scale_hbm = 1, .fused_scale_l2 = 1, .fused_scale_dsm = 1,
         .fused_scale_smem = 1, .fused_scale_sync = 1, .fused_scale_tail = 1,
         .small_gemm_eff = 0.80,   /* the H200's, until measured here */

@@ -152,25 +152,54 @@ def test_tune_needs_a_timing():
 
 
 def test_h200_table_is_the_fit_of_the_committed_measurements():
-    """The H200 target's fused calibration is what fit_term_scales makes of the 384 kernels measured on
+    """The H200 target's fused calibration is what fit_term_scales makes of the 768 kernels measured on
     the H200 (benchmarks/results/2026-11-29-h200-planner.csv, whose cost columns carry the 4.1 scale of
-    that day): refitting reproduces the table, and the per-term factors were adopted because they predict
-    shapes left out of the fit better."""
+    that day, and -planner-2.csv), their terms converted to today's measured constants (compute to
+    fused_mma_eff, dsm to dsm_bytes_per_clk per cluster size, sync to barrier_cycles, launch): refitting
+    reproduces the table, and the per-term factors were adopted because they predict shapes left out of
+    the fit better."""
     import importlib.util
     import pathlib
     root = pathlib.Path(__file__).resolve().parents[1]
     spec = importlib.util.spec_from_file_location("pa", root / "benchmarks/planner_accuracy.py")
     pa = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(pa)
-    samples = pa.samples_from_csv(root / "benchmarks/results/2026-11-29-h200-planner.csv", 4.1)
-    assert len(samples) == 384 and len({s[0] for s in samples}) == 6
+    samples = []
+    for name, scale in (("2026-11-29-h200-planner.csv", 4.1), ("2026-11-29-h200-planner-2.csv", None)):
+        samples += pa.samples_from_csv(root / "benchmarks/results" / name, scale, pa.COSTED_WITH[name])
+    assert len(samples) == 768 and len({s[0] for s in samples}) == 6
     fit = calibrate.fit_term_scales(samples)
     t = fuser._C.targets()["h200"]
-    assert abs(fit["fused_time_scale"] - t["fused_time_scale"]) < 0.05
+    assert abs(fit["fused_time_scale"] - t["fused_time_scale"]) < 0.005
     assert fit["adopted"] and fit["loso_terms"] < 0.6 * fit["loso_uniform"]
     for k, v in fit["factors"].items():
-        assert abs(v - t[f"fused_scale_{k}"]) < 0.01, k
+        assert abs(v - t[f"fused_scale_{k}"]) < 0.005, k
         assert fit["fused_time_scale"] * v >= 1.0 - 1e-9          # no term faster than the model's own bound
+
+
+def test_committed_csv_terms_convert_to_todays_constants():
+    """A CSV costed with other constants is converted term by term: compute with mma_tflops x
+    fused_mma_eff, dsm with the plan's cluster-size slot, sync with barrier_cycles, launch replaced."""
+    import importlib.util
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("pa", root / "benchmarks/planner_accuracy.py")
+    pa = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pa)
+    path = root / "benchmarks/results/2026-11-29-h200-planner-2.csv"
+    was = pa.COSTED_WITH[path.name]
+    t = dict(fuser._C.targets()["h200"])
+    same = dict(t, **{k: v for k, v in was.items()})
+    raw, conv = pa.samples_from_csv(path), pa.samples_from_csv(path, costed_with=was, target=same)
+    assert raw == conv                                       # the constants it was costed with: unchanged
+    half = dict(same, fused_mma_eff=was["fused_mma_eff"] * 2, barrier_cycles=was["barrier_cycles"] / 2,
+                dsm_bytes_per_clk=[v * 4 for v in was["dsm_bytes_per_clk"]], launch_us=9.0)
+    for (_, m0, _, a), (_, m1, launch, b) in zip(raw, pa.samples_from_csv(path, costed_with=was, target=half)):
+        assert m0 == m1 and launch == 9.0
+        assert abs(b["compute"] - a["compute"] / 2) < 1e-9 and abs(b["sync"] - 2 * a["sync"]) < 1e-9
+        assert abs(b["dsm"] - a["dsm"] / 4) < 1e-9 and b["hbm"] == a["hbm"] and b["l2"] == a["l2"]
+    assert pa.cluster_index("fused x, cluster (1, 4, 4, 4), bm=16") == 4
+    assert pa.cluster_index("fused x, cluster (1, 2, 1, 16), bm=16") == 1
 
 
 def test_fit_keeps_factors_at_one_without_evidence():
