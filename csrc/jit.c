@@ -212,10 +212,16 @@ int fuser_jit_compile(const fuser_nvrtc *rtc, const char *source, const char *na
 {
     memset(out, 0, sizeof *out);
     const char *opts[FUSER_JIT_MAX_OPTIONS];
-    int nopts = fuser_jit_options(extra_opts, n_extra, opts, FUSER_JIT_MAX_OPTIONS);
+    int nopts = fuser_jit_options(extra_opts, n_extra, opts, FUSER_JIT_MAX_OPTIONS - 1);
     if (nopts < 0)
         return fuser_fail(err, FUSER_E_VALUE, "too many NVRTC options: %d given, at most %d", n_extra,
-                          FUSER_JIT_MAX_OPTIONS - N_BASE);
+                          FUSER_JIT_MAX_OPTIONS - 1 - N_BASE);
+    /* NOTE: NVRTC 12.9+ keeps its own in-process cache (with a driver present): a program compiled a
+     * second time comes back without the ptxas report, so registers and spills would read 0 (seen on
+     * the H200, NVRTC 13.0). fuser caches on disk itself; the option does not change the binary, so it
+     * stays out of the cache key. */
+    if (rtc->major > 12 || (rtc->major == 12 && rtc->minor >= 9))
+        opts[nopts++] = "--no-cache";
     int nh = fuser_embedded_header_count;
     const char **hdr = malloc(2 * (size_t)(nh > 0 ? nh : 1) * sizeof *hdr);
     if (!hdr)

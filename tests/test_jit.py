@@ -325,6 +325,24 @@ def test_readme_example_runs(nvrtc, cache):
     assert jit.compile_source(scope["src"], "fill.cu").cache_hit
 
 
+def test_every_compile_reports_registers(nvrtc, cache, monkeypatch):
+    """The same program compiled again in one process still comes back with ptxas's report. Where a
+    driver is loaded, NVRTC 12.9+ caches programs in-process and returned the second one without it
+    (registers and spills read 0 on the H200): fuser passes --no-cache. Here with the disk cache off;
+    the GPU run below repeats it with the driver loaded."""
+    monkeypatch.setenv("FUSER_CACHE_DISABLE", "1")
+    ks = [jit.compile_source(PROBE, "probe.cu") for _ in range(3)]
+    assert all(k.registers > 0 and k.kernels and k.kernels[0]["name"] == "fuser_probe" for k in ks)
+    assert len({k.registers for k in ks}) == 1
+
+
+@pytest.mark.gpu
+def test_every_compile_reports_registers_with_the_driver_loaded(nvrtc, cache, monkeypatch):
+    import torch
+    torch.zeros(1, device="cuda")   # the driver and a context, as in any real process
+    test_every_compile_reports_registers(nvrtc, cache, monkeypatch)
+
+
 @pytest.mark.gpu
 def test_probe_launches_with_clusters_on_hopper(nvrtc, cache, tmp_path):
     """launch.c on a real GPU: clusters of 2, 8 and 16 (non-portable) blocks, >48 KB dynamic smem."""
