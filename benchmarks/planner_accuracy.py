@@ -68,6 +68,8 @@ COSTED_WITH = {
                                         dsm_bytes_per_clk=[0.0, 16.4, 12.4, 15.5, 15.0]),
     "2026-11-29-h200-planner-2.csv": dict(mma_tflops=762.2, fused_mma_eff=0.45, barrier_cycles=390.0, launch_us=1.24,
                                           dsm_bytes_per_clk=[0.0, 16.4, 12.4, 15.5, 15.0]),
+    "2026-11-29-h200-planner-3.csv": dict(mma_tflops=762.2, fused_mma_eff=0.742, barrier_cycles=377.0, launch_us=1.24,
+                                          dsm_bytes_per_clk=[0.0, 16.0, 14.3, 14.4, 15.1]),
 }
 
 
