@@ -22,6 +22,13 @@ typedef struct {
 
 fuser_state *fuser_get_state(PyObject *module);
 
+/* The pointer in a capsule of type `name` (fuser's own handles), or NULL with a TypeError saying
+ * "<what>: expected <expected>". */
+void *fuser_capsule_get(PyObject *obj, const char *name, const char *what, const char *expected);
+
+/* A capsule destructor that frees its pointer (handles whose struct was malloc'ed). */
+void fuser_capsule_free(PyObject *cap);
+
 /* Raise the Python exception for a failed core call; returns NULL for `return fuser_raise(...)`. */
 PyObject *fuser_raise(fuser_state *st, const fuser_err *err);
 

@@ -89,17 +89,9 @@ typedef struct {
     int grid_m;
 } ffn_params;
 
-static void capsule_free(PyObject *cap)
-{
-    free(PyCapsule_GetPointer(cap, KERNEL_CAPSULE));
-}
-
 static loaded *get_loaded(PyObject *obj)
 {
-    loaded *l = PyCapsule_IsValid(obj, KERNEL_CAPSULE) ? PyCapsule_GetPointer(obj, KERNEL_CAPSULE) : NULL;
-    if (!l)
-        PyErr_SetString(PyExc_TypeError, "kernel: expected a kernel from fuser._C.load_kernel");
-    return l;
+    return fuser_capsule_get(obj, KERNEL_CAPSULE, "kernel", "a kernel from fuser._C.load_kernel");
 }
 
 PyObject *fuser_py_load_kernel(PyObject *module, PyObject *args, PyObject *kwargs)
@@ -148,7 +140,7 @@ PyObject *fuser_py_load_kernel(PyObject *module, PyObject *args, PyObject *kwarg
         fuser_raise(st, &err);
         goto done;
     }
-    res = PyCapsule_New(l, KERNEL_CAPSULE, capsule_free);
+    res = PyCapsule_New(l, KERNEL_CAPSULE, fuser_capsule_free);
     if (res)
         l = NULL;
 done:
@@ -205,9 +197,9 @@ PyObject *fuser_py_ffn_launch(PyObject *module, PyObject *args, PyObject *kwargs
     loaded *l = get_loaded(kobj);
     if (!l)
         return NULL;
-    scratch_obj *sc = PyCapsule_IsValid(sobj, SCRATCH_CAPSULE) ? PyCapsule_GetPointer(sobj, SCRATCH_CAPSULE) : NULL;
+    scratch_obj *sc = fuser_capsule_get(sobj, SCRATCH_CAPSULE, "scratch", "a scratch from fuser._C.scratch_alloc");
     if (!sc)
-        return PyErr_Format(PyExc_TypeError, "scratch: expected a scratch from fuser._C.scratch_alloc");
+        return NULL;
     fuser_state *st = fuser_get_state(module);
     fuser_held h[NT];
     memset(h, 0, sizeof h);

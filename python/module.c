@@ -2,6 +2,8 @@
  * the exception types, the method table, and the mapping from core status codes to exceptions. */
 #include "binding.h"
 
+#include <stdlib.h>
+
 PyDoc_STRVAR(module_doc,
              "fuser._C: the C core of fuser (planner, code generator, NVRTC JIT, DLPack intake).\n\n"
              "Use the Python package `fuser`; this module is its implementation detail.");
@@ -26,6 +28,19 @@ PyObject *fuser_raise(fuser_state *st, const fuser_err *err)
     }
     PyErr_SetString(type, err->msg[0] ? err->msg : "fuser: unknown error");
     return NULL;
+}
+
+void *fuser_capsule_get(PyObject *obj, const char *name, const char *what, const char *expected)
+{
+    void *p = PyCapsule_IsValid(obj, name) ? PyCapsule_GetPointer(obj, name) : NULL;
+    if (!p)
+        PyErr_Format(PyExc_TypeError, "%s: expected %s", what, expected);
+    return p;
+}
+
+void fuser_capsule_free(PyObject *cap)
+{
+    free(PyCapsule_GetPointer(cap, PyCapsule_GetName(cap)));
 }
 
 PyDoc_STRVAR(dlpack_info_doc,

@@ -14,18 +14,10 @@
 #define PROBE_CAPSULE "fuser.probe"
 
 /* Like FFN kernels, a probe's module stays loaded for the life of the process (a launch may still be
- * queued when Python drops the object); the capsule frees the host-side struct. */
-static void probe_free(PyObject *cap)
-{
-    free(PyCapsule_GetPointer(cap, PROBE_CAPSULE));
-}
-
+ * queued when Python drops the object); the capsule (fuser_capsule_free) frees the host-side struct. */
 static fuser_kernel *get_probe(PyObject *obj)
 {
-    fuser_kernel *k = PyCapsule_IsValid(obj, PROBE_CAPSULE) ? PyCapsule_GetPointer(obj, PROBE_CAPSULE) : NULL;
-    if (!k)
-        PyErr_SetString(PyExc_TypeError, "probe: expected a probe from fuser._C.probe_load");
-    return k;
+    return fuser_capsule_get(obj, PROBE_CAPSULE, "probe", "a probe from fuser._C.probe_load");
 }
 
 /* probe_load(cubin, name, device) -> probe */
@@ -51,7 +43,7 @@ PyObject *fuser_py_probe_load(PyObject *module, PyObject *args)
     }
     if (k && rc)
         fuser_raise(fuser_get_state(module), &err);
-    else if (k && (res = PyCapsule_New(k, PROBE_CAPSULE, probe_free)) != NULL)
+    else if (k && (res = PyCapsule_New(k, PROBE_CAPSULE, fuser_capsule_free)) != NULL)
         k = NULL;
     free(k);
     PyBuffer_Release(&cubin);
