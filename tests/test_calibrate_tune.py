@@ -151,6 +151,17 @@ def test_tune_needs_a_timing():
         fuser.tune(128, 768, 3072, activation="gelu", k=2, timer=lambda w, plans: [None] * len(plans))
 
 
+def _planner_accuracy():
+    """The repository root and benchmarks/planner_accuracy.py loaded as a module."""
+    import importlib.util
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("pa", root / "benchmarks/planner_accuracy.py")
+    pa = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pa)
+    return root, pa
+
+
 def test_h200_table_is_the_fit_of_the_committed_measurements():
     """The H200 target's fused calibration is what fit_term_scales makes of the 768 kernels measured on
     the H200 (benchmarks/results/2026-11-29-h200-planner.csv, whose cost columns carry the 4.1 scale of
@@ -158,12 +169,7 @@ def test_h200_table_is_the_fit_of_the_committed_measurements():
     fused_mma_eff, dsm to dsm_bytes_per_clk per cluster size, sync to barrier_cycles, launch): refitting
     reproduces the table, and the per-term factors were adopted because they predict shapes left out of
     the fit better."""
-    import importlib.util
-    import pathlib
-    root = pathlib.Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("pa", root / "benchmarks/planner_accuracy.py")
-    pa = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pa)
+    root, pa = _planner_accuracy()
     samples = []
     for name, scale in (("2026-11-29-h200-planner.csv", 4.1), ("2026-11-29-h200-planner-2.csv", None)):
         samples += pa.samples_from_csv(root / "benchmarks/results" / name, scale, pa.COSTED_WITH[name])
@@ -180,12 +186,7 @@ def test_h200_table_is_the_fit_of_the_committed_measurements():
 def test_committed_csv_terms_convert_to_todays_constants():
     """A CSV costed with other constants is converted term by term: compute with mma_tflops x
     fused_mma_eff, dsm with the plan's cluster-size slot, sync with barrier_cycles, launch replaced."""
-    import importlib.util
-    import pathlib
-    root = pathlib.Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("pa", root / "benchmarks/planner_accuracy.py")
-    pa = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pa)
+    root, pa = _planner_accuracy()
     path = root / "benchmarks/results/2026-11-29-h200-planner-2.csv"
     was = pa.COSTED_WITH[path.name]
     t = dict(fuser._C.targets()["h200"])
