@@ -13,6 +13,7 @@ typedef unsigned int uint32_t;
 typedef unsigned long long uint64_t;
 typedef int int32_t;
 typedef long long int64_t;
+typedef unsigned long long uintptr_t;
 #endif
 
 #define FUSER_DEVICE __device__ __forceinline__

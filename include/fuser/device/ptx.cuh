@@ -26,6 +26,21 @@ FUSER_DEVICE uint32_t thread_index()
     return r;
 }
 
+/* Nanoseconds of the GPU's global timer (coarse: for traces, not for timing short spans). */
+FUSER_DEVICE uint64_t global_ns()
+{
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+FUSER_DEVICE uint32_t sm_id()
+{
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
+    return r;
+}
+
 /* ---- clusters and DSM ---- */
 
 FUSER_DEVICE uint32_t cluster_rank()
@@ -120,6 +135,39 @@ FUSER_DEVICE int atomic_add_gpu(int *p, int v)
 FUSER_DEVICE void store_relaxed_gpu(int *p, int v)
 {
     asm volatile("st.relaxed.gpu.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+/* The first byte at or after p (dynamic shared memory) whose shared-window address is a multiple of
+ * ALIGN: what 128-byte-swizzled TMA tiles and their wgmma descriptors need (ALIGN 1024). */
+template <int ALIGN>
+FUSER_DEVICE unsigned char *align_smem(unsigned char *p)
+{
+    return p + ((ALIGN - smem_addr(p) % ALIGN) % ALIGN);
+}
+
+/* The same pointer, as far as the compiler knows produced here: loads through it cannot be hoisted above
+ * this point (e.g. above the barrier after which the data is valid). */
+template <typename T>
+FUSER_DEVICE T *launder(T *p)
+{
+    asm volatile("mov.b64 %0, %0;" : "+l"(p)::"memory");
+    return p;
+}
+
+/* An L1-bypassing load the compiler may schedule freely (batch, reorder among loads): for data made
+ * visible before a barrier, read through a pointer laundered after it. */
+FUSER_DEVICE float4 ld_cg_f4_relaxed(const float *p)
+{
+    float4 v;
+    asm("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+    return v;
+}
+
+FUSER_DEVICE int atomic_add_relaxed_gpu(int *p, int v)
+{
+    int old;
+    asm volatile("atom.add.relaxed.gpu.global.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
 }
 
 /* Read workspace written by other blocks: bypass L1 (not coherent across SMs). */
