@@ -65,7 +65,7 @@ static const char *const driver_syms[] = {
     "cuCtxSynchronize", "cuDevicePrimaryCtxRetain", "cuModuleLoadData", "cuModuleUnload",
     "cuModuleGetFunction", "cuFuncSetAttribute", "cuFuncGetAttribute", "cuLaunchKernelEx",
     "cuOccupancyMaxActiveClusters", "cuStreamSynchronize", "cuCtxGetDevice", "cuMemAllocAsync",
-    "cuMemFreeAsync", "cuMemsetD32Async",
+    "cuMemFreeAsync", "cuMemsetD32Async", "cuTensorMapEncodeTiled",
 };
 #define N_DRIVER_SYMS ((int)(sizeof driver_syms / sizeof driver_syms[0]))
 _Static_assert(sizeof(fuser_driver) == offsetof(fuser_driver, cuInit) + N_DRIVER_SYMS * sizeof(void *),

@@ -105,6 +105,8 @@ typedef struct fuser_driver {
     fuser_cu_result (*cuMemAllocAsync)(fuser_cu_deviceptr *, size_t, fuser_cu_stream);
     fuser_cu_result (*cuMemFreeAsync)(fuser_cu_deviceptr, fuser_cu_stream);
     fuser_cu_result (*cuMemsetD32Async)(fuser_cu_deviceptr, unsigned int, size_t, fuser_cu_stream);
+    fuser_cu_result (*cuTensorMapEncodeTiled)(void *, int, unsigned int, void *, const uint64_t *, const uint64_t *,
+                                              const unsigned int *, const unsigned int *, int, int, int, int);
 } fuser_driver;
 
 /* ---- NVRTC ---- */

@@ -55,6 +55,12 @@ int cuCtxGetDevice(int *d) { *d = 0; return 0; }
 int cuMemAllocAsync(unsigned long long *p, size_t n, void *s) { (void)n; (void)s; *p = 0; return 2; }
 int cuMemFreeAsync(unsigned long long p, void *s) { (void)p; (void)s; return 0; }
 int cuMemsetD32Async(unsigned long long p, unsigned v, size_t n, void *s) { (void)p; (void)v; (void)n; (void)s; return 0; }
+int cuTensorMapEncodeTiled(void *m, int t, unsigned r, void *a, const void *d, const void *s, const void *b,
+                           const void *e, int i, int w, int l, int o)
+{
+    (void)m; (void)t; (void)r; (void)a; (void)d; (void)s; (void)b; (void)e; (void)i; (void)w; (void)l; (void)o;
+    return 1;
+}
 
 /* NVRTC */
 int nvrtcVersion(int *major, int *minor)
