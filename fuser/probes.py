@@ -13,6 +13,11 @@ every fused kernel) and count their own cycles with ``clock64``, one block per S
 
 Each result also carries the SM clock the probe ran at (its cycles over its event time).
 
+  gemm(m, n, k, variant)   the wgmma main loop alone, as a GEMM (``include/fuser/device/gemm.cuh``: TMA into an
+                           mbarrier ring, a producer warp, two consumer warpgroups, persistent blocks, optionally
+                           clusters of 2 sharing B by multicast), checked against torch and timed side by side
+                           with torch.mm on rotated inputs (the stream kernels' ``stream_mma_eff``)
+
 Example:
     >>> from fuser import probes
     >>> probes.dsm(2)["bytes_per_clk"] > 0           # doctest: +SKIP
@@ -22,7 +27,8 @@ from __future__ import annotations
 
 import statistics
 
-__all__ = ["SOURCE", "CLUSTERS", "BARRIER_THREADS", "MMA_TILES", "compiled", "dsm", "barrier", "mma", "measure_all"]
+__all__ = ["SOURCE", "CLUSTERS", "BARRIER_THREADS", "MMA_TILES", "GEMM_VARIANTS", "compiled", "dsm", "barrier", "mma",
+           "gemm", "measure_all"]
 
 SOURCE = '#include "fuser/device/probes.cuh"\n'
 #: Dynamic shared memory per block: above half an SM's, so each block has an SM to itself.
@@ -34,6 +40,13 @@ MMA_TILES = ((1, 4), (2, 4), (4, 4), (2, 8), (4, 8))
 DSM_LOADS = 8                      # PROBE_DSM_LOADS: 16-byte loads per thread per iteration
 MMA_WARPS = 8
 REPEATS = 3                        # launches per measurement after a warm-up; the median is kept
+
+#: wgmma GEMM probe variants: (B tile width, pipeline stages, cluster size along M).
+GEMM_VARIANTS = ((256, 4, 1), (256, 4, 2), (128, 6, 2))
+GEMM_SOURCE = '#include "fuser/device/gemm.cuh"\n' + "".join(
+    f'extern "C" __global__ void __launch_bounds__(384, 1) fuser_gemm_{bn}_{st}_{cm}'
+    f'(const __grid_constant__ fuser::GemmParams p) {{ fuser::Gemm<0, {bn}, {st}, {cm}>::run(p); }}\n'
+    for bn, st, cm in GEMM_VARIANTS)
 
 _loaded = {}
 
@@ -50,14 +63,64 @@ def compiled():
     return jit.compile_source(SOURCE, "probes.cu")
 
 
-def _kernel(name):
+def _kernel(name, source=SOURCE):
+    import torch
+
+    from fuser import _C, jit
+    dev = torch.cuda.current_device()
+    if (dev, name) not in _loaded:
+        cubin = compiled().cubin if source == SOURCE else jit.compile_source(source, "gemm_probe.cu").cubin
+        _loaded[dev, name] = _C.probe_load(cubin, name, dev)
+    return _loaded[dev, name]
+
+
+def gemm_smem(bn, stages):
+    """Dynamic shared memory of a GEMM probe variant: its stages, barriers, and 1024 bytes to align them."""
+    return stages * (128 + bn) * 128 + 2048
+
+
+def gemm(m, n, k, variant=GEMM_VARIANTS[0], sets=3, iters=20):
+    """The wgmma GEMM probe on [m, k] x [n, k]^T in bfloat16, checked against torch (relative error on fresh
+    random inputs, output poisoned first) and timed interleaved with ``torch.mm`` on `sets` rotated input
+    sets. Returns dict(variant, tflops, torch_tflops, ratio, rel_error).
+
+    Example:
+        >>> from fuser import probes
+        >>> r = probes.gemm(8192, 8192, 8192)                      # doctest: +SKIP
+        >>> r["ratio"] > 0.9                                       # doctest: +SKIP
+        True
+    """
     import torch
 
     from fuser import _C
-    dev = torch.cuda.current_device()
-    if (dev, name) not in _loaded:
-        _loaded[dev, name] = _C.probe_load(compiled().cubin, name, dev)
-    return _loaded[dev, name]
+    from fuser.timing import time_interleaved
+    bn, stages, cm = variant
+    k_ = _kernel(f"fuser_gemm_{bn}_{stages}_{cm}", GEMM_SOURCE)
+    smem = gemm_smem(bn, stages)
+    stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
+    ins = [(torch.randn(m, k, device="cuda", dtype=torch.bfloat16), torch.randn(n, k, device="cuda",
+                                                                                dtype=torch.bfloat16))
+           for _ in range(sets)]
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    a0, b0 = ins[0]
+    _C.gemm_launch(k_, a0, b0, c, bn, cm, smem, stream())
+    ref = a0.float() @ b0.float().T
+    err = float((c.float() - ref).norm() / ref.norm())
+    it = {"ours": 0, "torch": 0}
+
+    def ours():
+        a, b = ins[it["ours"] % sets]
+        it["ours"] += 1
+        _C.gemm_launch(k_, a, b, c, bn, cm, smem, stream())
+
+    def theirs():
+        a, b = ins[it["torch"] % sets]
+        it["torch"] += 1
+        torch.mm(a, b.T, out=c)
+    t_ours, t_torch = time_interleaved([ours, theirs], iters=iters)
+    flops = 2.0 * m * n * k
+    return dict(variant=variant, tflops=flops / t_ours / 1e6, torch_tflops=flops / t_torch / 1e6,
+                ratio=t_torch / t_ours, rel_error=err)
 
 
 def _launch(name, grid, block, cluster, iters):

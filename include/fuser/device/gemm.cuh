@@ -1,0 +1,147 @@
+/* gemm.cuh: the wgmma main loop alone, as a GEMM: C[M, N] = A[M, K] * B[N, K]^T (the nn.Linear layout:
+ * both operands K-major), 16-bit in and out, fp32 accumulation. It is the probe that `calibrate`
+ * measures against torch.mm (the rate the fused kernels' main loops can reach) and the reference
+ * implementation of the pieces the fused kernels share: a producer warp issuing TMA loads into a
+ * STAGES-deep mbarrier ring, two consumer warpgroups running wgmma on 64-row halves of a 128 x BN
+ * tile, persistent blocks walking tiles in groups of M tiles (so concurrently running tiles share
+ * operands in L2), and optionally clusters of CM blocks along M that share each B tile through TMA
+ * multicast (each block loads 1/CM of it for all). */
+#pragma once
+
+#include "fuser/device/pipeline.cuh"
+#include "fuser/device/wgmma.cuh"
+
+namespace fuser {
+
+struct GemmParams {
+    TensorMap a;      /* A [M, K], box 64 x 128 */
+    TensorMap b;      /* B [N, K], box 64 x BN / CM */
+    uint16_t *c;      /* C [M, N], row-major */
+    int m, n, k;
+};
+
+constexpr int GEMM_THREADS = 384;   /* one producer warpgroup, two consumer warpgroups */
+constexpr int GEMM_BM = 128;
+constexpr int GEMM_GROUP_M = 16;    /* M tiles per raster group */
+
+template <int DT, int BN, int STAGES, int CM>
+struct Gemm {
+    static constexpr int A_BYTES = GEMM_BM * SW_ROW_BYTES;
+    static constexpr int B_BYTES = BN * SW_ROW_BYTES;
+    static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+    static constexpr int B_PART = BN / CM;                  /* B rows this block loads (for all) */
+    static_assert(BN % (8 * CM) == 0 && BN <= 256, "B tile");
+
+    struct Smem {
+        alignas(1024) unsigned char stage[STAGES][STAGE_BYTES];
+        Ring<STAGES> ring;
+    };
+    static constexpr int SMEM_BYTES = (int)sizeof(Smem);
+
+    /* Cluster tile t -> the block's (tile row, tile column); rows in groups of GEMM_GROUP_M. */
+    static FUSER_DEVICE void tile_of(const GemmParams &p, int t, int rank, int &tm, int &tn)
+    {
+        const int mt = ceil_div(p.m, GEMM_BM);
+        const int mp = ceil_div(mt, CM);                    /* cluster rows */
+        const int nt = ceil_div(p.n, BN);
+        const int group = GEMM_GROUP_M / CM;
+        const int per_group = group * nt;
+        const int g = t / per_group, r = t % per_group;
+        const int rows = cmin(group, mp - g * group);
+        tm = (g * group + r % rows) * CM + rank;
+        tn = r / rows;
+    }
+
+    static FUSER_DEVICE int tiles(const GemmParams &p)
+    {
+        return ceil_div(ceil_div(p.m, GEMM_BM), CM) * ceil_div(p.n, BN);
+    }
+
+    static FUSER_DEVICE void run(const GemmParams &p)
+    {
+        extern __shared__ __align__(1024) unsigned char smem_raw[];
+        Smem &s = *(Smem *)align_smem<1024>(smem_raw);
+        const int tid = (int)threadIdx.x, wg = tid / 128;
+        const int rank = CM > 1 ? (int)cluster_rank() : 0;
+        const int clusters = (int)gridDim.x / CM, cid = (int)blockIdx.x / CM;
+        const int kt = ceil_div(p.k, SW_COLS);
+        const int total = tiles(p);
+        if (tid == 0) {
+            s.ring.init(2 * CM);
+            tma_prefetch(&p.a);
+            tma_prefetch(&p.b);
+        }
+        if constexpr (CM > 1)
+            cluster_sync();
+        else
+            __syncthreads();
+
+        if (wg == 0) {
+            setmaxnreg_dec<40>();
+            if (tid == 0) {
+                Cursor<STAGES> c;
+                for (int t = cid; t < total; t += clusters) {
+                    int tm, tn;
+                    tile_of(p, t, rank, tm, tn);
+                    for (int kb = 0; kb < kt; kb++, c.next()) {
+                        produce_begin(s.ring, c, STAGE_BYTES);
+                        unsigned char *st = s.stage[c.stage];
+                        tma_load_2d(st, &p.a, &s.ring.full[c.stage], kb * SW_COLS, tm * GEMM_BM);
+                        if constexpr (CM == 1)
+                            tma_load_2d(st + A_BYTES, &p.b, &s.ring.full[c.stage], kb * SW_COLS, tn * BN);
+                        else
+                            tma_load_2d_multicast(st + A_BYTES + rank * B_PART * SW_ROW_BYTES, &p.b,
+                                                  &s.ring.full[c.stage], kb * SW_COLS, tn * BN + rank * B_PART,
+                                                  (uint16_t)((1 << CM) - 1));
+                    }
+                }
+            }
+        } else {
+            setmaxnreg_inc<232>();
+            const int w = wg - 1, lt = tid % 128, warp = lt / 32, lane = lt % 32;
+            float acc[BN / 2];
+            Cursor<STAGES> c;
+            for (int t = cid; t < total; t += clusters) {
+                int tm, tn;
+                tile_of(p, t, rank, tm, tn);
+                int prev = -1;
+#pragma unroll 1 /* see stream.cuh's mainloop: unrolled, the slot release serialises the MMAs */
+                for (int kb = 0; kb < kt; kb++, c.next()) {
+                    consume_wait(s.ring, c);
+                    const uint32_t a = smem_addr(s.stage[c.stage]) + w * 64 * SW_ROW_BYTES;
+                    wgmma_fence();
+                    mma_k64<DT, BN>(acc, a, smem_addr(s.stage[c.stage]) + A_BYTES, kb > 0);
+                    wgmma_commit();
+                    wgmma_wait<1>();
+                    if (prev >= 0 && lt == 0)
+                        consume_release<CM>(s.ring, prev);
+                    prev = c.stage;
+                }
+                wgmma_wait<0>();
+                fence_operands(acc);
+                if (prev >= 0 && lt == 0)
+                    consume_release<CM>(s.ring, prev);
+                /* epilogue: round and store straight from the accumulators */
+                const int r0 = tm * GEMM_BM + w * 64 + warp * 16 + lane / 4;
+#pragma unroll
+                for (int j = 0; j < BN / 8; j++) {
+                    const int col = tn * BN + j * 8 + 2 * (lane % 4);
+                    if (col >= p.n)
+                        continue;
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int row = r0 + 8 * h;
+                        if (row < p.m)
+                            *(uint32_t *)(p.c + (int64_t)row * p.n + col) =
+                                pack2<DT>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+                    }
+                }
+            }
+        }
+        /* exit: no block leaves while a peer may still multicast into it or arrive on its barriers */
+        if constexpr (CM > 1)
+            cluster_sync();
+    }
+};
+
+} // namespace fuser
