@@ -6,6 +6,7 @@
  * only on its coordinate along that dimension (e.g. summed over all blocks, the in-bounds d_ff
  * columns of every chunk add up to exactly d_ff). */
 #include "fuser/cost.h"
+#include "fuser/stream.h"
 
 #include <math.h>
 
@@ -83,7 +84,10 @@ static void traffic(const fuser_plan *p, fuser_traffic *out, l2_split *split)
 
 void fuser_plan_traffic(const fuser_plan *p, fuser_traffic *out)
 {
-    traffic(p, out, NULL);
+    if (p->kind == FUSER_KIND_STREAM)
+        fuser_stream_traffic(p, out);
+    else
+        traffic(p, out, NULL);
 }
 
 /* Bandwidth (bytes/s) the busy SMs pull from L2 when each keeps (stages - 1) tiles of
@@ -133,6 +137,10 @@ void fuser_plan_cost(fuser_plan *p, const fuser_target *t)
 {
     if (!p->fused) {
         cost_unfused(p, t);
+        return;
+    }
+    if (p->kind == FUSER_KIND_STREAM) {
+        fuser_stream_cost(p, t);
         return;
     }
     l2_split split;

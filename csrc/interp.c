@@ -4,6 +4,7 @@
  * before a barrier. Bytes are counted as they move; global reads also mark which elements were
  * touched, so the HBM count is the set of distinct bytes read (plus writes and the workspace). */
 #include "fuser/interp.h"
+#include "fuser/stream.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -47,8 +48,7 @@ uint16_t fuser_float_to_half(float f, fuser_dtype dt)
     return sign | (uint16_t)nearbyintf(u2f(x) * 16777216.0f); /* subnormal: units of 2^-24 */
 }
 
-/* The activation in fp32, as the kernels evaluate it. */
-static float act_f32(fuser_act a, float x)
+float fuser_act_f32(fuser_act a, float x)
 {
     switch (a) {
     case FUSER_ACT_RELU: return x > 0 ? x : 0;
@@ -229,9 +229,9 @@ static void exchange_epilogue(sim *S, sblock *b, int j)
             float v = 0;
             if (n0 + cc < c->n && r0 + r < c->m) {
                 if (c->gated)
-                    v = act_f32(c->act, G[r * bn + cc] + bg[cc]) * (U[r * bn + cc] + bu[cc]);
+                    v = fuser_act_f32(c->act, G[r * bn + cc] + bg[cc]) * (U[r * bn + cc] + bu[cc]);
                 else
-                    v = act_f32(c->act, U[r * bn + cc] + bu[cc]);
+                    v = fuser_act_f32(c->act, U[r * bn + cc] + bu[cc]);
             }
             h[r * bn + cc] = fuser_float_to_half(v, S->dt);
         }
@@ -468,13 +468,13 @@ static int interpret_unfused(const fuser_plan *p, const fuser_ffn_data *d, fuser
         ref_gemm(dt, d->x, d->w_gate, d->b_gate, M, K, N, g);
         bytes += 2 * (M * K + N * K + (c->bias_gate ? N : 0) + MN);
         for (int64_t i = 0; i < MN; i++) /* act(g): read g, write a */
-            g[i] = fuser_float_to_half(act_f32(c->act, fuser_half_to_float(g[i], dt)), dt);
+            g[i] = fuser_float_to_half(fuser_act_f32(c->act, fuser_half_to_float(g[i], dt)), dt);
         for (int64_t i = 0; i < MN; i++) /* a * u: read both, write h */
             u[i] = fuser_float_to_half(fuser_half_to_float(g[i], dt) * fuser_half_to_float(u[i], dt), dt);
         bytes += 2 * (2 * MN) + 2 * (3 * MN);
     } else {
         for (int64_t i = 0; i < MN; i++)
-            u[i] = fuser_float_to_half(act_f32(c->act, fuser_half_to_float(u[i], dt)), dt);
+            u[i] = fuser_float_to_half(fuser_act_f32(c->act, fuser_half_to_float(u[i], dt)), dt);
         bytes += 2 * (2 * MN);
     }
     ref_gemm(dt, u, d->w_down, d->b_down, M, N, L, d->y);
@@ -520,6 +520,8 @@ int fuser_interpret(const fuser_plan *p, const fuser_ffn_data *d, fuser_interp_r
         return interpret_unfused(p, d, res, err);
     if (p->cluster_size < 1 || p->blocks < 1)
         return fuser_fail(err, FUSER_E_VALUE, "interpreter: the plan is not derived (call fuser_plan_derive)");
+    if (p->kind == FUSER_KIND_STREAM)
+        return fuser_stream_interpret(p, d, res, err);
 
     sim S;
     memset(&S, 0, sizeof S);

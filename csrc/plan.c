@@ -25,8 +25,8 @@ const char *fuser_dataflow_name(int i)
 
 void fuser_plan_dataflow_str(const fuser_plan *p, char *buf, size_t n)
 {
-    if (!p->fused) {
-        snprintf(buf, n, "unfused");
+    if (!p->fused || p->kind == FUSER_KIND_STREAM) {
+        snprintf(buf, n, p->fused ? "stream" : "unfused");
         return;
     }
     buf[0] = '\0';
@@ -72,6 +72,116 @@ static int count_barriers(const fuser_plan *p)
 
 static int align128(int64_t v) { return (int)((v + 127) / 128 * 128); }
 
+/* The stream kernel's shared memory per pipeline stage (include/fuser/device/stream.cuh: an X or H
+ * tile of bm rows and the weight tiles, 128 bytes a row, rounded to the 1024-byte swizzle alignment). */
+static int64_t stream_stage_bytes(const fuser_plan *p)
+{
+    const int64_t x = (int64_t)p->bm * 128;
+    const int64_t b1 = x + (int64_t)p->parts * p->bn * 128, b2 = x + (int64_t)p->bl * 128;
+    return (fuser_max64(b1, b2) + 1023) / 1024 * 1024;
+}
+
+static int derive_stream(fuser_plan *p, fuser_err *err)
+{
+    const fuser_chain *c = &p->chain;
+    if (p->bm != 16 && p->bm != 32 && p->bm != 64 && p->bm != 128)
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: bm = %d token rows: must be 16, 32, 64 or 128", p->bm);
+    if (p->bm < 64 && (p->bn != 128 || p->bl != 128))
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: bm = %d puts the weights on wgmma's M side (64 rows per "
+                          "consumer warpgroup): bn and bl must be 128, got %d and %d", p->bm, p->bn, p->bl);
+    if (c->m > p->bm)
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: %lld tokens exceed bm = %d (it computes up to %d)",
+                          (long long)c->m, p->bm, p->bm);
+    if (c->k % 8 || c->n % 8 || c->l % 8)
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: d_model, d_ff and d_out must be multiples of 8 (TMA "
+                          "rows are 16-byte aligned), got %lld, %lld, %lld", (long long)c->k, (long long)c->n,
+                          (long long)c->l);
+    if (p->bn != 64 && p->bn != 128 && p->bn != 256)
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: bn = %d: must be 64, 128 or 256", p->bn);
+    if (p->bl != 64 && p->bl != 128 && p->bl != 256)
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: bl = %d: must be 64, 128 or 256", p->bl);
+    if (c->gated && p->bn > 128)
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: a gated chain keeps gate and up accumulators: bn <= "
+                          "128, got %d", p->bn);
+    if (p->stages < 2 || p->stages > 8)
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: stages = %d: must be in [2, 8]", p->stages);
+    if (p->cls_m != 1 || p->cls_n != 1 || p->cls_k != 1 || p->cls_l != 1 || p->n_iters != 1 ||
+        p->order != FUSER_ORDER_N_OUTER)
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: cluster must be (1, 1, 1, 1), n_iters 1, order n_outer");
+    if (p->gate_mode != (c->gated ? FUSER_GATE_SEQUENTIAL : FUSER_GATE_NONE))
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: gate mode must be %s", c->gated ? "sequential" : "none");
+    p->kt = fuser_ceil_div(c->k, FUSER_BK);
+    const int64_t kt2 = fuser_ceil_div(c->n, FUSER_BK);
+    if (p->s1 < 1 || p->s1 > p->kt || (p->s1 - 1) * fuser_ceil_div(p->kt, p->s1) >= p->kt)
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: s1 = %d splits of %lld K steps leave a split empty",
+                          p->s1, (long long)p->kt);
+    if (p->s2 < 1 || p->s2 > kt2 || (p->s2 - 1) * fuser_ceil_div(kt2, p->s2) >= kt2)
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: s2 = %d splits of %lld d_ff steps leave a split empty",
+                          p->s2, (long long)kt2);
+    p->parts = c->gated ? 2 : 1;
+    /* consumer registers: ptxas keeps both phases' accumulators within the 232 a consumer thread gets only
+     * up to 192 of them (above, it spills or serialises wgmma) */
+    const int per_wg = p->bm == 128 ? 1 : 2; /* bm 64: the two consumer warpgroups split the columns */
+    const int acc_regs = p->bm < 64 ? (p->parts + 1) * p->bm / 2 /* swap-AB: 64 x bm per part */
+                                    : p->parts * p->bn / per_wg / 2 + p->bl / per_wg / 2;
+    if (acc_regs > 192)
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: bn = %d and bl = %d need %d accumulator registers per "
+                          "consumer thread; at most 192 compile without spills", p->bn, p->bl, acc_regs);
+    if (p->s1 * p->parts > 16 || p->s2 > 16)
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: the last split sums at most 16 partials per element "
+                          "(s1 x parts = %d, s2 = %d)", p->s1 * p->parts, p->s2);
+    p->cluster_size = 1;
+    p->cls_shuffle = p->cls_reduce = 1;
+    p->ksplit = p->s1;
+    p->warps_m = p->warps_n = 0;
+    p->kts = fuser_ceil_div(p->kt, p->s1);
+    p->nb = p->nc = p->bn;
+    p->nt1 = (int)fuser_ceil_div(c->n, p->bn);
+    p->lt2 = (int)fuser_ceil_div(c->l, p->bl);
+    p->lp = p->l_pad = (int64_t)p->lt2 * p->bl;
+    p->lc = p->lt2;
+    p->sw = p->bl;
+    p->grid_m = 1;
+    p->grid_n = p->nt1;
+    p->units = (int64_t)p->nt1 * p->s1 + (int64_t)p->lt2 * p->s2;
+    p->clusters = p->blocks = p->units;
+    p->m_pad = p->bm;
+    p->threads = FUSER_STREAM_THREADS;
+    const int64_t stage = stream_stage_bytes(p);
+    p->smem_pipe = (int)(stage * p->stages);
+    p->smem_xbuf = 0;
+    p->smem_hg = 0;
+    p->smem_bytes = p->smem_pipe + 2048; /* barriers and flag; slack to align the ring to 1024 bytes */
+    p->regs_est = 0;                     /* fixed by setmaxnreg: 40 producer, 232 consumer */
+    int64_t zw, wf;
+    fuser_plan_scratch(p, c->m, &zw, &wf);
+    p->workspace_bytes = wf * 4;
+    p->tickets = zw;
+    p->dataflows = 0;
+    p->barriers = 0;
+    return FUSER_OK;
+}
+
+void fuser_plan_scratch(const fuser_plan *p, int64_t m, int64_t *zeroed_words, int64_t *ws_floats)
+{
+    *zeroed_words = *ws_floats = 0;
+    if (!p->fused)
+        return;
+    const fuser_chain *c = &p->chain;
+    if (p->kind == FUSER_KIND_STREAM) {
+        *zeroed_words = (int64_t)p->nt1 + p->lt2 + p->s2 + 2; /* tickets, ready, done and claim counters */
+        /* H [m][N] in 16 bits (a multiple of 4 floats: N % 8 == 0), then the split partials */
+        *ws_floats = m * c->n / 2 + (p->s1 > 1 ? (int64_t)p->s1 * p->parts * m * c->n : 0) +
+                     (p->s2 > 1 ? (int64_t)p->s2 * m * c->l : 0);
+        return;
+    }
+    if (p->grid_n < 2)
+        return;
+    const int64_t grid_m = fuser_ceil_div(m, (int64_t)p->cls_m * p->bm);
+    *zeroed_words = grid_m * p->cls_m * p->cls_l * p->lc * p->cls_reduce;
+    *ws_floats = p->grid_n * grid_m * p->cls_m * p->bm * p->l_pad;
+}
+
 int fuser_plan_derive(fuser_plan *p, fuser_err *err)
 {
     const fuser_chain *c = &p->chain;
@@ -83,6 +193,11 @@ int fuser_plan_derive(fuser_plan *p, fuser_err *err)
         return fuser_fail(err, FUSER_E_VALUE, "a fused plan needs m >= 1 (an empty batch launches nothing)");
     if (c->dtype == FUSER_F32)
         return fuser_fail(err, FUSER_E_VALUE, "fused plans compute in 16-bit (bfloat16 or float16), not float32");
+    if (p->kind == FUSER_KIND_STREAM)
+        return derive_stream(p, err);
+    if (p->kind != FUSER_KIND_CLUSTER)
+        return fuser_fail(err, FUSER_E_VALUE, "unknown kernel kind %d", (int)p->kind);
+    p->threads = FUSER_THREADS;
     if (!pow2_upto16(p->cls_m) || !pow2_upto16(p->cls_n) || !pow2_upto16(p->cls_k) || !pow2_upto16(p->cls_l))
         return fuser_fail(err, FUSER_E_VALUE, "cluster (%d, %d, %d, %d): every extent must be 1, 2, 4, 8 or 16",
                           p->cls_m, p->cls_n, p->cls_k, p->cls_l);
@@ -181,6 +296,11 @@ int fuser_plan_check_target(const fuser_plan *p, const fuser_target *t, fuser_er
     if (p->smem_bytes > t->smem_per_block)
         return fuser_fail(err, FUSER_E_VALUE, "%d bytes of shared memory per block exceed %s's %d",
                           p->smem_bytes, t->name, t->smem_per_block);
+    if (p->kind == FUSER_KIND_STREAM) /* registers are fixed by the template (static_asserts) */
+        return p->workspace_bytes > t->max_workspace
+                   ? fuser_fail(err, FUSER_E_VALUE, "%lld bytes of workspace exceed the limit of %lld",
+                                (long long)p->workspace_bytes, (long long)t->max_workspace)
+                   : FUSER_OK;
     int reg_cap = t->regs_per_sm / FUSER_THREADS;
     if (reg_cap > t->max_regs_per_thread)
         reg_cap = t->max_regs_per_thread;

@@ -125,6 +125,15 @@ static int r_output_waste(const fuser_plan *p, const fuser_target *t)
     return (p->cls_l - 1) * lp >= p->chain.l || p->bl >= 2 * round_up(part, 32);
 }
 
+/* FULL: a stream-kernel candidate must be a valid geometry: tokens within bm, wgmma tile widths, a
+ * gated tile's two accumulators within the consumers' registers, no empty K split (plan.c says which). */
+static int r_stream_geometry(const fuser_plan *p, const fuser_target *t)
+{
+    (void)t;
+    fuser_plan q = *p;
+    return p->kind == FUSER_KIND_STREAM && fuser_plan_derive(&q, NULL) != FUSER_OK;
+}
+
 /* FULL: shared memory (pipeline stages, exchange buffer, H slices) must fit one block's opt-in limit. */
 static int r_smem_capacity(const fuser_plan *p, const fuser_target *t)
 {
@@ -171,6 +180,8 @@ const fuser_rule fuser_rules[] = {
     {"warp_tiling_bl", "bl divisible by warps and reduce-scatter shares", FUSER_LEVEL_BL, r_warp_tiling_bl},
     {"output_waste", "no output part or chunk entirely padding", FUSER_LEVEL_BL, r_output_waste},
     {"stages", "at least two pipeline stages", FUSER_LEVEL_FULL, r_stages},
+    {"stream_geometry", "stream kernel: m <= bm, wgmma tile widths, accumulators fit, no empty split",
+     FUSER_LEVEL_FULL, r_stream_geometry},
     {"smem_capacity", "shared memory within the per-block limit", FUSER_LEVEL_FULL, r_smem_capacity},
     {"registers", "estimated registers within the per-thread budget", FUSER_LEVEL_FULL, r_registers},
     {"workspace_limit", "exact workspace within the budget", FUSER_LEVEL_FULL, r_workspace_limit},

@@ -17,6 +17,11 @@ static const int stage_set[] = {2, 3, 4};
 /* d_ff clusters to aim for; n_iters follows from each (duplicates dropped) */
 static const int grid_n_targets[] = {1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64,
                                      80, 96, 112, 128, 160, 192, 224, 256};
+/* the stream family (m <= 128): token rows, tiles, K splits of either phase; stages: the most that fit */
+static const int stream_bm_set[] = {16, 32, 64, 128};
+static const int stream_tile_set[] = {64, 128, 256};
+static const int stream_split_set[] = {1, 2, 3, 4, 6, 8, 12, 16};
+#define STREAM_MAX_M 128
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 #define N_ORDER_BL (1 + COUNT(bl_set))     /* n_outer: 1 bl, l_outer: bl_set */
 #define MAX_NITERS COUNT(grid_n_targets)
@@ -24,21 +29,22 @@ static const int grid_n_targets[] = {1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20,
 void fuser_constraints_init(fuser_constraints *c)
 {
     memset(c, 0, sizeof *c);
-    c->order = c->gate_mode = c->fused = -1;
+    c->order = c->gate_mode = c->fused = c->kind = -1;
 }
 
 /* ---- the k best, sorted ascending by predicted time (stable) ----
- * Fused plans rank by their predicted time x (1 + the target's fusion_margin): fusion must be predicted
- * clearly faster than the unfused path to be chosen; among fused plans the order is the predicted one. */
+ * Fused plans rank by their predicted time x (1 + their family's margin: fusion_margin for the cluster
+ * kernel, stream_margin for the stream kernel): fusion must be predicted clearly faster than the unfused
+ * path, by more than its family's model error, to be chosen. */
 typedef struct {
     fuser_plan *v;
     int n, k;
-    double margin;
+    double margin[2]; /* by fuser_kind */
 } topk;
 
 static double rank_key(const topk *h, const fuser_plan *p)
 {
-    return p->fused ? p->cost.total * (1 + h->margin) : p->cost.total;
+    return p->fused ? p->cost.total * (1 + h->margin[p->kind]) : p->cost.total;
 }
 
 static void topk_push(topk *h, const fuser_plan *p)
@@ -111,6 +117,74 @@ static int pruned(const fuser_plan *p, const fuser_target *t, fuser_level lvl, i
 
 static int free_or(int want, int have) { return want <= 0 || want == have; }
 
+static int64_t stream_leaves(const fuser_chain *c)
+{
+    return c->m <= STREAM_MAX_M ? (int64_t)COUNT(stream_bm_set) * COUNT(stream_tile_set) * COUNT(stream_tile_set) *
+                                      COUNT(stream_split_set) * COUNT(stream_split_set)
+                                : 0;
+}
+
+/* The stream family's candidates: every (bm, bn, bl, s1, s2), each with the deepest pipeline that fits. */
+static void search_stream(const fuser_chain *c, const fuser_target *t, const fuser_constraints *cons, topk *best,
+                          fuser_search_stats *st)
+{
+    const int64_t leaves = stream_leaves(c);
+    if (!leaves)
+        return;
+    fuser_plan p;
+    fuser_plan_unfused(c, &p);
+    p.fused = 1;
+    p.kind = FUSER_KIND_STREAM;
+    p.cls_m = p.cls_n = p.cls_k = p.cls_l = 1;
+    p.n_iters = 1;
+    p.order = FUSER_ORDER_N_OUTER;
+    p.gate_mode = c->gated ? FUSER_GATE_SEQUENTIAL : FUSER_GATE_NONE;
+    if ((cons->kind >= 0 && cons->kind != FUSER_KIND_STREAM) || cons->dataflows_all || !free_or(cons->cls_m, 1) ||
+        !free_or(cons->cls_n, 1) || !free_or(cons->cls_k, 1) || !free_or(cons->cls_l, 1) ||
+        !free_or(cons->n_iters, 1) || !(cons->order < 0 || cons->order == FUSER_ORDER_N_OUTER) ||
+        !(cons->gate_mode < 0 || cons->gate_mode == (int)p.gate_mode)) {
+        st->constrained += leaves;
+        return;
+    }
+    if (pruned(&p, t, FUSER_LEVEL_CHAIN, leaves, st))
+        return;
+    for (int ib = 0; ib < COUNT(stream_bm_set); ib++)
+    for (int jn = 0; jn < COUNT(stream_tile_set); jn++)
+    for (int jl = 0; jl < COUNT(stream_tile_set); jl++)
+    for (int a = 0; a < COUNT(stream_split_set); a++)
+    for (int b = 0; b < COUNT(stream_split_set); b++) {
+        p.bm = stream_bm_set[ib], p.bn = stream_tile_set[jn], p.bl = stream_tile_set[jl];
+        p.s1 = stream_split_set[a], p.s2 = stream_split_set[b];
+        if (!free_or(cons->bm, p.bm) || !free_or(cons->bn, p.bn) || !free_or(cons->bl, p.bl) ||
+            !free_or(cons->s1, p.s1) || !free_or(cons->s2, p.s2)) {
+            st->constrained++;
+            continue;
+        }
+        fuser_plan q = p;
+        int fit = 0;
+        for (int s = 8; s >= 2 && !fit; s--) { /* the deepest ring that fits (or the constrained depth) */
+            q = p;
+            q.stages = s;
+            if (!free_or(cons->stages, s) || fuser_plan_derive(&q, NULL) != FUSER_OK)
+                continue;
+            fit = q.smem_bytes <= t->smem_per_block;
+        }
+        if (!fit) {
+            q = p;
+            q.stages = cons->stages > 0 ? cons->stages : 2;
+        }
+        if (pruned(&q, t, FUSER_LEVEL_FULL, 1, st))
+            continue;
+        if ((q.dataflows & cons->dataflows_none) != 0) {
+            st->constrained++;
+            continue;
+        }
+        fuser_plan_cost(&q, t);
+        st->scored++;
+        topk_push(best, &q);
+    }
+}
+
 int fuser_search(const fuser_chain *c, const fuser_target *t, const fuser_constraints *cons_in, int k,
                  fuser_plan *out, int *n_out, fuser_search_stats *st, fuser_err *err)
 {
@@ -131,7 +205,7 @@ int fuser_search(const fuser_chain *c, const fuser_target *t, const fuser_constr
         return err->code;
     if (k < 1 || k > 64)
         return fuser_fail(err, FUSER_E_VALUE, "k must be in [1, 64], got %d", k);
-    topk best = {out, 0, k, t->fusion_margin};
+    topk best = {out, 0, k, {t->fusion_margin, t->stream_margin}};
 
     /* the unfused path */
     st->candidates = 1;
@@ -145,11 +219,16 @@ int fuser_search(const fuser_chain *c, const fuser_target *t, const fuser_constr
         st->constrained++;
     }
 
-    /* the fused space */
-    st->candidates += leaves_all(c);
+    /* the fused space: the stream family, then the cluster family */
+    st->candidates += leaves_all(c) + stream_leaves(c);
+    if (cons.fused == 0) {
+        st->constrained += leaves_all(c) + stream_leaves(c);
+        goto done;
+    }
+    search_stream(c, t, &cons, &best, st);
     fuser_plan_unfused(c, &p);
     p.fused = 1;
-    if (cons.fused == 0) {
+    if ((cons.kind >= 0 && cons.kind != FUSER_KIND_CLUSTER) || cons.s1 > 1 || cons.s2 > 1) {
         st->constrained += leaves_all(c);
         goto done;
     }

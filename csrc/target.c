@@ -72,8 +72,18 @@ static const fuser_target builtin[] = {
         .fused_scale_dsm = 1.221, .fused_scale_smem = 1.000, .fused_scale_sync = 1.418,
         .fused_scale_tail = 1.102,
         .small_gemm_eff = 0.80,
+        /* NOTE: stream_*: stream_mma_eff is the wgmma GEMM probe's rate over the matmul rate (0.82 at
+         * 8192^3 on the H200, 2026-12-01, benchmarks/RESULTS.md); the other four were fitted (grid search,
+         * mean squared log error 0.012) to 164 stream plans of 14 shapes timed in CUDA graphs on the H200
+         * (benchmarks/results/2026-12-01-h200-stream-{sweep,decode}.json): the kernel's SS wgmma are
+         * fed at ~100 of shared memory's 127 B/clk (so N <= 32 is operand-bound); ~3 us per unit of
+         * epilogue and ring restart; ~2 us per launch of fill and hand-off; 1.2x the modelled rest. */
+        .stream_mma_eff = 0.80, .stream_fixed_us = 2.0, .stream_time_scale = 1.2,
+        .stream_operand_bytes_per_clk = 100.0, .stream_unit_us = 3.0,
         .fusion_margin = 0.10,      /* policy: the calibrated model's typical error is ~20% (log error
                                        0.037 leave-one-shape-out), so gains under 10% are not trusted */
+        .stream_margin = 0.05,      /* policy: the stream model predicts its measured decode plans within
+                                       0-6% (log error 0.012 over 164 plans) */
         .max_workspace = (int64_t)256 << 20,
     },
     {
@@ -100,7 +110,10 @@ static const fuser_target builtin[] = {
         .fused_scale_compute = 1, .fused_scale_hbm = 1, .fused_scale_l2 = 1, .fused_scale_dsm = 1,
         .fused_scale_smem = 1, .fused_scale_sync = 1, .fused_scale_tail = 1,
         .small_gemm_eff = 0.80,   /* the H200's, until measured here */
+        .stream_mma_eff = 0.80, .stream_fixed_us = 2.0, .stream_time_scale = 1.2, /* the H200's */
+        .stream_operand_bytes_per_clk = 100.0, .stream_unit_us = 3.0,
         .fusion_margin = 0.10,
+        .stream_margin = 0.05,
         .max_workspace = (int64_t)256 << 20,
     },
 };
@@ -161,12 +174,14 @@ int fuser_target_check(const fuser_target *t, fuser_err *err)
         {"fused_scale_l2", t->fused_scale_l2}, {"fused_scale_dsm", t->fused_scale_dsm},
         {"fused_scale_smem", t->fused_scale_smem}, {"fused_scale_sync", t->fused_scale_sync},
         {"fused_scale_tail", t->fused_scale_tail}, {"small_gemm_eff", t->small_gemm_eff},
+        {"stream_mma_eff", t->stream_mma_eff}, {"stream_fixed_us", t->stream_fixed_us},
+        {"stream_time_scale", t->stream_time_scale}, {"stream_operand_bytes_per_clk", t->stream_operand_bytes_per_clk},
     };
     for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
         if (!(pos[i].v > 0) || !isfinite(pos[i].v))
             return fuser_fail(err, FUSER_E_VALUE, "target %s: %s must be positive, got %g", t->name, pos[i].name,
                               pos[i].v);
-    if (t->fused_mma_eff > 1 || t->small_gemm_eff > 1)
+    if (t->fused_mma_eff > 1 || t->small_gemm_eff > 1 || t->stream_mma_eff > 1)
         return fuser_fail(err, FUSER_E_VALUE, "target %s: efficiencies must be in (0, 1]", t->name);
     if (t->max_cluster != 8 && t->max_cluster != 16)
         return fuser_fail(err, FUSER_E_VALUE, "target %s: max_cluster must be 8 or 16, got %d", t->name,
@@ -182,9 +197,12 @@ int fuser_target_check(const fuser_target *t, fuser_err *err)
     if (t->smem_per_block > t->smem_per_sm)
         return fuser_fail(err, FUSER_E_VALUE, "target %s: smem_per_block %d exceeds smem_per_sm %d", t->name,
                           t->smem_per_block, t->smem_per_sm);
-    if (!(t->fusion_margin >= 0 && t->fusion_margin < 10))
-        return fuser_fail(err, FUSER_E_VALUE, "target %s: fusion_margin must be in [0, 10), got %g", t->name,
-                          t->fusion_margin);
+    if (!(t->fusion_margin >= 0 && t->fusion_margin < 10) || !(t->stream_margin >= 0 && t->stream_margin < 10))
+        return fuser_fail(err, FUSER_E_VALUE, "target %s: fusion_margin and stream_margin must be in [0, 10), got "
+                          "%g and %g", t->name, t->fusion_margin, t->stream_margin);
+    if (!(t->stream_unit_us >= 0) || !isfinite(t->stream_unit_us))
+        return fuser_fail(err, FUSER_E_VALUE, "target %s: stream_unit_us must be >= 0, got %g", t->name,
+                          t->stream_unit_us);
     if (t->max_workspace < 0)
         return fuser_fail(err, FUSER_E_VALUE, "target %s: max_workspace must be >= 0", t->name);
     return FUSER_OK;

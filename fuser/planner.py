@@ -10,7 +10,7 @@ from fuser import _C
 #: The dataflow primitives, in the order plans list them.
 DATAFLOWS = ("all_exchange", "shuffle", "reduce_scatter", "inter_cluster_reduce")
 _DF_BIT = {name: 1 << i for i, name in enumerate(DATAFLOWS)}
-_CONSTRAINT_KEYS = ("bm", "bn", "bl", "n_iters", "stages", "order", "gate_mode")
+_CONSTRAINT_KEYS = ("bm", "bn", "bl", "n_iters", "stages", "order", "gate_mode", "kind", "s1", "s2")
 
 
 def default_target():
@@ -173,6 +173,8 @@ class Plan:
         p = self._d["params"]
         return {"bm": p["bm"], "bn": p["bn"], "bl": p["bl"], "n_iters": p["n_iters"], "bk": 64}
 
+    kind = property(lambda self: self._d["params"].get("kind", "cluster") if self.fused else None)
+    splits = property(lambda self: (self._d["params"]["s1"], self._d["params"]["s2"]) if self.fused else None)
     stages = property(lambda self: self._d["params"]["stages"] if self.fused else None)
     order = property(lambda self: self._d["params"]["order"] if self.fused else None)
     gate_mode = property(lambda self: self._d["params"]["gate_mode"] if self.fused else None)
@@ -182,6 +184,8 @@ class Plan:
         if not self.fused:
             return ("unfused",)
         p = self._d["params"]
+        if self.kind == "stream":  # one family, told apart by its tiles and splits
+            return ("stream", p["bm"], p["bn"], p["bl"], p["s1"], p["s2"])
         return (self.dataflow, tuple(p["cluster"]), p["order"], p["gate_mode"])
 
     # ---- serialisation ----
@@ -235,6 +239,9 @@ class Plan:
         if not self.fused:
             return f"unfused (PyTorch eager ops), predicted {self.predicted_us:.1f} us"
         p = self._d["params"]
+        if self.kind == "stream":
+            return (f"fused stream, bm={p['bm']} bn={p['bn']} bl={p['bl']}, splits {p['s1']}/{p['s2']}, "
+                    f"{p['stages']} stages, predicted {self.predicted_us:.1f} us")
         return (f"fused {self.dataflow}, cluster {tuple(p['cluster'])}, bm={p['bm']} bn={p['bn']}x{p['n_iters']} "
                 f"bl={p['bl']}, {p['stages']} stages, {p['order']}"
                 + (f", gate {p['gate_mode']}" if p["gate_mode"] != "none" else "")
@@ -275,7 +282,16 @@ class Plan:
         """A readable account of the choice, its predicted time and traffic, and the runner-up."""
         b, tr = self.breakdown, self.traffic
         out = [f"FFN: {self._head()}; target {self.target.get('name', '?')}"]
-        if self.fused:
+        if self.fused and self.kind == "stream":
+            d, p = self.derived, self._d["params"]
+            out.append("Choice: fused, stream: one persistent launch streams every weight byte once on the whole GPU")
+            out.append(f"  phase 1: {d['nt1']} tiles of {p['bn']} d_ff columns x {p['s1']} K split(s) compute H for "
+                       f"up to {p['bm']} tokens into a buffer that stays in L2")
+            out.append(f"  phase 2: {d['lt2']} tiles of {p['bl']} output columns x {p['s2']} d_ff split(s) start as "
+                       f"soon as their H columns are ready; split partials are summed in order (deterministic)")
+            out.append(f"  {d['units']} work units on {self._d['cost']['sms_used']} SMs, {p['stages']} pipeline stages, "
+                       f"shared memory {d['smem_bytes']} B per block, workspace {d['workspace_bytes'] / 1e6:.2f} MB")
+        elif self.fused:
             d, p = self.derived, self._d["params"]
             out.append("Choice: fused, " + self.dataflow)
             out.append(f"  cluster (cls_m, cls_n, cls_k, cls_l) = {tuple(p['cluster'])}: {d['cluster_size']} blocks; "
@@ -303,7 +319,8 @@ class Plan:
         r = self._runner_up
         if r is not None:
             delta = r.predicted_us - self.predicted_us
-            margin = self.target.get("fusion_margin", 0.0) if isinstance(self.target, dict) else 0.0
+            key = "stream_margin" if r.kind == "stream" else "fusion_margin"
+            margin = self.target.get(key, 0.0) if isinstance(self.target, dict) else 0.0
             if delta < -0.05 and r.fused and not self.fused:
                 why = (f"{-delta:.1f} us faster ({-delta / self.predicted_us:.0%}), less than the {margin:.0%} "
                        "margin fusion needs to be chosen")
@@ -325,8 +342,11 @@ class Plan:
 
         Example:
             >>> import fuser
-            >>> svg = fuser.plan(16, 4096, 14336, gated=True, activation="silu", fused=True, target="h200").to_svg()
+            >>> p = fuser.plan(16, 4096, 14336, gated=True, activation="silu", fused=True, kind="cluster", target="h200")
+            >>> svg = p.to_svg()
             >>> svg.startswith("<svg") and 'data-dataflow="shuffle"' in svg
+            True
+            >>> 'class="fz-unit"' in fuser.plan(16, 4096, 14336, fused=True, kind="stream", target="h200").to_svg()
             True
         """
         from fuser.svg import plan_svg

@@ -109,23 +109,16 @@ class _Scratch:
 
 class _Launch:
     """What launching a fused plan on one device needs, worked out once (kept on the Plan): the loaded
-    kernel, and the scratch per block row of tokens (one ticket per share tile and fp32 partials of
-    every d_ff cluster, both only with an inter-cluster reduction)."""
+    kernel, whose C side sizes the scratch of a launch (``_C.scratch_need``)."""
 
-    __slots__ = ("kernel", "rows", "tickets_per_row", "floats_per_row")
+    __slots__ = ("kernel",)
 
     def __init__(self, plan, device):
         self.kernel = load(kernel_for(plan), device)
-        d, cls, bm = plan.derived, plan.cluster, plan.tiles["bm"]
-        self.rows = cls[0] * bm
-        multi = d["grid_n"] > 1
-        self.tickets_per_row = cls[0] * cls[3] * d["lc"] * d["cls_reduce"] if multi else 0
-        self.floats_per_row = d["grid_n"] * cls[0] * bm * d["l_pad"] if multi else 0
 
     def need(self, m):
-        """(zeroed tickets, workspace floats) of a launch with `m` tokens."""
-        grid_m = -(-m // self.rows)
-        return grid_m * self.tickets_per_row, grid_m * self.floats_per_row
+        """(zeroed words, workspace floats) of a launch with `m` tokens."""
+        return _C.scratch_need(self.kernel, m)
 
 
 def _launch_of(plan, device):
@@ -158,7 +151,7 @@ def _scratch_fitting(tickets, ws, device, stream):
             return buf
         raise RuntimeError("fuser: this call needs a larger workspace than was allocated before CUDA graph "
                            "capture; run the model once with the same shapes before capturing")
-    cap = max(tickets, 4096, buf.tickets if buf else 0)
+    cap = -(-max(tickets, 4096, buf.tickets if buf else 0) // 32) * 32  # keeps the workspace 128-byte aligned
     need_ws = max(ws, buf.floats - buf.tickets if buf else 0)
     buf = _scratch[key] = _Scratch(device, stream, cap, need_ws)
     return buf

@@ -280,6 +280,34 @@ def _charts(c, plan, y):
     return max(y1, y2 + 28)
 
 
+def _stream_svg(c, plan):
+    """A stream plan: its two phases as rows of unit boxes (n-tiles x K splits, then l-tiles x d_ff splits),
+    H between them in L2, and the charts."""
+    d, p = plan.derived, plan._d["params"]
+    s1, s2 = plan.splits
+    c.text(16, 58, f"stream: one persistent launch, {d['units']} work units claimed in order by the blocks; "
+                   f"bm={p['bm']} token rows, {p['stages']} pipeline stages", 11, fill="#444")
+    y = 72
+    for phase, tiles, width, splits, what in ((1, d["nt1"], p["bn"], s1, "d_ff columns, K split"),
+                                              (2, d["lt2"], p["bl"], s2, "output columns, d_ff split")):
+        shown = min(tiles, 16)
+        c.text(16, y + 12, f"phase {phase}: {tiles} tiles of {width} {what} x {splits}", 11, weight="bold")
+        y += 18
+        for i in range(shown):
+            for k in range(min(splits, 4)):
+                c.rect(16 + i * 46, y + k * 14, 42, 12, fill=COLORS["shuffle" if phase == 1 else "reduce_scatter"],
+                       attrs=f' class="fz-unit" data-phase="{phase}" data-tile="{i}" data-split="{k}"')
+        if tiles > shown:
+            c.text(16 + shown * 46, y + 10, f"... {tiles - shown} more", 11, fill="#444")
+        y += min(splits, 4) * 14 + 6
+        if phase == 1:
+            c.text(16, y + 12, f"H [{plan.chain['m']} x {plan.chain['d_ff']}] in 16 bits through L2; phase-2 units "
+                               "wait on the ready count of their d_ff range", 11, fill="#444")
+            y += 22
+    _charts(c, plan, y + 14)
+    return c.svg(plan.summary())
+
+
 def plan_svg(plan):
     """The SVG text picturing ``plan`` (a :class:`fuser.Plan`): the cluster's blocks and their DSM
     exchanges for a fused plan, bytes per memory level and the predicted-time breakdown for any plan.
@@ -305,6 +333,8 @@ def plan_svg(plan):
         _charts(c, plan, 86)
         return c.svg(plan.summary())
     d, t = plan.derived, plan.tiles
+    if plan.kind == "stream":
+        return _stream_svg(c, plan)
     c.text(16, 58, f"cluster (cls_m, cls_n, cls_k, cls_l) = {plan.cluster}: {d['cluster_size']} blocks, "
                    f"cls_shuffle {d['cls_shuffle']}, cls_reduce {d['cls_reduce']}; grid {d['grid_m']} x "
                    f"{d['grid_n']} clusters (tokens x d_ff) = {d['blocks']} blocks", 11, fill="#444")

@@ -9,7 +9,7 @@
 
 #include "fuser/chain.h"
 #include "fuser/cuda.h"
-#include "fuser/launch.h"
+#include "fuser/ffn_launch.h"
 #include "fuser/plan.h"
 
 #define KERNEL_CAPSULE "fuser.kernel"
@@ -71,25 +71,9 @@ PyObject *fuser_py_scratch_alloc(PyObject *module, PyObject *args)
     return cap;
 }
 
-/* A loaded plan. Modules stay loaded for the life of the process (a launch may still be queued when
- * Python drops the object); the host-side struct is freed with the capsule. */
-typedef struct {
-    fuser_kernel k;
-    fuser_plan plan;
-    int max_clusters; /* co-resident clusters (cuOccupancyMaxActiveClusters): the persistent grid */
-} loaded;
-
-/* Must match FfnParams in include/fuser/device/ffn.cuh. */
-typedef struct {
-    const void *x, *w_up, *w_gate, *w_down, *b_up, *b_gate, *b_down;
-    void *y;
-    float *ws;
-    int *tickets;
-    int m;
-    int grid_m;
-} ffn_params;
-
-static loaded *get_loaded(PyObject *obj)
+/* A loaded plan (fuser_ffn_kernel). Modules stay loaded for the life of the process (a launch may still
+ * be queued when Python drops the object); the host-side struct is freed with the capsule. */
+static fuser_ffn_kernel *get_loaded(PyObject *obj)
 {
     return fuser_capsule_get(obj, KERNEL_CAPSULE, "kernel", "a kernel from fuser._C.load_kernel");
 }
@@ -102,17 +86,17 @@ PyObject *fuser_py_load_kernel(PyObject *module, PyObject *args, PyObject *kwarg
     int device = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOy*i:load_kernel", kwlist, &pd, &td, &cubin, &device))
         return NULL;
-    fuser_state *st = fuser_get_state(module);
     fuser_target t;
-    loaded *l = calloc(1, sizeof *l);
+    fuser_plan plan;
+    fuser_ffn_kernel *l = calloc(1, sizeof *l);
     PyObject *res = NULL;
     if (!l) {
         PyErr_NoMemory();
         goto done;
     }
-    if (fuser_target_from_obj(td, &t) || fuser_plan_from_dict(pd, &t, &l->plan))
+    if (fuser_target_from_obj(td, &t) || fuser_plan_from_dict(pd, &t, &plan))
         goto done;
-    if (!l->plan.fused) {
+    if (!plan.fused) {
         PyErr_SetString(PyExc_ValueError, "plan: an unfused plan has no kernel to load");
         goto done;
     }
@@ -122,22 +106,11 @@ PyObject *fuser_py_load_kernel(PyObject *module, PyObject *args, PyObject *kwarg
     int rc = drv ? FUSER_OK : err.code;
     if (drv) {
         Py_BEGIN_ALLOW_THREADS
-        rc = fuser_kernel_load(drv, device, cubin.buf, "fuser_ffn", &l->k, &err);
+        rc = fuser_ffn_kernel_load(drv, device, cubin.buf, &plan, l, &err);
         Py_END_ALLOW_THREADS
-    }
-    if (!rc) {
-        fuser_dim3 block = {FUSER_THREADS, 1, 1}, cluster = {(unsigned)l->plan.cluster_size, 1, 1};
-        Py_BEGIN_ALLOW_THREADS
-        rc = fuser_kernel_max_active_clusters(drv, &l->k, block, cluster, (unsigned)l->plan.smem_bytes,
-                                              &l->max_clusters, &err);
-        Py_END_ALLOW_THREADS
-        if (!rc && l->max_clusters < 1)
-            rc = fuser_fail(&err, FUSER_E_CUDA,
-                            "no cluster of %d blocks with %d bytes of shared memory each fits on cuda:%d",
-                            l->plan.cluster_size, l->plan.smem_bytes, device);
     }
     if (rc) {
-        fuser_raise(st, &err);
+        fuser_raise(fuser_get_state(module), &err);
         goto done;
     }
     res = PyCapsule_New(l, KERNEL_CAPSULE, fuser_capsule_free);
@@ -152,57 +125,68 @@ done:
 PyObject *fuser_py_kernel_info(PyObject *module, PyObject *args)
 {
     PyObject *obj;
-    (void)module;
     if (!PyArg_ParseTuple(args, "O:kernel_info", &obj))
         return NULL;
-    loaded *l = get_loaded(obj);
+    fuser_ffn_kernel *l = get_loaded(obj);
     if (!l)
         return NULL;
     int clusters = 0;
     fuser_err err;
     fuser_err_clear(&err);
     const fuser_driver *drv = fuser_driver_get(&err);
-    fuser_dim3 block = {FUSER_THREADS, 1, 1}, cluster = {(unsigned)l->plan.cluster_size, 1, 1};
+    fuser_dim3 block = {(unsigned)l->plan.threads, 1, 1}, cluster = {(unsigned)l->plan.cluster_size, 1, 1};
     if (!drv || fuser_kernel_max_active_clusters(drv, &l->k, block, cluster, (unsigned)l->plan.smem_bytes,
                                                  &clusters, &err))
         return fuser_raise(fuser_get_state(module), &err);
     return Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:i}", "registers", l->k.num_regs, "local_bytes",
                          l->k.local_bytes, "static_shared_bytes", l->k.static_smem_bytes, "dynamic_shared_bytes",
                          l->plan.smem_bytes, "device", l->k.device, "max_active_clusters", clusters,
-                         "persistent_clusters", l->max_clusters);
+                         "persistent_clusters", l->max_active);
 }
 
-/* Does the chain of the tensors match the chain the kernel was generated for (except m)? */
-static int same_chain(const fuser_chain *a, const fuser_chain *b)
+/* scratch_need(kernel, m) -> (zeroed words, workspace floats) a launch with m tokens needs */
+PyObject *fuser_py_scratch_need(PyObject *module, PyObject *args)
 {
-    return a->k == b->k && a->n == b->n && a->l == b->l && a->gated == b->gated && a->act == b->act &&
-           a->bias_up == b->bias_up && a->bias_gate == b->bias_gate && a->bias_down == b->bias_down &&
-           a->dtype == b->dtype;
+    PyObject *obj;
+    long long m;
+    (void)module;
+    if (!PyArg_ParseTuple(args, "OL:scratch_need", &obj, &m))
+        return NULL;
+    fuser_ffn_kernel *l = get_loaded(obj);
+    if (!l)
+        return NULL;
+    if (m < 0)
+        return PyErr_Format(PyExc_ValueError, "scratch_need: m must be >= 0, got %lld", m);
+    int64_t zw, wf;
+    fuser_plan_scratch(&l->plan, m, &zw, &wf);
+    return Py_BuildValue("(LL)", (long long)zw, (long long)wf);
 }
 
 PyObject *fuser_py_ffn_launch(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"kernel", "x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down", "activation",
-                             "y", "scratch", "stream", "borrow", NULL};
+                             "y", "scratch", "stream", "borrow", "trace", NULL};
     enum { X, WU, WD, WG, BU, BG, BD, Y, NT };
     static const char *const names[NT] = {"x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down", "y"};
     PyObject *kobj, *sobj, *obj[NT] = {NULL};
     const char *activation;
     unsigned long long stream = 0;
     int borrow = 0; /* bit i: read capsule i without consuming it (the caller keeps it for later launches) */
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOsOOK|i:ffn_launch", kwlist, &kobj, &obj[X], &obj[WU],
+    PyObject *tobj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOsOOK|iO:ffn_launch", kwlist, &kobj, &obj[X], &obj[WU],
                                      &obj[WD], &obj[WG], &obj[BU], &obj[BG], &obj[BD], &activation, &obj[Y], &sobj,
-                                     &stream, &borrow))
+                                     &stream, &borrow, &tobj))
         return NULL;
-    loaded *l = get_loaded(kobj);
+    fuser_ffn_kernel *l = get_loaded(kobj);
     if (!l)
         return NULL;
     scratch_obj *sc = fuser_capsule_get(sobj, SCRATCH_CAPSULE, "scratch", "a scratch from fuser._C.scratch_alloc");
     if (!sc)
         return NULL;
     fuser_state *st = fuser_get_state(module);
-    fuser_held h[NT];
+    fuser_held h[NT], th;
     memset(h, 0, sizeof h);
+    memset(&th, 0, sizeof th);
     PyObject *res = NULL;
     const fuser_tensor *t[NT] = {NULL};
     /* the stream: the caller's current one; __dlpack__ then needs no cross-stream synchronisation */
@@ -221,6 +205,8 @@ PyObject *fuser_py_ffn_launch(PyObject *module, PyObject *args, PyObject *kwargs
         PyErr_SetString(PyExc_ValueError, "ffn_launch: y is required");
         goto done;
     }
+    if (tobj != Py_None && fuser_take(st, tobj, "trace", stream_obj, FUSER_TAKE_WRITABLE, &th))
+        goto done;
     fuser_ffn_args a = {t[X], t[WU], t[WD], t[WG], t[BU], t[BG], t[BD], t[Y], activation};
     fuser_chain c;
     fuser_err err;
@@ -229,54 +215,11 @@ PyObject *fuser_py_ffn_launch(PyObject *module, PyObject *args, PyObject *kwargs
         fuser_raise(st, &err);
         goto done;
     }
-    const fuser_plan *p = &l->plan;
-    if (!same_chain(&c, &p->chain)) {
-        PyErr_Format(PyExc_ValueError,
-                     "ffn_launch: the tensors describe d_model %lld, d_ff %lld, d_out %lld, %s %s; the kernel was "
-                     "compiled for d_model %lld, d_ff %lld, d_out %lld, %s %s (with other biases or gating?)",
-                     (long long)c.k, (long long)c.n, (long long)c.l, fuser_dtype_name(c.dtype), fuser_act_name(c.act),
-                     (long long)p->chain.k, (long long)p->chain.n, (long long)p->chain.l,
-                     fuser_dtype_name(p->chain.dtype), fuser_act_name(p->chain.act));
-        goto done;
-    }
-    if (t[X]->device != FUSER_CUDA || t[X]->device_id != l->k.device) {
-        PyErr_Format(PyExc_ValueError, "x: the kernel was loaded on cuda:%d; the tensors are elsewhere", l->k.device);
-        goto done;
-    }
-    const int64_t grid_m = fuser_ceil_div(c.m, (int64_t)p->cls_m * p->bm);
-    const int64_t m_pad = grid_m * p->cls_m * p->bm;
-    const int64_t ws_floats = p->grid_n > 1 ? p->grid_n * m_pad * p->l_pad : 0;
-    /* tickets follow the run-time token count: one per share tile */
-    const int64_t tickets = p->grid_n > 1 ? grid_m * p->cls_m * p->cls_l * p->lc * p->cls_reduce : 0;
-    if (sc->s.device != l->k.device || sc->tickets_cap < tickets || sc->floats < sc->tickets_cap + ws_floats) {
-        PyErr_Format(PyExc_ValueError,
-                     "scratch: this launch needs %lld zeroed tickets and %lld workspace floats on cuda:%d; the "
-                     "scratch holds %lld tickets and %lld floats on cuda:%d", (long long)tickets,
-                     (long long)ws_floats, l->k.device, sc->tickets_cap, sc->floats - sc->tickets_cap, sc->s.device);
-        goto done;
-    }
-    if (c.m > 0x7fffffffLL / 2) {
-        PyErr_Format(PyExc_ValueError, "x: %lld tokens exceed the kernel's int32 indexing", (long long)c.m);
-        goto done;
-    }
-    if (c.m == 0) {
-        res = Py_NewRef(Py_None);
-        goto done;
-    }
     {
-        ffn_params prm = {t[X]->data, t[WU]->data, t[WG] ? t[WG]->data : NULL, t[WD]->data,
-                          t[BU] ? t[BU]->data : NULL, t[BG] ? t[BG]->data : NULL, t[BD] ? t[BD]->data : NULL,
-                          t[Y]->data, (float *)(uintptr_t)sc->s.ptr + sc->tickets_cap, (int *)(uintptr_t)sc->s.ptr,
-                          (int)c.m,
-                          (int)grid_m};
-        void *argv[] = {&prm};
+        const fuser_scratch_view view = {sc->s.ptr, sc->s.device, sc->tickets_cap, sc->floats - sc->tickets_cap};
         const fuser_driver *drv = fuser_driver_get(&err);
-        /* persistent: at most the co-resident clusters; the kernel loops over the rest */
-        const int64_t clusters = fuser_min64(grid_m * p->grid_n, l->max_clusters);
-        fuser_dim3 grid = {(unsigned)(clusters * p->cluster_size), 1, 1};
-        fuser_dim3 block = {FUSER_THREADS, 1, 1}, cluster = {(unsigned)p->cluster_size, 1, 1};
-        int rc = drv ? fuser_kernel_launch(drv, &l->k, grid, block, cluster, (unsigned)p->smem_bytes,
-                                           (fuser_cu_stream)(uintptr_t)stream, argv, &err)
+        int rc = drv ? fuser_ffn_launch(drv, l, &a, &c, &view, tobj != Py_None ? &th.t : NULL,
+                                        (fuser_cu_stream)(uintptr_t)stream, &err)
                      : err.code;
         if (rc)
             fuser_raise(st, &err);
@@ -286,6 +229,7 @@ PyObject *fuser_py_ffn_launch(PyObject *module, PyObject *args, PyObject *kwargs
 done:
     for (int i = 0; i < NT; i++)
         fuser_release(&h[i]);
+    fuser_release(&th);
     Py_DECREF(stream_obj);
     return res;
 }

@@ -93,6 +93,8 @@ static PyMethodDef module_methods[] = {
      "validate the tensors against the kernel's chain and launch it on the stream. Capsules are consumed,\n"
      "except those whose bit is set in borrow (bit 0 = x ... bit 7 = y): read only, reusable."},
     {"kernel_info", fuser_py_kernel_info, METH_VARARGS, "kernel_info(kernel) -> dict of the loaded function."},
+    {"scratch_need", fuser_py_scratch_need, METH_VARARGS,
+     "scratch_need(kernel, m) -> (zeroed words, workspace floats) a launch with m tokens needs."},
     {"scratch_alloc", fuser_py_scratch_alloc, METH_VARARGS,
      "scratch_alloc(device, tickets_cap, ws_floats, stream) -> scratch: zeroed tickets + workspace, allocated\n"
      "with the driver's stream-ordered allocator (outside torch's, so CUDA-graph pools never see it)."},
@@ -107,6 +109,8 @@ static PyMethodDef module_methods[] = {
     {"probe_launch", fuser_py_probe_launch, METH_VARARGS,
      "probe_launch(probe, grid, block, cluster, smem, out, iters, stream): launch it; out is a CUDA\n"
      "float32 tensor of at least 2 x grid elements (cycles and a check value per block)."},
+    {"gemm_launch", fuser_py_gemm_launch, METH_VARARGS,
+     "gemm_launch(probe, a, b, c, bn, cm, smem, stream): the wgmma GEMM probe, c = a @ b.T."},
     {"probe_clusters", fuser_py_probe_clusters, METH_VARARGS,
      "probe_clusters(probe, block, cluster, smem) -> how many such clusters fit on the GPU at once."},
     {NULL, NULL, 0, NULL},

@@ -29,7 +29,9 @@ static const field target_fields[] = {
     TF(barrier_cycles, F_DBL), TF(launch_us, F_DBL), TF(mma_tflops, F_DBL), TF(fused_mma_eff, F_DBL),
     TF(fused_time_scale, F_DBL), TF(fused_scale_compute, F_DBL), TF(fused_scale_hbm, F_DBL),
     TF(fused_scale_l2, F_DBL), TF(fused_scale_dsm, F_DBL), TF(fused_scale_smem, F_DBL), TF(fused_scale_sync, F_DBL),
-    TF(fused_scale_tail, F_DBL), TF(small_gemm_eff, F_DBL), TF(fusion_margin, F_DBL), TF(max_workspace, F_I64),
+    TF(fused_scale_tail, F_DBL), TF(small_gemm_eff, F_DBL), TF(stream_mma_eff, F_DBL), TF(stream_fixed_us, F_DBL),
+    TF(stream_time_scale, F_DBL), TF(stream_operand_bytes_per_clk, F_DBL), TF(stream_unit_us, F_DBL),
+    TF(fusion_margin, F_DBL), TF(stream_margin, F_DBL), TF(max_workspace, F_I64),
 };
 #define PF(k) {#k, F_INT, offsetof(fuser_plan, k)}
 #define PL(k) {#k, F_I64, offsetof(fuser_plan, k)}
@@ -37,7 +39,7 @@ static const field plan_derived[] = {
     PF(cluster_size), PF(cls_shuffle), PF(cls_reduce), PF(ksplit), PF(parts), PF(warps_m), PF(warps_n),
     PL(kt), PL(kts), PL(nb), PL(nc), PL(lp), PF(lc), PF(sw), PL(grid_m), PL(grid_n), PL(clusters), PL(blocks),
     PL(m_pad), PL(l_pad), PF(smem_bytes), PF(smem_pipe), PF(smem_xbuf), PF(smem_hg), PF(regs_est),
-    PL(workspace_bytes), PL(tickets), PF(barriers),
+    PL(workspace_bytes), PL(tickets), PF(barriers), PF(threads), PF(nt1), PF(lt2), PL(units),
 };
 #define CF(k) {#k, F_DBL, offsetof(fuser_cost, k)}
 static const field cost_fields[] = {
@@ -46,6 +48,7 @@ static const field cost_fields[] = {
 };
 
 static const char *const order_names[] = {"n_outer", "l_outer"};
+static const char *const kind_names[] = {"cluster", "stream"};
 static const char *const gate_names[] = {"none", "spatial", "sequential"};
 
 static int name_index(const char *const *names, int n, const char *s)
@@ -282,10 +285,11 @@ static PyObject *plan_to_dict(const fuser_plan *p)
     Py_XDECREF(tr);
     Py_XDECREF(cost);
     if (!bad && p->fused) {
-        PyObject *params = Py_BuildValue("{s:(iiii),s:i,s:i,s:i,s:i,s:i,s:s,s:s}", "cluster", p->cls_m, p->cls_n,
-                                         p->cls_k, p->cls_l, "bm", p->bm, "bn", p->bn, "bl", p->bl, "n_iters",
-                                         p->n_iters, "stages", p->stages, "order", order_names[p->order], "gate_mode",
-                                         gate_names[p->gate_mode]);
+        PyObject *params = Py_BuildValue("{s:s,s:(iiii),s:i,s:i,s:i,s:i,s:i,s:s,s:s,s:i,s:i}", "kind",
+                                         kind_names[p->kind], "cluster", p->cls_m, p->cls_n, p->cls_k, p->cls_l, "bm",
+                                         p->bm, "bn", p->bn, "bl", p->bl, "n_iters", p->n_iters, "stages", p->stages,
+                                         "order", order_names[p->order], "gate_mode", gate_names[p->gate_mode], "s1",
+                                         p->s1, "s2", p->s2);
         PyObject *derived = PyDict_New();
         bad = !params || !derived || put_fields(derived, p, plan_derived, sizeof plan_derived / sizeof plan_derived[0]) ||
               PyDict_SetItemString(d, "params", params) || PyDict_SetItemString(d, "derived", derived);
@@ -373,6 +377,19 @@ int fuser_plan_from_dict(PyObject *d, const fuser_target *t, fuser_plan *p)
         }
         p->order = (fuser_order)oi;
         p->gate_mode = (fuser_gate_mode)gi;
+        /* the kernel family and the stream kernel's splits (absent: the cluster kernel, no splits) */
+        PyObject *kd = PyDict_GetItemString(pd, "kind");
+        int ki = kd ? name_index(kind_names, 2, PyUnicode_Check(kd) ? PyUnicode_AsUTF8(kd) : NULL) : 0;
+        if (ki < 0) {
+            PyErr_Format(PyExc_ValueError, "plan: 'kind' must be 'cluster' or 'stream', got %R", kd);
+            return -1;
+        }
+        p->kind = (fuser_kind)ki;
+        p->s1 = p->s2 = 1;
+        static const field sf[] = {PF(s1), PF(s2)};
+        for (size_t i = 0; i < sizeof sf / sizeof sf[0]; i++)
+            if (get_field(pd, p, &sf[i], "plan params", 0))
+                return -1;
     }
     fuser_err err;
     fuser_err_clear(&err);
@@ -410,6 +427,7 @@ PyObject *fuser_py_search(PyObject *module, PyObject *args, PyObject *kwargs)
             {"bm", F_INT, offsetof(fuser_constraints, bm)}, {"bn", F_INT, offsetof(fuser_constraints, bn)},
             {"bl", F_INT, offsetof(fuser_constraints, bl)}, {"n_iters", F_INT, offsetof(fuser_constraints, n_iters)},
             {"stages", F_INT, offsetof(fuser_constraints, stages)}, {"fused", F_INT, offsetof(fuser_constraints, fused)},
+            {"s1", F_INT, offsetof(fuser_constraints, s1)}, {"s2", F_INT, offsetof(fuser_constraints, s2)},
             {"dataflows_all", F_INT, offsetof(fuser_constraints, dataflows_all)},
             {"dataflows_none", F_INT, offsetof(fuser_constraints, dataflows_none)},
         };
@@ -417,6 +435,12 @@ PyObject *fuser_py_search(PyObject *module, PyObject *args, PyObject *kwargs)
             if (get_field(cons_d, &cons, &cf[i], "constraints", 0))
                 return NULL;
         PyObject *o = PyDict_GetItemString(cons_d, "order"), *g = PyDict_GetItemString(cons_d, "gate_mode");
+        PyObject *kd = PyDict_GetItemString(cons_d, "kind");
+        if (kd && kd != Py_None) {
+            cons.kind = name_index(kind_names, 2, PyUnicode_Check(kd) ? PyUnicode_AsUTF8(kd) : NULL);
+            if (cons.kind < 0)
+                return PyErr_Format(PyExc_ValueError, "kind: expected 'cluster' or 'stream', got %R", kd);
+        }
         if (o && o != Py_None) {
             cons.order = name_index(order_names, 2, PyUnicode_Check(o) ? PyUnicode_AsUTF8(o) : NULL);
             if (cons.order < 0)

@@ -36,6 +36,9 @@ typedef struct {
  * element was not written exactly once. */
 int fuser_interpret(const fuser_plan *p, const fuser_ffn_data *d, fuser_interp_result *res, fuser_err *err);
 
+/** The activation in fp32, as the kernels evaluate it. */
+float fuser_act_f32(fuser_act a, float x);
+
 /** 16-bit conversions with round-to-nearest-even, as the GPU's cvt.rn does. */
 float fuser_half_to_float(uint16_t h, fuser_dtype dt);
 uint16_t fuser_float_to_half(float f, fuser_dtype dt);

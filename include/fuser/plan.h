@@ -40,6 +40,15 @@ extern "C" {
 #endif
 
 typedef enum { FUSER_ORDER_N_OUTER = 0, FUSER_ORDER_L_OUTER = 1 } fuser_order;
+/* Kernel families. cluster: the cluster-fused kernel (include/fuser/device/ffn.cuh) running the DSM
+ * dataflows above. stream: the whole-GPU streaming kernel for up to 128 tokens
+ * (include/fuser/device/stream.cuh): one persistent launch; phase 1 computes H tile by tile
+ * (n-tiles of bn d_ff columns, each split s1 ways over K) into a global buffer that stays in L2, phase 2
+ * computes Y (l-tiles of bl output columns, split s2 ways over d_ff) as soon as the H columns it needs
+ * are ready; split partials are summed deterministically by the last split to finish. bm is the token
+ * rows every tile computes (m <= bm): 64 or 128 with tokens on wgmma's M side, 16 or 32 with the weights
+ * there instead (swap-AB, for decode; bn = bl = 128). */
+typedef enum { FUSER_KIND_CLUSTER = 0, FUSER_KIND_STREAM = 1 } fuser_kind;
 typedef enum { FUSER_GATE_NONE = 0, FUSER_GATE_SPATIAL = 1, FUSER_GATE_SEQUENTIAL = 2 } fuser_gate_mode;
 
 /* Dataflow bits (a plan uses a set of them). */
@@ -55,6 +64,7 @@ const char *fuser_dataflow_name(int bit_index);
 
 /* Fixed kernel constants (see include/fuser/device/): 8 warps; K step of GEMM1; K step of GEMM2. */
 #define FUSER_THREADS 256
+#define FUSER_STREAM_THREADS 384     /* a producer warpgroup and two consumer warpgroups */
 /* NOTE: registers the estimate leaves to ptxas' own choices (fragments in flight, addresses). In a
  * sweep of 232 generated kernels every plan estimated at <= 208 compiled without spills, and the
  * only spilling one was estimated at 224; so plans must estimate at most (cap - 40). */
@@ -83,6 +93,7 @@ typedef struct {
 typedef struct fuser_plan {
     fuser_chain chain;
     int fused;                       /* 0: the unfused path (library GEMMs + elementwise kernels) */
+    fuser_kind kind;                 /* kernel family of a fused plan */
     /* --- searched --- */
     int cls_m, cls_n, cls_k, cls_l;  /* cluster shape (the paper's notation) */
     int bm, bn, bl;                  /* block tiles: token rows, d_ff columns per chunk, output columns per chunk */
@@ -90,6 +101,7 @@ typedef struct fuser_plan {
     int stages;                      /* cp.async pipeline depth */
     fuser_order order;
     fuser_gate_mode gate_mode;
+    int s1, s2;                      /* stream: K splits of phase 1 (over d_model) and phase 2 (over d_ff) */
     /* --- derived by fuser_plan_derive --- */
     int cluster_size;                /* cls_m * cls_n * cls_k */
     int cls_shuffle, cls_reduce;     /* cls_l / cls_k, cls_n * cls_k / cls_l */
@@ -110,6 +122,9 @@ typedef struct fuser_plan {
     int64_t tickets;                 /* int32 counters for inter_cluster_reduce */
     int barriers;                    /* cluster barriers per block */
     int dataflows;                   /* FUSER_DF_* bits */
+    int threads;                     /* threads per block */
+    int nt1, lt2;                    /* stream: n-tiles of phase 1, l-tiles of phase 2 */
+    int64_t units;                   /* stream: work units (phase 1 + phase 2): the most blocks worth launching */
     /* --- filled by the cost model --- */
     fuser_traffic traffic;
     fuser_cost cost;
@@ -119,6 +134,10 @@ typedef struct fuser_plan {
  * validity (divisibility of the cluster shape, tile shapes, ranges) and returns FUSER_E_VALUE naming
  * the first violated condition. It does not check hardware limits (see fuser_plan_check_target). */
 int fuser_plan_derive(fuser_plan *p, fuser_err *err);
+
+/** Scratch a launch of plan p with m tokens needs: zeroed 32-bit words (tickets, flags: zero again when
+ * the kernel ends) and fp32 workspace words (partials, and the stream kernel's H buffer). */
+void fuser_plan_scratch(const fuser_plan *p, int64_t m, int64_t *zeroed_words, int64_t *ws_floats);
 
 /** Check a derived plan against a target's hardware limits (shared memory, registers, cluster size,
  * workspace); FUSER_E_VALUE naming the limit. The unfused plan always passes. */

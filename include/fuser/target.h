@@ -46,6 +46,14 @@ typedef struct fuser_target {
     double fused_scale_compute, fused_scale_hbm, fused_scale_l2, fused_scale_dsm, fused_scale_smem,
         fused_scale_sync, fused_scale_tail;
     double small_gemm_eff;       /* fraction of hbm_gbs library GEMMs reach when weight-streaming */
+    /* the stream kernel family (csrc/stream.c): its wgmma main loop's fraction of mma_tflops, its fixed
+     * cost per launch beyond launch_us (pipeline fill, the H hand-off, the last reduction), and the
+     * measured / modelled ratio of its time */
+    double stream_mma_eff, stream_fixed_us, stream_time_scale;
+    /* shared-memory bytes per clock the stream kernel's SS wgmma sustain (operand-bound below N = 128),
+     * and the fixed cost of one work unit (its epilogue and the ring's restart) */
+    double stream_operand_bytes_per_clk, stream_unit_us;
+    double stream_margin;        /* the same for stream plans (their model's own error) */
     double fusion_margin;        /* a fused plan is chosen over the unfused path only when predicted at
                                     least this much faster (0.1: 10%): the model's error is larger than
                                     small predicted gains, and a fused kernel that loses is a slowdown */

@@ -1,0 +1,278 @@
+/* stream.c: the stream kernel family in the core: exact traffic (closed forms of the unit schedule),
+ * the cost model, and the CPU interpreter that executes the same units, split order and rounding points
+ * as include/fuser/device/stream.cuh. See include/fuser/stream.h. */
+#include "fuser/stream.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- geometry ---- */
+
+typedef struct {
+    int64_t m, K, N, L, parts, bm, bn, bl, s1, s2;
+    int64_t kt1, ks1, kt2, ks2, nt1, lt2, u1, u2;
+} geom;
+
+static geom geom_of(const fuser_plan *p)
+{
+    const fuser_chain *c = &p->chain;
+    geom g = {c->m, c->k, c->n, c->l, p->parts, p->bm, p->bn, p->bl, p->s1, p->s2, 0, 0, 0, 0, 0, 0, 0, 0};
+    g.kt1 = fuser_ceil_div(g.K, FUSER_BK);
+    g.ks1 = fuser_ceil_div(g.kt1, g.s1);
+    g.kt2 = fuser_ceil_div(g.N, FUSER_BK);
+    g.ks2 = fuser_ceil_div(g.kt2, g.s2);
+    g.nt1 = p->nt1;
+    g.lt2 = p->lt2;
+    g.u1 = g.nt1 * g.s1;
+    g.u2 = g.lt2 * g.s2;
+    return g;
+}
+
+/* ---- traffic ---- */
+
+void fuser_stream_traffic(const fuser_plan *p, fuser_traffic *out)
+{
+    const fuser_chain *c = &p->chain;
+    const geom g = geom_of(p);
+    const int64_t e = 2;
+    int64_t l2 = 0;
+    /* phase 1: x by every n-tile, the weights once, biases once, H stored once */
+    l2 += e * g.m * g.K * g.nt1 + e * g.parts * g.N * g.K + e * (c->bias_up + c->bias_gate) * g.N + e * g.m * g.N;
+    if (g.s1 > 1)
+        l2 += 2 * 4 * g.s1 * g.parts * g.m * g.N; /* partials written, read back by the last split */
+    /* phase 2: H by every l-tile, W_down once, b_down once, y */
+    l2 += e * g.m * g.N * g.lt2 + e * g.L * g.N + e * c->bias_down * g.L + e * g.m * g.L;
+    if (g.s2 > 1)
+        l2 += 2 * 4 * g.s2 * g.m * g.L;
+    out->l2 = l2;
+    out->hbm = e * (g.m * g.K + g.parts * g.N * g.K + g.L * g.N + (c->bias_up + c->bias_gate) * g.N +
+                    c->bias_down * g.L + g.m * g.L);
+    out->dsm = 0;
+    out->smem = g.nt1 * g.kt1 * (g.bm + g.parts * g.bn) * FUSER_BK * e + g.lt2 * g.kt2 * (g.bm + g.bl) * FUSER_BK * e;
+}
+
+/* ---- cost ---- */
+
+/* Fraction of the tensor cores' rate a stream of SS wgmma m64nNk16 reaches when shared memory feeds
+ * it: each instruction reads A (64 x 16) and B (N x 16), 16-bit, while the SM's tensor cores need N / 2
+ * cycles for it; below N = 64 the operands cannot arrive fast enough. */
+static double wgmma_eff(const fuser_target *t, int n)
+{
+    return fmin(1.0, t->stream_operand_bytes_per_clk / ((2048.0 + 32.0 * n) / (n / 2.0)));
+}
+
+void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
+{
+    fuser_stream_traffic(p, &p->traffic);
+    const fuser_chain *c = &p->chain;
+    const geom g = geom_of(p);
+    fuser_cost *k = &p->cost;
+    memset(k, 0, sizeof *k);
+    const int64_t G = fuser_min64(g.u1 + g.u2, t->sm_count);
+    const double e = 2, clk = t->clock_ghz * 1e9;
+    const double mma_sm = t->mma_tflops * 1e12 * t->stream_mma_eff / t->sm_count;
+    const double stage = (double)p->smem_pipe / p->stages;
+    const double per_sm = fmin(t->sm_load_gbs * 1e9, (p->stages - 1) * stage / (t->mem_latency_us * 1e-6));
+    const double unit = t->stream_unit_us * 1e-6;
+    /* wgmma N of the consumers' MMAs (swap-AB below bm 64: the tokens) */
+    const int nw1 = p->bm < 64 ? p->bm : p->bm == 128 ? p->bn : p->bn / 2;
+    const int nw2 = p->bm < 64 ? p->bm : p->bm == 128 ? p->bl : p->bl / 2;
+    /* One phase: `units` equal units, each `w` weight bytes (HBM), `x` operand bytes (X or H, from L2),
+     * `f` FLOPs and an epilogue of `epi` bytes. The blocks claim units in order, so the phase takes
+     * ceil(units / G) rounds of one unit on one SM (its loads, or its MMAs plus epilogue, whichever is
+     * longer), or the phase's bytes over HBM or L2 bandwidth, whichever is longest. */
+    const struct { double units, w, x, f, epi; int nw; } ph[2] = {
+        {(double)g.u1, e * g.parts * g.N * g.K / g.u1, e * g.m * g.K * g.nt1 / g.u1,
+         2.0 * g.bm * g.parts * g.bn * g.ks1 * FUSER_BK, (g.s1 > 1 ? 4.0 * g.parts * g.m * g.bn : 0) + e * g.m * g.bn,
+         nw1},
+        {(double)g.u2, e * g.L * g.N / g.u2, e * g.m * g.N * g.lt2 / g.u2, 2.0 * g.bm * g.bl * g.ks2 * FUSER_BK,
+         (g.s2 > 1 ? 4.0 * g.m * g.bl : 0) + e * g.m * g.bl, nw2},
+    };
+    double T = 0;
+    for (int i = 0; i < 2; i++) {
+        const double active = fmin(ph[i].units, (double)G);
+        const double one = fmax((ph[i].w + ph[i].x) / per_sm,
+                                ph[i].f / (mma_sm * wgmma_eff(t, ph[i].nw)) + ph[i].epi / (t->sm_load_gbs * 1e9) + unit);
+        const double rounds = ceil(ph[i].units / G);
+        T += fmax(rounds * one, fmax(ph[i].units * ph[i].w / (t->hbm_gbs * 1e9),
+                                     ph[i].units * (ph[i].w + ph[i].x) / fmin(t->l2_gbs * 1e9, active * per_sm)));
+    }
+    /* the last split of a tile sums every split's partial before H (or y) exists */
+    const double red1 = g.s1 > 1 ? 4.0 * g.s1 * g.parts * g.m * g.bn / (t->sm_load_gbs * 1e9) : 0;
+    const double red2 = g.s2 > 1 ? 4.0 * g.s2 * g.m * g.bl / (t->sm_load_gbs * 1e9) : 0;
+    T += red1 + red2;
+
+    k->flops = 2.0 * FUSER_BK * g.bm * (g.parts * g.bn * g.nt1 * g.kt1 + g.bl * g.lt2 * g.kt2);
+    k->useful_flops = 2.0 * c->m * c->n * ((double)c->k * (c->gated ? 2 : 1) + c->l);
+    k->compute = k->flops / (G * mma_sm) * 1e6;
+    k->hbm = p->traffic.hbm / (t->hbm_gbs * 1e9) * 1e6;
+    k->l2 = p->traffic.l2 / (t->l2_gbs * 1e9) * 1e6;
+    k->smem = p->traffic.smem / (G * t->smem_bytes_per_clk * clk) * 1e6;
+    k->dsm = 0;
+    k->sync = (red1 + red2) * 1e6 + t->stream_fixed_us;
+    const double bound = fmax(fmax(k->compute, k->hbm), fmax(k->l2, k->smem));
+    k->tail = fmax(0, T * 1e6 - bound); /* imbalance between blocks and the phase-1 -> phase-2 hand-off */
+    k->launch = t->launch_us;
+    k->waves = 1;
+    k->sms_used = (int)G;
+    const double s = t->stream_time_scale;
+    k->compute *= s, k->hbm *= s, k->l2 *= s, k->smem *= s, k->sync *= s, k->tail *= s;
+    k->total = k->launch + fmax(fmax(k->compute, k->hbm), fmax(k->l2, k->smem)) + k->tail + k->sync;
+}
+
+/* ---- the interpreter ---- */
+
+typedef struct {
+    const fuser_plan *p;
+    const fuser_ffn_data *d;
+    fuser_dtype dt;
+    geom g;
+    float *part;          /* split partials: [s][parts][m][tile] */
+    float *h;             /* H [m][N], already rounded to 16 bits */
+    unsigned char *seen[7];
+    int64_t sizes[7];
+    unsigned char *written;
+    fuser_traffic tr;
+    double flops;
+} ssim;
+
+static float val(ssim *S, int which, const uint16_t *src, int64_t i)
+{
+    S->seen[which][i] = 1;
+    return fuser_half_to_float(src[i], S->dt);
+}
+
+/* out[m][w] (rows ld_out apart) = sum over k in [k0, k1) of a[m][k] * b[row0 + w][k], k ascending. */
+static void split_product(ssim *S, int wa, const float *a_f32, const uint16_t *a16, int64_t lda, int wb,
+                          const uint16_t *b16, int64_t ldb, int64_t row0, int64_t rows, int64_t k0, int64_t k1,
+                          float *out, int64_t ld_out)
+{
+    for (int64_t r = 0; r < S->g.m; r++)
+        for (int64_t w = 0; w < rows; w++) {
+            float acc = 0;
+            for (int64_t kk = k0; kk < k1; kk++) {
+                const float a = a_f32 ? a_f32[r * lda + kk] : val(S, wa, a16, r * lda + kk);
+                acc += a * val(S, wb, b16, (row0 + w) * ldb + kk);
+            }
+            out[r * ld_out + w] = acc;
+        }
+}
+
+enum { S_X, S_WU, S_WG, S_WD, S_BU, S_BG, S_BD };
+
+static void phase1(ssim *S, int64_t nt)
+{
+    const geom *g = &S->g;
+    const fuser_ffn_data *d = S->d;
+    const fuser_chain *c = &S->p->chain;
+    const int64_t n0 = nt * g->bn, nr = fuser_min64(g->bn, g->N - n0);
+    const uint16_t *w[2] = {d->w_up, d->w_gate};
+    const int wi[2] = {S_WU, S_WG};
+    for (int64_t sp = 0; sp < g->s1; sp++) {
+        const int64_t k0 = sp * g->ks1 * FUSER_BK, k1 = fuser_min64(g->K, (sp + 1) * g->ks1 * FUSER_BK);
+        const int64_t steps = fuser_ceil_div(k1 - k0, FUSER_BK);
+        for (int q = 0; q < g->parts; q++)
+            split_product(S, S_X, NULL, d->x, g->K, wi[q], w[q], g->K, n0, nr, k0, k1,
+                          S->part + (sp * g->parts + q) * g->m * g->bn, g->bn);
+        S->tr.l2 += 2 * g->m * (k1 - k0) + 2 * g->parts * nr * (k1 - k0);
+        S->tr.smem += steps * (g->bm + g->parts * g->bn) * FUSER_BK * 2;
+        S->flops += 2.0 * steps * FUSER_BK * g->bm * g->parts * g->bn;
+        if (g->s1 > 1)
+            S->tr.l2 += 2 * 4 * g->parts * g->m * nr; /* written, then read back by the last split */
+    }
+    for (int64_t j = 0; j < nr; j++) {
+        const float bu = c->bias_up ? val(S, S_BU, d->b_up, n0 + j) : 0;
+        const float bg = c->bias_gate ? val(S, S_BG, d->b_gate, n0 + j) : 0;
+        for (int64_t r = 0; r < g->m; r++) {
+            float v[2] = {0, 0};
+            for (int q = 0; q < g->parts; q++)
+                for (int64_t sp = 0; sp < g->s1; sp++) /* split order */
+                    v[q] += S->part[((sp * g->parts + q) * g->m + r) * g->bn + j];
+            const float hv = c->gated ? fuser_act_f32(c->act, v[1] + bg) * (v[0] + bu) : fuser_act_f32(c->act, v[0] + bu);
+            S->h[r * g->N + n0 + j] = fuser_half_to_float(fuser_float_to_half(hv, S->dt), S->dt);
+        }
+    }
+    S->tr.l2 += 2 * (c->bias_up + c->bias_gate) * nr + 2 * g->m * nr;
+}
+
+static void phase2(ssim *S, int64_t lt)
+{
+    const geom *g = &S->g;
+    const fuser_ffn_data *d = S->d;
+    const fuser_chain *c = &S->p->chain;
+    const int64_t l0 = lt * g->bl, lr = fuser_min64(g->bl, g->L - l0);
+    for (int64_t sp = 0; sp < g->s2; sp++) {
+        const int64_t k0 = sp * g->ks2 * FUSER_BK, k1 = fuser_min64(g->N, (sp + 1) * g->ks2 * FUSER_BK);
+        const int64_t steps = fuser_ceil_div(k1 - k0, FUSER_BK);
+        split_product(S, -1, S->h, NULL, g->N, S_WD, d->w_down, g->N, l0, lr, k0, k1, S->part + sp * g->m * g->bl,
+                      g->bl);
+        S->tr.l2 += 2 * g->m * (k1 - k0) + 2 * lr * (k1 - k0);
+        S->tr.smem += steps * (g->bm + g->bl) * FUSER_BK * 2;
+        S->flops += 2.0 * steps * FUSER_BK * g->bm * g->bl;
+        if (g->s2 > 1)
+            S->tr.l2 += 2 * 4 * g->m * lr;
+    }
+    for (int64_t j = 0; j < lr; j++) {
+        const float b = c->bias_down ? val(S, S_BD, d->b_down, l0 + j) : 0;
+        for (int64_t r = 0; r < g->m; r++) {
+            float v = 0;
+            for (int64_t sp = 0; sp < g->s2; sp++)
+                v += S->part[(sp * g->m + r) * g->bl + j];
+            d->y[r * g->L + l0 + j] = fuser_float_to_half(v + b, S->dt);
+            S->written[r * g->L + l0 + j]++;
+        }
+    }
+    S->tr.l2 += 2 * c->bias_down * lr + 2 * g->m * lr;
+}
+
+int fuser_stream_interpret(const fuser_plan *p, const fuser_ffn_data *d, fuser_interp_result *res, fuser_err *err)
+{
+    ssim S;
+    memset(&S, 0, sizeof S);
+    S.p = p;
+    S.d = d;
+    S.dt = p->chain.dtype;
+    S.g = geom_of(p);
+    const geom *g = &S.g;
+    const fuser_chain *c = &p->chain;
+    const int64_t sizes[7] = {g->m * g->K, g->N * g->K, c->gated ? g->N * g->K : 0, g->L * g->N,
+                              c->bias_up ? g->N : 0, c->bias_gate ? g->N : 0, c->bias_down ? g->L : 0};
+    int ok = 1;
+    for (int i = 0; i < 7; i++) {
+        S.sizes[i] = sizes[i];
+        ok &= (S.seen[i] = calloc((size_t)sizes[i] + 1, 1)) != NULL;
+    }
+    const int64_t tile = fuser_max64(g->parts * g->bn, g->bl);
+    S.part = malloc(sizeof(float) * (size_t)(fuser_max64(g->s1, g->s2) * g->m * tile));
+    S.h = malloc(sizeof(float) * (size_t)(g->m * g->N));
+    S.written = calloc((size_t)(g->m * g->L), 1);
+    ok &= S.part && S.h && S.written;
+    int rc = ok ? FUSER_OK : fuser_fail(err, FUSER_E_NOMEM, "interpreter: out of memory for this plan's buffers");
+    if (rc == FUSER_OK) {
+        for (int64_t nt = 0; nt < g->nt1; nt++)
+            phase1(&S, nt);
+        for (int64_t lt = 0; lt < g->lt2; lt++)
+            phase2(&S, lt);
+        int64_t hbm = 0;
+        for (int i = 0; i < 7; i++)
+            for (int64_t e = 0; e < S.sizes[i]; e++)
+                hbm += 2 * S.seen[i][e];
+        for (int64_t e = 0; rc == FUSER_OK && e < g->m * g->L; e++) {
+            if (S.written[e] != 1)
+                rc = fuser_fail(err, FUSER_E_INTERNAL, "plan leaves output element (%lld, %lld) written %d times",
+                                (long long)(e / g->L), (long long)(e % g->L), S.written[e]);
+            hbm += 2;
+        }
+        S.tr.hbm = hbm;
+        res->traffic = S.tr;
+        res->barriers = 0;
+        res->flops = S.flops;
+    }
+    for (int i = 0; i < 7; i++)
+        free(S.seen[i]);
+    free(S.part);
+    free(S.h);
+    free(S.written);
+    return rc;
+}

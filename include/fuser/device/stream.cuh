@@ -1,0 +1,480 @@
+/* stream.cuh: the whole-GPU streaming FFN kernel for up to 128 tokens (decode and the paper's M = 128
+ * chains). One persistent launch runs both GEMMs; every weight byte is read once, by one block, and
+ * every SM streams weights from the first microsecond to the last.
+ *
+ * Work is a list of units, claimed in order from a global counter by whichever block's producer asks
+ * next (so load balances itself, and a launch needs no co-residency guarantee: a unit is only claimed by a
+ * running block, and phase-2 units, the only ones that wait, are claimed after every phase-1 unit):
+ *   phase 1, unit (n-tile, split): H[:, n-tile] partial = X[:, K range] * W[n-tile, K range]^T, for
+ *     W = W_up (and W_gate when gated: both accumulators in one block, so the gate product is local).
+ *     With S1 K splits, fp32 partials go to a workspace and the last split to arrive (an atomic ticket)
+ *     sums all of them in split order (deterministic); it adds the biases, activates (and gates), rounds
+ *     H to 16 bits into a global buffer (it stays in L2) and counts the n-tile done (release) in the
+ *     ready counter of every phase-2 split whose d_ff range the n-tile overlaps.
+ *   phase 2, unit (split, l-tile): Y[:, l-tile] partial = H[:, N range] * W_down[l-tile, N range]^T. The
+ *     producer acquires its split's ready counter once (every n-tile of the range done) before loading
+ *     H, so phase 2 starts as soon as the H columns it needs exist (no grid-wide barrier). S2 splits
+ *     reduce as in phase 1, then b_down, round, store Y.
+ * The last block to finish resets the ready counters and the claim counter: the sync words are zero
+ * between launches.
+ *
+ * Roles: warpgroup 0 is the producer (one thread issues TMA into a STAGES-deep ring; it runs ahead
+ * across unit boundaries, so the ring never drains); warpgroups 1-2 consume with wgmma. BM, the token
+ * rows of every tile, picks the operand roles:
+ *   BM = 128: tokens on wgmma's M side, each consumer its 64 token rows, all the tile's columns;
+ *   BM = 64: tokens on the M side, both consumers the 64 rows, each half of the columns;
+ *   BM = 16 or 32 (swap-AB, decode): weights on the M side (each consumer 64 of the tile's 128 weight
+ *     rows), tokens on the N side (wgmma n16 / n32), so a few tokens do not pay for 64 rows of MMA.
+ * Tokens beyond M are zero-filled by TMA and never stored. */
+#pragma once
+
+#include "fuser/device/pipeline.cuh"
+#include "fuser/device/wgmma.cuh"
+
+namespace fuser {
+
+struct StreamParams {
+    TensorMap x;      /* X [M, K], box 64 x BM */
+    TensorMap w_up;   /* [N, K], box 64 x BN */
+    TensorMap w_gate; /* [N, K], box 64 x BN (gated only) */
+    TensorMap h;      /* H [M, N] in the workspace, box 64 x BM */
+    TensorMap w_down; /* [L, N], box 64 x BL */
+    const uint16_t *b_up, *b_gate, *b_down;
+    uint16_t *hbuf;   /* H's memory: [M][N] */
+    uint16_t *y;      /* [M, L] */
+    float *ws;        /* fp32 partials: phase 1 [S1][PARTS][M][N], then phase 2 [S2][M][L] */
+    int *sync;        /* [NT1 tickets][LT tickets][S2 ready counters][done][claim], zero between launches */
+    uint64_t *trace;  /* optional (null: off): per unit TRACE_WORDS words, see Stream::trace_unit */
+    int m;
+};
+
+constexpr int STREAM_THREADS = 384;
+constexpr int TRACE_WORDS = 6; /* per unit: block, claimed, loads issued, first data, done (ns), SM */
+
+template <class C>
+struct Stream {
+    static constexpr int DT = C::DTYPE;
+    static constexpr int BM = C::BM, BN = C::BN, BL = C::BL, S1 = C::S1, S2 = C::S2, STAGES = C::STAGES;
+    static constexpr bool SWAP = BM < 64;                           /* weights on wgmma's M side */
+    static constexpr int MT = SWAP ? 0 : BM / 64;
+    static constexpr int PARTS = C::GATED ? 2 : 1;
+    static constexpr int MP = BM;                                   /* token rows of every tile */
+    static constexpr int KT1 = ceil_div(C::K, SW_COLS), KS1 = ceil_div(KT1, S1);
+    static constexpr int NT1 = ceil_div(C::N, BN), U1 = NT1 * S1;
+    static constexpr int KT2 = ceil_div(C::N, SW_COLS), KS2 = ceil_div(KT2, S2);
+    static constexpr int LT = ceil_div(C::L, BL), U2 = LT * S2;
+    /* wgmma N of each consumer's MMAs: phase 1, phase 2 */
+    static constexpr int NW1 = SWAP ? BM : MT == 2 ? BN : BN / 2;
+    static constexpr int NW2 = SWAP ? BM : MT == 2 ? BL : BL / 2;
+    static constexpr int X_BYTES = MP * SW_ROW_BYTES;
+    static constexpr int BYTES1 = X_BYTES + PARTS * BN * SW_ROW_BYTES;
+    static constexpr int BYTES2 = X_BYTES + BL * SW_ROW_BYTES;
+    static constexpr int STAGE_BYTES = ceil_div(cmax(BYTES1, BYTES2), SW_GROUP_BYTES) * SW_GROUP_BYTES;
+    static_assert(BM == 16 || BM == 32 || BM == 64 || BM == 128, "BM");
+    static_assert(!SWAP || (BN == 128 && BL == 128), "swap-AB: each consumer takes 64 weight rows of a 128-row tile");
+    static_assert(BN % 64 == 0 && BN <= 256 && BL % 32 == 0 && BL <= 256, "tiles");
+    static_assert((S1 - 1) * KS1 < KT1 && (S2 - 1) * KS2 < KT2, "every split has K steps");
+    static_assert(C::N % 8 == 0 && C::L % 8 == 0 && C::K % 8 == 0, "16-byte rows");
+
+    /* sync words */
+    static constexpr int TICKETS1 = 0, TICKETS2 = NT1, READY = NT1 + LT, DONE = READY + S2, CLAIM = DONE + 1;
+    static constexpr int SYNC_WORDS = CLAIM + 1;
+
+    struct Smem {
+        alignas(1024) unsigned char stage[STAGES][STAGE_BYTES];
+        Ring<STAGES> ring;
+        int unit[STAGES]; /* the unit whose first K step a slot holds (-1: no more units), set by the producer */
+        int last;
+    };
+
+    const StreamParams &p;
+    Smem &s;
+    int lt, warp, lane, w;   /* consumer thread: index in the consumers, warp in its warpgroup, lane, warpgroup */
+
+    FUSER_DEVICE Stream(const StreamParams &prm, Smem &sm) : p(prm), s(sm) {}
+
+    /* ---------------- producer ---------------- */
+
+    /* The n-tiles whose columns overlap phase-2 split sp's d_ff range (that split's ready count). */
+    static FUSER_DEVICE int first_tile(int sp) { return sp * KS2 * SW_COLS / BN; }
+    static FUSER_DEVICE int tiles_in(int sp)
+    {
+        return (cmin(KT2, (sp + 1) * KS2) * SW_COLS - 1) / BN - first_tile(sp) + 1;
+    }
+
+    FUSER_DEVICE void produce() const
+    {
+        Cursor<STAGES> c;
+        for (;;) {
+            const int u = atomic_add_relaxed_gpu(p.sync + CLAIM, 1);
+            if (p.trace && u < U1 + U2) {
+                p.trace[u * TRACE_WORDS + 0] = blockIdx.x;
+                p.trace[u * TRACE_WORDS + 1] = global_ns();
+                p.trace[u * TRACE_WORDS + 5] = sm_id();
+            }
+            if (u >= U1 + U2) { /* tell the consumers: no more units */
+                mbar_wait(&s.ring.empty[c.stage], c.phase ^ 1);
+                s.unit[c.stage] = -1;
+                mbar_arrive(&s.ring.full[c.stage]);
+                return;
+            }
+            if (u < U1) {
+                const int nt = u / S1, sp = u % S1;
+                const int k1 = cmin(KT1, (sp + 1) * KS1);
+                for (int kb = sp * KS1; kb < k1; kb++, c.next()) {
+                    mbar_wait(&s.ring.empty[c.stage], c.phase ^ 1);
+                    s.unit[c.stage] = u; /* published by the arrive below (release) */
+                    mbar_arrive_expect_tx(&s.ring.full[c.stage], BYTES1);
+                    unsigned char *st = s.stage[c.stage];
+                    uint64_t *bar = &s.ring.full[c.stage];
+                    tma_load_2d(st, &p.x, bar, kb * SW_COLS, 0);
+                    if constexpr (C::GATED)
+                        tma_load_2d(st + X_BYTES + BN * SW_ROW_BYTES, &p.w_gate, bar, kb * SW_COLS, nt * BN);
+                    tma_load_2d(st + X_BYTES, &p.w_up, bar, kb * SW_COLS, nt * BN);
+                }
+            } else {
+                const int sp = (u - U1) / LT, l_t = (u - U1) % LT;
+                const int k1 = cmin(KT2, (sp + 1) * KS2);
+                /* the H columns of the split exist and are visible to TMA */
+                wait_flag(p.sync + READY + sp, tiles_in(sp));
+                fence_proxy_async_global();
+                if (p.trace)
+                    p.trace[u * TRACE_WORDS + 2] = global_ns();
+                for (int kb = sp * KS2; kb < k1; kb++, c.next()) {
+                    mbar_wait(&s.ring.empty[c.stage], c.phase ^ 1);
+                    s.unit[c.stage] = u;
+                    mbar_arrive_expect_tx(&s.ring.full[c.stage], BYTES2);
+                    unsigned char *st = s.stage[c.stage];
+                    uint64_t *bar = &s.ring.full[c.stage];
+                    tma_load_2d(st, &p.h, bar, kb * SW_COLS, 0);
+                    tma_load_2d(st + X_BYTES, &p.w_down, bar, kb * SW_COLS, l_t * BL);
+                }
+            }
+        }
+    }
+
+    /* ---------------- consumers ---------------- */
+
+    FUSER_DEVICE int row_of(int h) const { return (MT == 2 ? 64 * w : 0) + 16 * warp + lane / 4 + 8 * h; }
+    template <int NW>
+    FUSER_DEVICE int col_of(int j) const { return (MT == 2 ? 0 : NW * w) + 8 * j + 2 * (lane % 4); }
+
+    /* Run the K steps [k0, k1) of one unit into acc (and acc2 when TWO: the gate tile after the up tile).
+     * A tile rows: this warpgroup's 64 token rows; B tile rows: its columns. */
+    template <int NW, bool TWO, int R>
+    FUSER_DEVICE void mainloop(Cursor<STAGES> &c, int k0, int k1, int b_rows, float (&acc)[R], float (&acc2)[R]) const
+    {
+        if (k0 >= k1) {
+#pragma unroll
+            for (int i = 0; i < R; i++)
+                acc[i] = acc2[i] = 0.f;
+            return;
+        }
+        int prev = -1;
+        /* not unrolled: an unrolled copy puts the (one-thread) slot release between wgmma groups, where
+         * ptxas serialises the MMAs (C7520) */
+#pragma unroll 1
+        for (int kb = k0; kb < k1; kb++, c.next()) {
+            consume_wait(s.ring, c);
+            const uint32_t st = smem_addr(s.stage[c.stage]);
+            /* A: this consumer's 64 token rows (or, swap-AB, 64 weight rows); B: its columns (or the tokens) */
+            const uint32_t w_rows = st + X_BYTES + (SWAP ? w * 64 : MT == 2 ? 0 : w * NW) * SW_ROW_BYTES;
+            const uint32_t tokens = st + (MT == 2 ? w * 64 * SW_ROW_BYTES : 0);
+            const uint32_t a = SWAP ? w_rows : tokens, b = SWAP ? tokens : w_rows;
+            const uint32_t second = b_rows * SW_ROW_BYTES; /* the gate tile, after the up tile */
+            wgmma_fence();
+            mma_k64<DT, NW>(acc, a, b, kb > k0);
+            if constexpr (TWO)
+                mma_k64<DT, NW>(acc2, SWAP ? a + second : a, SWAP ? b : b + second, kb > k0);
+            wgmma_commit();
+            wgmma_wait<1>();
+            if (prev >= 0 && lt % 128 == 0)
+                consume_release<1>(s.ring, prev);
+            prev = c.stage;
+        }
+        wgmma_wait<0>();
+        fence_operands(acc);
+        if constexpr (TWO)
+            fence_operands(acc2);
+        if (lt % 128 == 0)
+            consume_release<1>(s.ring, prev);
+    }
+
+    FUSER_DEVICE void consumers_sync() const { named_sync(1, 256); }
+
+    /* After this unit's fp32 partial is in the workspace: take a ticket; true (in every consumer thread)
+     * when this was the last of `splits` partials of the tile. */
+    FUSER_DEVICE bool last_of(int *ticket, int splits) const
+    {
+        consumers_sync();
+        if (lt == 0)
+            s.last = atomic_add_gpu(ticket, 1) == splits - 1; /* acq_rel: publishes the block's partial */
+        consumers_sync();
+        return s.last != 0;
+    }
+
+    /* Swap-AB fragments: element i of a consumer's accumulator is (token, feature) = (token_of(i),
+     * feature_of(i)) of its 64-row block of the tile (columns: tokens). */
+    FUSER_DEVICE int token_of(int i) const { return 8 * (i / 4) + 2 * (lane % 4) + (i & 1); }
+    FUSER_DEVICE int feature_of(int i) const { return 64 * w + 16 * warp + lane / 4 + 8 * ((i >> 1) & 1); }
+
+    /* Store one fp32 partial tile at column offset c0 of a [m][width] workspace slice. */
+    template <int NW, int R>
+    FUSER_DEVICE void store_partial(const float (&acc)[R], float *ws, int width, int c0, int limit) const
+    {
+        if constexpr (SWAP) {
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                const int t = token_of(i), f = c0 + feature_of(i);
+                if (t < p.m && f < limit)
+                    ws[(int64_t)t * width + f] = acc[i];
+            }
+            return;
+        }
+#pragma unroll
+        for (int j = 0; j < NW / 8; j++) {
+            const int col = c0 + col_of<NW>(j);
+            if (col >= limit)
+                continue;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int row = row_of(h);
+                if (row < p.m)
+                    *(float2 *)(ws + (int64_t)row * width + col) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+            }
+        }
+    }
+
+    /* The last split of a tile: every consumer thread takes 4-column pieces of the [m x W] tile at column
+     * c0 (coalesced), sums the SPLITS partials of each of NP parts in split order (deterministic) and hands
+     * the sums to fin(row, col, sums). Called after the ticket's barrier: the laundered pointer keeps the
+     * loads after it, and the loads, free of volatile, are issued in batches before the first sum. */
+    template <int W, int SPLITS, int NP, class Fin>
+    FUSER_DEVICE void reduce_tile(const float *ws_, int64_t part_stride, int64_t split_stride, int width, int c0,
+                                  int limit, Fin fin) const
+    {
+        const float *ws = launder(ws_);
+        constexpr int Q = W / 4, B = cmax(1, 16 / (SPLITS * NP));
+        const int items = p.m * Q;
+        for (int base = lt; base < items; base += 256 * B) {
+            float4 v[B][NP][SPLITS];
+#pragma unroll
+            for (int b = 0; b < B; b++) {
+                const int i = base + 256 * b, r = i / Q, col = c0 + i % Q * 4;
+                const bool in = i < items && col < limit;
+                const float *q = ws + (in ? (int64_t)r * width + col : 0);
+#pragma unroll
+                for (int k = 0; k < NP; k++)
+#pragma unroll
+                    for (int sp = 0; sp < SPLITS; sp++)
+                        v[b][k][sp] = in ? ld_cg_f4_relaxed(q + k * part_stride + sp * split_stride)
+                                         : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int b = 0; b < B; b++) {
+                const int i = base + 256 * b, r = i / Q, col = c0 + i % Q * 4;
+                if (i >= items || col >= limit)
+                    continue;
+                float sum[NP][4];
+#pragma unroll
+                for (int k = 0; k < NP; k++) {
+                    float4 t = v[b][k][0];
+#pragma unroll
+                    for (int sp = 1; sp < SPLITS; sp++)
+                        t.x += v[b][k][sp].x, t.y += v[b][k][sp].y, t.z += v[b][k][sp].z, t.w += v[b][k][sp].w;
+                    sum[k][0] = t.x, sum[k][1] = t.y, sum[k][2] = t.z, sum[k][3] = t.w;
+                }
+                fin(r, col, sum);
+            }
+        }
+    }
+
+    /* H[row][n .. n+E) = act(up + b_up) (gated: act(gate + b_gate) * (up + b_up)), rounded. */
+    template <int E>
+    FUSER_DEVICE void store_h(int row, int n, const float (&up)[E], const float (&gate)[E]) const
+    {
+        float v[E];
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            const float x = up[e] + (C::BIAS_UP ? to_float<DT>(p.b_up[n + e]) : 0.f);
+            if constexpr (C::GATED)
+                v[e] = activate<C::ACT>(gate[e] + (C::BIAS_GATE ? to_float<DT>(p.b_gate[n + e]) : 0.f)) * x;
+            else
+                v[e] = activate<C::ACT>(x);
+        }
+        store16<E>(p.hbuf + (int64_t)row * C::N + n, v);
+    }
+
+    /* Y[row][l .. l+E) = v + b_down, rounded. */
+    template <int E>
+    FUSER_DEVICE void store_y(int row, int l, const float (&v)[E]) const
+    {
+        float o[E];
+#pragma unroll
+        for (int e = 0; e < E; e++)
+            o[e] = v[e] + (C::BIAS_DOWN ? to_float<DT>(p.b_down[l + e]) : 0.f);
+        store16<E>(p.y + (int64_t)row * C::L + l, o);
+    }
+
+    /* E (1, 2 or 4) fp32 values rounded to 16 bits, one store. */
+    template <int E>
+    static FUSER_DEVICE void store16(uint16_t *dst, const float (&v)[E])
+    {
+        if constexpr (E == 1)
+            *dst = (uint16_t)(pack2<DT>(v[0], 0.f) & 0xffff);
+        else if constexpr (E == 2)
+            *(uint32_t *)dst = pack2<DT>(v[0], v[1]);
+        else
+            *(uint2 *)dst = make_uint2(pack2<DT>(v[0], v[1]), pack2<DT>(v[2], v[3]));
+    }
+
+    FUSER_DEVICE void phase1(Cursor<STAGES> &c, int u) const
+    {
+        const int nt = u / S1, sp = u % S1;
+        float up[NW1 / 2], gate[NW1 / 2];
+        mainloop<NW1, C::GATED>(c, sp * KS1, cmin(KT1, (sp + 1) * KS1), BN, up, gate);
+        const int n0 = nt * BN;
+        if constexpr (S1 > 1) {
+            const int64_t stride = (int64_t)p.m * C::N;
+            float *ws = p.ws + (int64_t)sp * PARTS * stride;
+            store_partial<NW1>(up, ws, C::N, n0, C::N);
+            if constexpr (C::GATED)
+                store_partial<NW1>(gate, ws + stride, C::N, n0, C::N);
+            if (!last_of(p.sync + TICKETS1 + nt, S1))
+                return;
+            reduce_tile<BN, S1, PARTS>(p.ws, stride, PARTS * stride, C::N, n0, C::N,
+                                       [&](int r, int n, const float (&sum)[PARTS][4]) {
+                                           store_h<4>(r, n, sum[0], sum[PARTS - 1]);
+                                       });
+        } else if constexpr (SWAP) {
+#pragma unroll
+            for (int i = 0; i < NW1 / 2; i++) {
+                const int t = token_of(i), n = n0 + feature_of(i);
+                if (t < p.m && n < C::N)
+                    store_h<1>(t, n, {up[i]}, {gate[i]});
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < NW1 / 8; j++) {
+                const int n = n0 + col_of<NW1>(j);
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int row = row_of(h);
+                    if (n < C::N && row < p.m)
+                        store_h<2>(row, n, {up[4 * j + 2 * h], up[4 * j + 2 * h + 1]},
+                                   {gate[4 * j + 2 * h], gate[4 * j + 2 * h + 1]});
+                }
+            }
+        }
+        /* publish the n-tile: every consumer's stores, then one release per phase-2 split it feeds (the
+         * barrier orders the other threads' stores before it) */
+        consumers_sync();
+        if (lt == 0) {
+            if constexpr (S1 > 1)
+                store_relaxed_gpu(p.sync + TICKETS1 + nt, 0);
+            const int last_step = (cmin(C::N, n0 + BN) - 1) / SW_COLS;
+            for (int sp2 = n0 / SW_COLS / KS2; sp2 <= last_step / KS2; sp2++)
+                red_release_gpu_add(p.sync + READY + sp2, 1);
+        }
+    }
+
+    FUSER_DEVICE void phase2(Cursor<STAGES> &c, int u) const
+    {
+        const int sp = u / LT, l_t = u % LT;
+        float acc[NW2 / 2];
+        mainloop<NW2, false>(c, sp * KS2, cmin(KT2, (sp + 1) * KS2), 0, acc, acc);
+        const int l0 = l_t * BL;
+        if constexpr (S2 > 1) {
+            const int64_t stride = (int64_t)p.m * C::L;
+            float *ws2 = p.ws + (S1 > 1 ? (int64_t)S1 * PARTS * p.m * C::N : 0);
+            store_partial<NW2>(acc, ws2 + sp * stride, C::L, l0, C::L);
+            if (!last_of(p.sync + TICKETS2 + l_t, S2))
+                return;
+            reduce_tile<BL, S2, 1>(ws2, 0, stride, C::L, l0, C::L,
+                                   [&](int r, int l, const float (&sum)[1][4]) { store_y<4>(r, l, sum[0]); });
+            consumers_sync();
+            if (lt == 0)
+                store_relaxed_gpu(p.sync + TICKETS2 + l_t, 0);
+        } else if constexpr (SWAP) {
+#pragma unroll
+            for (int i = 0; i < NW2 / 2; i++) {
+                const int t = token_of(i), l = l0 + feature_of(i);
+                if (t < p.m && l < C::L)
+                    store_y<1>(t, l, {acc[i]});
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < NW2 / 8; j++) {
+                const int l = l0 + col_of<NW2>(j);
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int row = row_of(h);
+                    if (l < C::L && row < p.m)
+                        store_y<2>(row, l, {acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]});
+                }
+            }
+        }
+    }
+
+    FUSER_DEVICE void consume(int tid)
+    {
+        lt = tid - 128;
+        w = lt / 128;
+        warp = lt % 128 / 32;
+        lane = lt % 32;
+        Cursor<STAGES> c;
+        for (;;) {
+            consume_wait(s.ring, c); /* the unit's first slot says which unit it is */
+            const int u = s.unit[c.stage];
+            if (u < 0)
+                break;
+            if (p.trace && lt == 0)
+                p.trace[u * TRACE_WORDS + 3] = global_ns();
+            if (u < U1)
+                phase1(c, u);
+            else
+                phase2(c, u - U1);
+            if (p.trace && lt == 0)
+                p.trace[u * TRACE_WORDS + 4] = global_ns();
+        }
+        /* the last block out resets the ready counters and the claim counter for the next launch (every
+         * poll and claim of this launch is over) */
+        consumers_sync();
+        if (lt == 0) {
+            if (atomic_add_gpu(p.sync + DONE, 1) == (int)gridDim.x - 1) {
+                for (int i = 0; i < S2; i++)
+                    store_relaxed_gpu(p.sync + READY + i, 0);
+                store_relaxed_gpu(p.sync + CLAIM, 0);
+                store_relaxed_gpu(p.sync + DONE, 0);
+            }
+        }
+    }
+
+    static FUSER_DEVICE void run(const StreamParams &p)
+    {
+        extern __shared__ __align__(1024) unsigned char smem_raw[];
+        Smem &sm = *(Smem *)align_smem<1024>(smem_raw);
+        const int tid = (int)threadIdx.x;
+        if (tid == 0) {
+            sm.ring.init(2);
+            tma_prefetch(&p.x);
+            tma_prefetch(&p.w_up);
+            if constexpr (C::GATED)
+                tma_prefetch(&p.w_gate);
+            tma_prefetch(&p.h);
+            tma_prefetch(&p.w_down);
+        }
+        __syncthreads();
+        Stream k(p, sm);
+        if (tid < 128) {
+            setmaxnreg_dec<40>();
+            if (tid == 0)
+                k.produce();
+        } else {
+            setmaxnreg_inc<232>();
+            k.consume(tid);
+        }
+    }
+};
+
+} // namespace fuser

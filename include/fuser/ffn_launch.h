@@ -1,0 +1,61 @@
+/* ffn_launch.h: launching a fused plan. One function takes the loaded kernel (with its plan), the
+ * validated tensors, the scratch and a stream; it checks that the tensors are the chain the kernel was
+ * generated for, sizes the grid and the scratch from the plan (fuser_plan_scratch: the one place that
+ * arithmetic lives), encodes the TMA tensor maps the kernel family needs (weights' and the H buffer's
+ * cached per address, x's per call), fills the family's parameter struct and launches. The Python
+ * binding only converts arguments. */
+#ifndef FUSER_FFN_LAUNCH_H
+#define FUSER_FFN_LAUNCH_H
+
+#include <stdatomic.h>
+
+#include "fuser/chain.h"
+#include "fuser/launch.h"
+#include "fuser/plan.h"
+#include "fuser/tmap.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* the tensor maps a loaded kernel keeps, re-encoded only when the address (or, for H, the token count) changes */
+enum { FUSER_MAP_W_UP, FUSER_MAP_W_GATE, FUSER_MAP_W_DOWN, FUSER_MAP_H, FUSER_NUM_CACHED_MAPS };
+
+/** A fused plan's kernel, loaded on one device. Shared by threads once loaded; not copied or moved. */
+typedef struct fuser_ffn_kernel {
+    fuser_kernel k;
+    fuser_plan plan;
+    int max_active;            /* co-resident clusters (cluster plans) or blocks (stream plans) */
+    atomic_flag lock;          /* guards the map cache below */
+    const void *map_addr[FUSER_NUM_CACHED_MAPS];
+    uint64_t map_rows[FUSER_NUM_CACHED_MAPS];
+    fuser_tmap map[FUSER_NUM_CACHED_MAPS];
+} fuser_ffn_kernel;
+
+/** Load the CUBIN of derived fused plan `plan` on `device` and size its persistent grid. */
+int fuser_ffn_kernel_load(const fuser_driver *drv, int device, const void *cubin, const fuser_plan *plan,
+                          fuser_ffn_kernel *out, fuser_err *err);
+
+/** Scratch memory handed to a launch: `zeroed_words` 32-bit words that are zero between launches,
+ * followed by `ws_floats` fp32 words (16-byte aligned: zeroed_words is a multiple of 4). */
+typedef struct {
+    fuser_cu_deviceptr ptr;
+    int device;
+    int64_t zeroed_words, ws_floats;
+} fuser_scratch_view;
+
+/* A stream kernel's optional trace: per work unit, the block, the SM and global-timer nanoseconds when it
+ * was claimed, its loads could start, its first data arrived and it was done. */
+#define FUSER_STREAM_TRACE_WORDS 6
+
+/** Launch `k` on `a` (validated by fuser_ffn_validate into `c`) with scratch `s` on `stream`; `trace`
+ * (NULL: none) receives a stream kernel's timeline. FUSER_E_VALUE when the tensors describe another
+ * chain, live on another device, or the scratch or trace is too small or misplaced; FUSER_E_CUDA for the
+ * driver's refusals. An empty batch launches nothing. */
+int fuser_ffn_launch(const fuser_driver *drv, fuser_ffn_kernel *k, const fuser_ffn_args *a, const fuser_chain *c,
+                     const fuser_scratch_view *s, const fuser_tensor *trace, fuser_cu_stream stream, fuser_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FUSER_FFN_LAUNCH_H */
