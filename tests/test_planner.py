@@ -118,10 +118,31 @@ def test_unaligned_shapes_run_unfused_and_still_compute_the_ffn():
 
 # ---- hardware limits, recomputed here from the plan's parameters ----
 
+def stream_limits(p, t):
+    """independent_limits for the stream kernel family: its ring of stages (X or H tile + weight tiles,
+    rounded to 1024 bytes) plus 2048 bytes, the consumers' accumulator registers, tokens within bm."""
+    c, q = p.chain, p.to_dict()["params"]
+    bm, bn, bl, st = q["bm"], q["bn"], q["bl"], q["stages"]
+    parts = 2 if c["gated"] else 1
+    stage = -(-max(bm * 128 + parts * bn * 128, bm * 128 + bl * 128) // 1024) * 1024
+    assert st * stage + 2048 == p.derived["smem_bytes"] <= t["smem_per_block"]
+    assert c["m"] <= bm and tuple(q["cluster"]) == (1, 1, 1, 1)
+    if bm < 64:
+        assert bn == bl == 128 and (parts + 1) * bm // 2 <= 192
+    else:
+        per_wg = 1 if bm == 128 else 2
+        assert parts * bn // per_wg // 2 + bl // per_wg // 2 <= 192
+    ws = c["m"] * c["d_ff"] * 2 + (q["s1"] > 1) * q["s1"] * parts * c["m"] * c["d_ff"] * 4 + \
+        (q["s2"] > 1) * q["s2"] * c["m"] * c["d_out"] * 4
+    assert ws == p.derived["workspace_bytes"] <= t["max_workspace"]
+
+
 def independent_limits(p, t):
     """Shared memory, cluster size, registers and workspace of plan p, computed from its parameters
     without the core's derived numbers, and checked against target t."""
     c, q = p.chain, p.to_dict()["params"]
+    if q["kind"] == "stream":
+        return stream_limits(p, t)
     cm, cn, ck, cl = q["cluster"]
     bm, bn, bl, ni, st = q["bm"], q["bn"], q["bl"], q["n_iters"], q["stages"]
     size = cm * cn * ck
@@ -265,8 +286,12 @@ def test_forced_dataflows_are_honoured():
     for df in fuser.DATAFLOWS:
         p = fuser.plan(128, 1024, 4096, dataflows=[df], target="h200")
         assert df in p.dataflows
-    p = fuser.plan(128, 1024, 4096, avoid=list(fuser.DATAFLOWS), fused=True, target="h200")
-    assert p.dataflows == () and p.dataflow == "local"
+    p = fuser.plan(128, 1024, 4096, avoid=list(fuser.DATAFLOWS), fused=True, target="h200", kind="cluster")
+    assert p.dataflows == () and p.dataflow == "local" and p.kind == "cluster"
+    s = fuser.plan(128, 1024, 4096, fused=True, target="h200", kind="stream")
+    assert s.kind == "stream" and s.dataflow == "stream" and s.dataflows == () and s.cluster == (1, 1, 1, 1)
+    with pytest.raises(ValueError, match="no plan satisfies"):
+        fuser.plan(256, 1024, 4096, fused=True, target="h200", kind="stream")   # stream plans stop at 128 tokens
 
 
 def test_cli_plan():

@@ -17,7 +17,7 @@ LLAMA3 = dict(d_model=4096, d_ff=14336, gated=True, activation="silu", target="h
 
 
 def forced(m, cluster, **kw):
-    return fuser.plan(m, **{**LLAMA3, **kw}, fused=True, cluster=cluster)
+    return fuser.plan(m, **{**LLAMA3, **kw}, fused=True, cluster=cluster, kind="cluster")
 
 
 def parse(p):

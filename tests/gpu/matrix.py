@@ -42,7 +42,7 @@ def find_plan(c):
     exists (e.g. 'local' needs the whole d_ff of a row tile in one block)."""
     m, d, f = c["m"], c["d_model"], c["d_ff"]
     kw = dict(gated=c["gate"] != "plain", activation=c["activation"], bias=c["bias"], dtype=c["dtype"],
-              target="h200", fused=True)
+              target="h200", fused=True, kind="cluster")
     if c["gate"] != "plain":
         kw["gate_mode"] = c["gate"]
     if c["dataflow"] == "local":

@@ -1,0 +1,101 @@
+"""The GPU correctness matrix of the stream kernel (include/fuser/device/stream.cuh): every token-row
+layout (bm 16 and 32 swap-AB, 64, 128) x plain / gated x the four activations x bias or not x bfloat16 /
+float16 x K splits of either phase (none, some, many), over ragged token counts.
+
+Each case forces a stream plan with its bm and splits, draws fresh random inputs, poisons the output with
+NaN, and checks: the relative error against a float64 reference is at most twice PyTorch eager's own
+(same dtype); every element was written; three runs are bitwise identical. Run by
+tests/test_gpu_stream.py, or directly (``python tests/gpu/stream_matrix.py [--json FILE]``); its plans are
+compiled on the CPU by tests/test_stream.py."""
+import argparse
+import itertools
+import json
+import sys
+import time
+
+import fuser
+
+BMS = (16, 32, 64, 128)
+SPLITS = ((1, 1), (2, 3), (4, 8))
+ACTS = ("relu", "gelu", "gelu_tanh", "silu")
+SHAPES = ((256, 1024, 256), (512, 1536, 384), (1024, 4096, 1024))   # d_model, d_ff, d_out
+
+
+def cases():
+    """bm x gating x activation x bias, each with the next dtype, splits, shape and token count (1, ragged,
+    full) in rotation: every value of every axis is covered."""
+    combos = list(itertools.product(BMS, (False, True), ACTS, (False, True)))
+    for j, (bm, gated, act, bias) in enumerate(combos):
+        dtype = ("bfloat16", "float16")[j % 2]
+        s1, s2 = SPLITS[j % 3]
+        d, f, l = SHAPES[(j // 3) % len(SHAPES)]
+        m = (1, bm // 2 + 1, bm)[(j // 2) % 3]
+        yield dict(bm=bm, gated=gated, activation=act, bias=bias, dtype=dtype, s1=s1, s2=s2, m=m,
+                   d_model=d, d_ff=f, d_out=l)
+
+
+def plan_of(c):
+    return fuser.plan(c["m"], c["d_model"], c["d_ff"], d_out=c["d_out"], gated=c["gated"], activation=c["activation"],
+                      bias=c["bias"], dtype=c["dtype"], target="h200", fused=True, kind="stream", bm=c["bm"],
+                      s1=c["s1"], s2=c["s2"])
+
+
+def run_case(c, gen):
+    import torch
+    plan = plan_of(c)
+    dt = getattr(torch, c["dtype"])
+
+    def r(*s, scale=1.0):
+        return (torch.randn(*s, generator=gen, device="cuda", dtype=torch.float32) * scale).to(dt)
+    m, d, f, l = c["m"], c["d_model"], c["d_ff"], c["d_out"]
+    t = dict(x=r(m, d), w_up=r(f, d, scale=d ** -0.5), w_down=r(l, f, scale=f ** -0.5))
+    if c["gated"]:
+        t["w_gate"] = r(f, d, scale=d ** -0.5)
+    if c["bias"]:
+        t["b_up"], t["b_down"] = r(f, scale=0.3), r(l, scale=0.3)
+        if c["gated"]:
+            t["b_gate"] = r(f, scale=0.3)
+    ref = fuser.ffn_reference(activation=c["activation"], compute_dtype=torch.float64, **t)
+    eager = fuser.ffn_reference(activation=c["activation"], **t)
+    outs = []
+    for _ in range(3):
+        out = torch.full((m, l), float("nan"), device="cuda", dtype=dt)
+        fuser.ffn(activation=c["activation"], out=out, plan=plan, **t)
+        outs.append(out)
+    torch.cuda.synchronize()
+    y, ref = outs[0].double(), ref.double()
+    err = float((y - ref).norm() / ref.norm().clamp_min(1e-300))
+    e = eager.double()
+    err_eager = float((e - ref).norm() / ref.norm().clamp_min(1e-300))
+    nan = bool(torch.isnan(outs[0]).any())
+    same = all(torch.equal(outs[0], o) for o in outs[1:])
+    return dict(c, plan=plan.summary(), err=err, eager_err=err_eager, nan=nan, identical=same,
+                ok=bool(err <= 2 * err_eager and not nan and same))
+
+
+def run(log=print):
+    import torch
+    gen = torch.Generator(device="cuda").manual_seed(4321)
+    results, t0 = [], time.time()
+    for c in cases():
+        res = run_case(c, gen)
+        results.append(res)
+        log(f"{'ok ' if res['ok'] else 'BAD'} bm={c['bm']:<3d} m={c['m']:<3d} {'gated' if c['gated'] else 'plain'} "
+            f"{c['activation']:9s} bias={c['bias']!s:5s} {c['dtype']:8s} splits {c['s1']}/{c['s2']} "
+            f"err {res['err']:.2e} (eager {res['eager_err']:.2e}) nan={res['nan']} same={res['identical']}")
+    summary = dict(cases=len(results), failed=sum(not r["ok"] for r in results), seconds=round(time.time() - t0, 1),
+                   worst_ratio=max(r["err"] / r["eager_err"] for r in results), gpu=torch.cuda.get_device_name(),
+                   date=time.strftime("%Y-%m-%d"))
+    return summary, results
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    summary, results = run()
+    print(json.dumps(summary, indent=1))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(summary=summary, results=results), f, indent=1)
+    sys.exit(1 if summary["failed"] else 0)

@@ -1,0 +1,102 @@
+"""The stream kernel and the wgmma GEMM probe on a Hopper GPU (marked gpu; skipped with a reason
+elsewhere): the stream correctness matrix (tests/gpu/stream_matrix.py), one plan reused across token
+counts (its sync words return to zero after every launch), CUDA graph capture and replay, the unit trace,
+and the GEMM probe against torch."""
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+import fuser
+from fuser import _C, probes, runtime
+from conftest import rel_error
+
+pytestmark = pytest.mark.gpu
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "gpu"))
+
+
+def tensors(m, d, f, l, gated, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    r = lambda *s, scale=1.0: (torch.randn(*s, generator=g, device="cuda") * scale).bfloat16()  # noqa: E731
+    t = dict(x=r(m, d), w_up=r(f, d, scale=d ** -0.5), w_down=r(l, f, scale=f ** -0.5))
+    if gated:
+        t["w_gate"] = r(f, d, scale=d ** -0.5)
+    return t
+
+
+def test_stream_correctness_matrix():
+    import stream_matrix
+    summary, results = stream_matrix.run(log=lambda s: None)
+    path = os.environ.get("FUSER_GPU_STREAM_REPORT")
+    if path:
+        with open(path, "w") as f:
+            json.dump(dict(summary=summary, results=results), f, indent=1)
+    bad = [r for r in results if not r["ok"]]
+    assert not bad, bad[:5]
+
+
+def test_one_stream_plan_serves_every_token_count_in_its_range():
+    """bm = 64: 1, 64, 33, 7 tokens in a row on one kernel and one scratch; each launch leaves the tickets,
+    ready counters and claim counter at zero for the next (a stale counter would hang or skip units)."""
+    p = fuser.plan(64, 1024, 4096, gated=True, activation="silu", target="h200", fused=True, kind="stream",
+                   bm=64, s1=3, s2=4)
+    for m in (1, 64, 33, 7, 64):
+        t = tensors(m, 1024, 4096, 1024, True, m)
+        out = torch.full((m, 1024), float("nan"), device="cuda", dtype=torch.bfloat16)
+        fuser.ffn(activation="silu", out=out, plan=p, **t)
+        ref = fuser.ffn_reference(activation="silu", compute_dtype=torch.float64, **t)
+        assert rel_error(out, ref) < 1.5e-2, m
+
+
+def test_stream_plan_in_a_cuda_graph():
+    p = fuser.plan(16, 768, 3072, activation="gelu", target="h200", fused=True, kind="stream", bm=16, s1=2, s2=4)
+    t = tensors(16, 768, 3072, 768, False, 1)
+    out = torch.empty(16, 768, device="cuda", dtype=torch.bfloat16)
+    fuser.ffn(activation="gelu", out=out, plan=p, **t)       # warm: compile, load, scratch
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.cuda.graph(g):
+        fuser.ffn(activation="gelu", out=out, plan=p, **t)
+    torch.cuda.current_stream().wait_stream(s)
+    for _ in range(3):
+        out.fill_(float("nan"))
+        t["x"].copy_(torch.randn_like(t["x"]))
+        g.replay()
+        ref = fuser.ffn_reference(activation="gelu", compute_dtype=torch.float64, **t)
+        assert rel_error(out, ref) < 1.5e-2
+
+
+def test_stream_trace_records_every_unit_once():
+    p = fuser.plan(16, 1024, 4096, gated=True, activation="silu", target="h200", fused=True, kind="stream", bm=16)
+    t = tensors(16, 1024, 4096, 1024, True, 2)
+    y = torch.empty(16, 1024, device="cuda", dtype=torch.bfloat16)
+    units = p.derived["units"]
+    trace = torch.zeros(units * 6 * 2, device="cuda", dtype=torch.float32)
+    dev, stream = torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream
+    launch = runtime._launch_of(p, dev)
+    buf = runtime._scratch_fitting(*launch.need(16), dev, stream)
+    _C.ffn_launch(launch.kernel, t["x"], t["w_up"], t["w_down"], t["w_gate"], None, None, None, "silu", y,
+                  buf.capsule, stream, trace=trace)
+    torch.cuda.synchronize()
+    tr = trace.view(torch.int64).reshape(units, 6).cpu()
+    claimed, first, done = tr[:, 1], tr[:, 3], tr[:, 4]
+    assert bool((claimed > 0).all()) and bool((done >= first).all()) and bool((first >= claimed).all())
+    assert int(tr[:, 0].max()) < _C.kernel_info(launch.kernel)["persistent_clusters"]
+    with pytest.raises(ValueError, match="trace"):
+        _C.ffn_launch(launch.kernel, t["x"], t["w_up"], t["w_down"], t["w_gate"], None, None, None, "silu", y,
+                      buf.capsule, stream, trace=trace[:8])
+
+
+def test_gemm_probe_matches_torch():
+    for v in probes.GEMM_VARIANTS:
+        r = probes.gemm(300, 520, 136, v, sets=1, iters=2)
+        assert r["rel_error"] < 1e-2, (v, r)
+    with pytest.raises(ValueError, match="K a multiple of 8"):
+        k = probes._kernel("fuser_gemm_256_4_1", probes.GEMM_SOURCE)
+        a = torch.randn(64, 12, device="cuda", dtype=torch.bfloat16)
+        c = torch.empty(64, 64, device="cuda", dtype=torch.bfloat16)
+        _C.gemm_launch(k, a, torch.randn(64, 12, device="cuda", dtype=torch.bfloat16), c, 256, 1,
+                       probes.gemm_smem(256, 4), torch.cuda.current_stream().cuda_stream)

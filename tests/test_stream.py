@@ -1,0 +1,139 @@
+"""The stream kernel family on the CPU: every variant of its GPU matrix compiles through NVRTC for sm_90a
+with no spills, no stack frame and no serialised wgmma; the CPU plan interpreter runs stream plans (every
+token-row layout, split counts, ragged shapes) to the float64 reference with byte counts equal to the cost
+model's closed forms; the generated stubs match their golden files; and the core refuses stream plans it
+cannot run, saying why. The wgmma GEMM probe compiles clean too."""
+import os
+import random
+import sys
+
+import pytest
+import torch
+
+import fuser
+from fuser import probes, runtime
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "gpu"))
+import stream_matrix  # noqa: E402
+from test_planner import check_plan  # noqa: E402
+
+GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
+SERIALISED = ("C7510", "C7512", "C7515", "C7520", "serialized")
+
+
+def needs_nvrtc():
+    if not fuser.env().nvrtc_found:
+        pytest.skip("needs NVRTC (pip install nvidia-cuda-nvrtc)")
+
+
+def clean(k, what):
+    assert k.spill_bytes == 0, what
+    assert "0 bytes stack frame" in k.log, what
+    assert not any(tag in k.log for tag in SERIALISED), (what, [l for l in k.log.splitlines() if "C75" in l])
+
+
+def test_every_stream_matrix_variant_compiles_clean():
+    needs_nvrtc()
+    plans = {}
+    for c in stream_matrix.cases():
+        p = stream_matrix.plan_of(c)
+        plans.setdefault(fuser._C.codegen(p._d, p.target), p)
+    assert len(plans) >= 40
+    for p in plans.values():
+        k = runtime.compile(p)
+        clean(k, p.summary())
+        assert k.shared_bytes <= 232448
+
+
+def test_the_planners_stream_choices_compile_clean():
+    """The plans the search returns for decode-size model FFNs (the ones fuser.ffn would launch)."""
+    needs_nvrtc()
+    for m, d, f, g in [(1, 4096, 14336, True), (16, 4096, 11008, True), (64, 8192, 28672, True),
+                       (128, 3072, 8192, True), (128, 768, 3072, False), (7, 4096, 16384, False)]:
+        for p in fuser.plans(m, d, f, gated=g, activation="silu", fused=True, kind="stream", target="h200", k=3):
+            clean(runtime.compile(p), p.summary())
+
+
+def test_gemm_probe_compiles_clean():
+    needs_nvrtc()
+    from fuser import jit
+    k = jit.compile_source(probes.GEMM_SOURCE, "gemm_probe.cu")
+    assert k.spill_bytes == 0 and not any(tag in k.log for tag in SERIALISED)
+    names = {e["name"] for e in k.kernels}
+    assert names == {f"fuser_gemm_{bn}_{st}_{cm}" for bn, st, cm in probes.GEMM_VARIANTS}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_stream_plans_compute_the_ffn_and_count_bytes_exactly(seed):
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(8):
+        bm = rng.choice([16, 32, 64, 128])
+        m = rng.randint(1, bm)
+        d, f, l = 8 * rng.randint(2, 48), 8 * rng.randint(2, 96), 8 * rng.randint(1, 40)
+        gated = rng.random() < 0.5
+        kw = dict(d_out=l, gated=gated, activation=rng.choice(["relu", "gelu", "gelu_tanh", "silu"]),
+                  bias=rng.random() < 0.5, dtype=rng.choice(["bfloat16", "float16"]), target="h200", fused=True,
+                  kind="stream", bm=bm)
+        ps = fuser.plans(m, d, f, k=16, **kw)
+        for p in ps[:: max(1, len(ps) // 3)]:
+            assert p.kind == "stream" and p.tiles["bm"] == bm
+            check_plan(p, gen)
+
+
+def test_split_partials_sum_in_order():
+    """Many splits of both phases: the interpreter sums them in split order, as the kernel does."""
+    gen = torch.Generator().manual_seed(3)
+    for s1, s2 in [(4, 8), (8, 16), (3, 6)]:
+        p = fuser.plan(20, 1024, 2048, gated=True, activation="silu", bias=True, target="h200", fused=True,
+                       kind="stream", bm=32, s1=s1, s2=s2)
+        assert p.splits == (s1, s2)
+        check_plan(p, gen)
+
+
+def test_stream_stub_matches_its_golden_file():
+    """The generated specialisation is a short stub of constants (the kernel's code lives in the headers)."""
+    cases = {
+        "stream_stub.cu": fuser.plan(16, 4096, 14336, gated=True, activation="silu", target="h200", fused=True,
+                                     kind="stream", bm=16, s1=2, s2=8),
+        "cluster_stub.cu": fuser.plan(16, 4096, 14336, gated=True, activation="silu", target="h200", fused=True,
+                                      kind="cluster", cluster=(1, 4, 2, 2)),
+    }
+    for name, p in cases.items():
+        src = fuser._C.codegen(p._d, "h200")
+        with open(os.path.join(GOLDEN, name)) as f:
+            assert src == f.read(), f"{name}: regenerate it if the change is intended:\n{src}"
+        assert len(src.splitlines()) < 60
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(bm=48), "bm = 48 token rows: must be 16, 32, 64 or 128"),
+    (dict(bm=16, bn=64), "bn and bl must be 128"),
+    (dict(bm=64, s1=40), "leave a split empty|no plan"),
+])
+def test_bad_stream_plans_are_refused_with_the_reason(kw, match):
+    with pytest.raises(ValueError, match=match):
+        d = fuser.plan(8, 1024, 4096, gated=True, activation="silu", target="h200", fused=True, kind="stream",
+                       bm=16).to_dict()
+        d["params"].update(kw)
+        fuser.Plan.from_dict(d)
+
+
+def test_stream_plans_refuse_more_tokens_than_bm():
+    d = fuser.plan(8, 1024, 4096, target="h200", fused=True, kind="stream", bm=16).to_dict()
+    d["chain"]["m"] = 17
+    with pytest.raises(ValueError, match="17 tokens exceed bm = 16"):
+        fuser.Plan.from_dict(d)
+    with pytest.raises(ValueError, match="accumulator registers"):
+        d = fuser.plan(128, 1024, 4096, target="h200", fused=True, kind="stream", bm=128).to_dict()
+        d["params"].update(bn=256, bl=256)
+        fuser.Plan.from_dict(d)
+
+
+def test_stream_explain_and_picture():
+    p = fuser.plan(16, 4096, 14336, gated=True, activation="silu", target="h200", fused=True, kind="stream")
+    text = p.explain()
+    assert "Choice: fused, stream" in text and "phase 1" in text and "phase 2" in text and "deterministic" in text
+    assert p.kind == "stream" and p.dataflow == "stream" and p.cluster == (1, 1, 1, 1)
+    assert 'class="fz-unit"' in p.to_svg()
