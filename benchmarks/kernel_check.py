@@ -1,0 +1,350 @@
+"""Check and time the wgmma kernels in one GPU call: the GEMM probe (correctness on ragged shapes, then
+its rate against torch.mm side by side), the stream FFN kernel (a correctness matrix against a float64
+reference: poisoned outputs, bitwise repeats, ragged token counts; then chosen plans timed against
+PyTorch eager in CUDA graphs with the floor beside them). Writes a JSON log.
+
+    python benchmarks/kernel_check.py [--gemm] [--stream] [--variants] [--bench SET] [--out DIR]
+"""
+import argparse
+import itertools
+import json
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+import fuser
+from fuser import probes
+
+
+def rel(y, ref):
+    y, ref = y.double(), ref.double()
+    return float((y - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def gemm_section(log):
+    out = []
+    for v in probes.GEMM_VARIANTS:
+        for (m, n, k) in [(128, 256, 64), (300, 520, 136), (1000, 1000, 1000), (2048, 4096, 8192)]:
+            r = probes.gemm(m, n, k, v, sets=1, iters=3)
+            ok = r["rel_error"] < 1e-2
+            log(f"gemm {v} {m}x{n}x{k}: rel err {r['rel_error']:.2e} {'ok' if ok else 'BAD'}")
+            out.append(dict(r, shape=(m, n, k), ok=ok))
+    for size in (4096, 8192):
+        for v in probes.GEMM_VARIANTS:
+            r = probes.gemm(size, size, size, v, sets=3, iters=20)
+            log(f"gemm {v} {size}^3: {r['tflops']:.0f} TFLOP/s vs torch.mm {r['torch_tflops']:.0f}: "
+                f"{r['ratio']:.3f}x, err {r['rel_error']:.1e}")
+            out.append(dict(r, shape=(size, size, size)))
+    return out
+
+
+CHAINS = [  # (name, d_model, d_ff, d_out, gated, activation, bias)
+    ("G1", 32, 512, 256, False, "relu", False),
+    ("S8", 1024, 3072, 1024, True, "silu", False),
+    ("gpt2", 768, 3072, 768, False, "gelu", True),
+    ("llama-small", 1024, 4096, 1024, True, "silu", True),
+    ("tanh", 512, 1536, 384, False, "gelu_tanh", True),
+]
+
+
+def stream_case(name, d, f, l, gated, act, bias, m, dtype, cons, gen):
+    dt = getattr(torch, dtype)
+
+    def r(*s, scale=1.0):
+        return (torch.randn(*s, generator=gen, device="cuda") * scale).to(dt)
+    plan = fuser.plan(m, d, f, d_out=l, gated=gated, activation=act, bias=bias, dtype=dtype, target="h200",
+                      fused=True, kind="stream", **cons)
+    t = dict(x=r(m, d), w_up=r(f, d, scale=d ** -0.5), w_down=r(l, f, scale=f ** -0.5))
+    if gated:
+        t["w_gate"] = r(f, d, scale=d ** -0.5)
+    if bias:
+        t["b_up"], t["b_down"] = r(f, scale=0.3), r(l, scale=0.3)
+        if gated:
+            t["b_gate"] = r(f, scale=0.3)
+    ref = fuser.ffn_reference(activation=act, compute_dtype=torch.float64, **t)
+    eager = fuser.ffn_reference(activation=act, **t)
+    outs = []
+    for _ in range(3):
+        o = torch.full((m, l), float("nan"), device="cuda", dtype=dt)
+        fuser.ffn(activation=act, out=o, plan=plan, **t)
+        outs.append(o)
+    torch.cuda.synchronize()
+    err, eerr = rel(outs[0], ref), rel(eager, ref)
+    nan = bool(torch.isnan(outs[0]).any())
+    same = all(torch.equal(outs[0], o) for o in outs[1:])
+    return dict(name=name, m=m, dtype=dtype, plan=plan.summary(), err=err, eager_err=eerr, nan=nan, same=same,
+                ok=bool(err <= 2 * eerr + 1e-6 and not nan and same))
+
+
+def stream_section(log, quick=False):
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    out = []
+    ms = (1, 7, 16, 64, 77, 128)
+    variants = [{}, dict(bn=128, bl=128), dict(bm=128, bn=64, bl=64), dict(bn=64, bl=128, stages=3)]
+    for (name, d, f, l, g, act, bias), m, dtype in itertools.product(CHAINS, ms, ("bfloat16", "float16")):
+        if dtype == "float16" and m not in (7, 128):
+            continue
+        swap = [dict(bm=16)] * (m <= 16) + [dict(bm=32)] * (m <= 32)
+        for cons in (variants if m in (16, 128) else variants[:1]) + swap:
+            try:
+                res = stream_case(name, d, f, l, g, act, bias, m, dtype, cons, gen)
+            except Exception as e:  # noqa: BLE001 - report and go on
+                res = dict(name=name, m=m, dtype=dtype, cons=cons, ok=False, error=f"{type(e).__name__}: {e}")
+            out.append(res)
+            log(("ok " if res["ok"] else "BAD ") + json.dumps({k: res[k] for k in res if k not in ("ok",)})[:300])
+    return out
+
+
+def _inputs(d, f, l, gated, m, sets, gen):
+    out = []
+    for _ in range(sets):
+        r = lambda *s, scale=1.0: (torch.randn(*s, generator=gen, device="cuda") * scale).bfloat16()  # noqa: E731
+        t = dict(x=r(m, d), w_up=r(f, d, scale=d ** -0.5), w_down=r(l, f, scale=f ** -0.5))
+        if gated:
+            t["w_gate"] = r(f, d, scale=d ** -0.5)
+        out.append(t)
+    return out
+
+
+def _graph(calls):
+    """A CUDA graph of the calls (each a no-argument function), warmed up on a side stream first."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for c in calls:
+            c()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    return g
+
+
+def _time_graphs(graphs, per, rounds=15):
+    """Median us per call of each graph (replayed interleaved, CUDA events)."""
+    import statistics
+    ts = [[] for _ in graphs]
+    for g in graphs:
+        g.replay()
+    for _ in range(rounds):
+        for i, g in enumerate(graphs):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            g.replay()
+            b.record()
+            b.synchronize()
+            ts[i].append(a.elapsed_time(b) * 1e3 / per)
+    return [statistics.median(t) for t in ts]
+
+
+DECODE = [  # name, d_model, d_ff, d_out, gated, act, tokens
+    ("llama3-8b", 4096, 14336, 4096, True, "silu", 1), ("llama3-8b", 4096, 14336, 4096, True, "silu", 16),
+    ("llama3-8b", 4096, 14336, 4096, True, "silu", 32), ("llama-70b", 8192, 28672, 8192, True, "silu", 16),
+    ("gpt3-6.7b", 4096, 16384, 4096, False, "gelu", 16), ("gpt2", 768, 3072, 768, False, "gelu", 1),
+    ("llama2-7b", 4096, 11008, 4096, True, "silu", 1),
+]
+
+SWEEP = [  # name, d_model, d_ff, d_out, gated, act, tokens
+    ("G1", 32, 512, 256, False, "relu", 128), ("G4", 768, 3072, 768, False, "relu", 128),
+    ("G8", 2048, 8192, 2048, False, "relu", 128), ("S1", 3072, 8192, 3072, True, "silu", 128),
+    ("S8", 1024, 3072, 1024, True, "silu", 128), ("llama3-8b", 4096, 14336, 4096, True, "silu", 16),
+    ("llama3-8b", 4096, 14336, 4096, True, "silu", 128), ("gpt2", 768, 3072, 768, False, "gelu", 16),
+    ("llama3-8b", 4096, 14336, 4096, True, "silu", 1),
+]
+
+
+def sweep_section(log, top=6, shapes=None):
+    """For each SWEEP shape: the `top` best predicted stream plans plus wide-tile ones, each timed in a CUDA
+    graph interleaved with eager in a graph (rotating input sets): rows for fitting the cost model."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    rows = []
+    for name, d, f, l, gated, act, m in shapes or SWEEP:
+        kw = dict(d_out=l, gated=gated, activation=act, target="h200", fused=True, kind="stream")
+        ps = fuser.plans(m, d, f, k=top, **kw)
+        extras = [dict(bn=128, bl=256), dict(bn=128, bl=128), dict(bn=256 if not gated else 128, bl=128),
+                  dict(bm=64) if m <= 64 else dict(bn=128, bl=64)]
+        if m <= 32:
+            extras = [dict(bm=16 if m <= 16 else 32, s1=s1, s2=s2) for s1, s2 in ((1, 4), (2, 8), (4, 8), (8, 16))] + \
+                     [dict(bm=64, bn=128, bl=256)]
+        for extra in extras:
+            try:
+                ps += fuser.plans(m, d, f, k=2, **kw, **extra)
+            except ValueError:
+                pass
+        uniq = {}
+        for p in ps:
+            uniq.setdefault(p.summary(), p)
+        bytes_ = 2 * (f * d * (2 if gated else 1) + l * f)
+        sets = max(1, min(6, -(-(150 << 20) // bytes_)))
+        ins = _inputs(d, f, l, gated, m, sets, gen)
+        per = max(1, min(20, int(2e6 // bytes_)))
+        ref_fn = [lambda t=t: fuser.ffn_reference(activation=act, **t) for t in ins]
+        eager = _graph([ref_fn[i % sets] for i in range(per)])
+        for p in uniq.values():
+            try:
+                outs = [torch.empty(m, l, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
+                calls = [lambda t=t, o=o: fuser.ffn(activation=act, out=o, plan=p, **t) for t, o in zip(ins, outs)]
+                g = _graph([calls[i % sets] for i in range(per)])
+                te, tf = _time_graphs([eager, g], per)
+                row = dict(name=name, m=m, plan=p.summary(), params=p._d["params"], predicted=p.predicted_us,
+                           measured=tf, eager=te, speedup=te / tf, floor=p.floor_us)
+                rows.append(row)
+                log(f"{name:10s} m={m:<4d} {tf:8.1f} us (eager {te:7.1f}, {te / tf:.2f}x; predicted "
+                    f"{p.predicted_us:7.1f}; floor {p.floor_us:.1f}) {p.summary()}")
+                del g
+            except Exception as e:  # noqa: BLE001
+                log(f"{name} m={m} {p.summary()}: {type(e).__name__}: {e}")
+        del eager
+        torch.cuda.empty_cache()
+    return rows
+
+
+def trace_run(name, m, log, **cons):
+    """One stream plan of a SWEEP shape, launched with its trace: when each unit was claimed, could load,
+    got its first data and was done (global timer), summarised per phase."""
+    from fuser import _C, runtime
+    (_, d, f, l, gated, act, _), = [w for w in SWEEP if w[0] == name][:1]
+    p = fuser.plan(m, d, f, d_out=l, gated=gated, activation=act, target="h200", fused=True, kind="stream", **cons)
+    t = _inputs(d, f, l, gated, m, 1, torch.Generator(device="cuda").manual_seed(1))[0]
+    y = torch.empty(m, l, device="cuda", dtype=torch.bfloat16)
+    units = p.derived["units"]
+    trace = torch.zeros(units * 6 * 2, device="cuda", dtype=torch.float32)
+    dev = torch.cuda.current_device()
+    stream = torch.cuda.current_stream().cuda_stream
+    launch = runtime._launch_of(p, dev)
+    buf = runtime._scratch_fitting(*launch.need(m), dev, stream)
+    args = [t["x"], t["w_up"], t["w_down"], t.get("w_gate"), None, None, None]
+    for _ in range(3):
+        fuser.ffn(activation=act, plan=p, **t)
+    _C.ffn_launch(launch.kernel, *args, act, y, buf.capsule, stream, trace=trace)
+    torch.cuda.synchronize()
+    tr = trace.view(torch.int64).reshape(units, 6).cpu()
+    t0 = int(tr[:, 1].min())
+    u1 = p.derived["nt1"] * p.splits[0]
+    rows = []
+    for lo, hi, ph in ((0, u1, 1), (u1, units, 2)):
+        seg = tr[lo:hi]
+        claim, ready, first, done = ((seg[:, i] - t0).double() / 1e3 for i in (1, 2, 3, 4))
+        busy = (done - first)
+        r = dict(phase=ph, units=hi - lo, blocks=len(set(seg[:, 0].tolist())), first_claim=float(claim.min()),
+                 last_claim=float(claim.max()), first_done=float(done.min()), last_done=float(done.max()),
+                 unit_us_median=float(busy.median()), unit_us_max=float(busy.max()),
+                 wait_us_median=float((first - claim).median()))
+        if ph == 2:
+            r["ready_wait_us_median"] = float((ready - claim).median())
+        rows.append(r)
+        log(f"trace {name} m={m} phase {ph}: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                                                           for k, v in r.items()))
+    log(f"trace {name} m={m}: span {float((tr[:, 4].max() - t0) / 1e3):.1f} us | {p.summary()}")
+    return dict(plan=p.summary(), phases=rows)
+
+
+def splits_section(log):
+    """Forced splits (s1, s2) on one shape: every reduction path, ragged and full token counts."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    out = []
+    for (s1, s2), m, bm in itertools.product([(1, 1), (2, 1), (1, 3), (4, 6), (8, 16), (3, 16)], (5, 30, 64, 128),
+                                             (16, 32, 64, 128)):
+        if m > bm:
+            continue
+        try:
+            res = stream_case("splits", 1024, 4096, 1024, True, "silu", True, m, "bfloat16",
+                              dict(s1=s1, s2=s2, bm=bm), gen)
+        except Exception as e:  # noqa: BLE001
+            res = dict(name="splits", m=m, ok=False, error=f"{type(e).__name__}: {e}")
+        out.append(dict(res, s=(s1, s2)))
+        log(("ok " if res["ok"] else "BAD ") + f"splits {s1}/{s2} m={m} bm={bm}: " + json.dumps(res)[:250])
+    return out
+
+
+def bench_section(log, which):
+    from fuser.bench import parse_workload, run, workload_set
+    ws = workload_set(which) if which in ("paper", "quick", "models", "all") else [parse_workload(s) for s in
+                                                                                    which.split(",")]
+    results, meta = run(ws, variants=("eager_graph", "cublas_graph", "fuser_graph", "fused_graph"), autotune="none",
+                        log=log)
+    rows = []
+    for r in results:
+        t = r.times
+        row = dict(workload=r.workload.label, floor=r.floor_us, eager_graph=t.get("eager_graph"),
+                   cublas_graph=t.get("cublas_graph"), fuser_graph=t.get("fuser_graph"),
+                   fused_graph=t.get("fused_graph"), fused_plan=r.fused_plan, plan=r.plan,
+                   fused_predicted=r.fused_predicted_us)
+        row["fused_vs_eager"] = row["eager_graph"] / row["fused_graph"]
+        row["fused_x_floor"] = row["fused_graph"] / r.floor_us
+        rows.append(row)
+        log(f"{row['workload']:18s} floor {r.floor_us:8.1f}  eager {row['eager_graph']:8.1f}  fused "
+            f"{row['fused_graph']:8.1f} ({row['fused_vs_eager']:.2f}x eager, {row['fused_x_floor']:.2f}x floor, "
+            f"predicted {r.fused_predicted_us:.1f})  fuser {row['fuser_graph']:.1f}  | {r.fused_plan}")
+    return dict(rows=rows, meta=meta)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gemm", action="store_true")
+    ap.add_argument("--stream", action="store_true")
+    ap.add_argument("--splits", action="store_true")
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--decode", action="store_true", help="sweep the decode shapes (swap-AB and the rest)")
+    ap.add_argument("--bench", default=None, help="paper, quick, models, all, or workloads (G4,S1,llama3-8b:16)")
+    ap.add_argument("--trace", action="store_true", help="trace a few stream plans (unit timelines)")
+    ap.add_argument("--one", default=None, help="run one SWEEP shape's best stream plan 3 times (for ncu) and exit")
+    ap.add_argument("--out", default=".")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    if a.one:
+        name, m = a.one.split(":")
+        (_, d, f, l, gated, act, _), = [w for w in SWEEP if w[0] == name][:1]
+        p = fuser.plan(int(m), d, f, d_out=l, gated=gated, activation=act, target="h200", fused=True, kind="stream")
+        t = _inputs(d, f, l, gated, int(m), 1, torch.Generator(device="cuda").manual_seed(1))[0]
+        for _ in range(3):
+            fuser.ffn(activation=act, plan=p, **t)
+        torch.cuda.synchronize()
+        print(p.summary())
+        return
+    log_lines = []
+
+    def log(s):
+        print(s, flush=True)
+        log_lines.append(s)
+    log(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {torch.cuda.get_device_name()} torch {torch.__version__}")
+    result = {}
+    for flag, name, fn in ((a.gemm, "gemm", gemm_section), (a.stream, "stream", stream_section),
+                           (a.splits, "splits", splits_section), (a.sweep, "sweep", sweep_section),
+                           (a.decode, "decode", lambda log: sweep_section(log, top=4, shapes=DECODE))):
+        if flag:
+            t0 = time.time()
+            try:
+                result[name] = fn(log)
+            except Exception:  # noqa: BLE001
+                log(f"{name} section failed:\n{traceback.format_exc()}")
+            log(f"[{name}: {time.time() - t0:.1f} s]")
+    if a.trace:
+        result["trace"] = []
+        for name, m, cons in (("G1", 128, {}), ("G8", 128, {}), ("S1", 128, {}), ("S1", 128, dict(bn=128, bl=128)),
+                              ("llama3-8b", 1, dict(bn=128, bl=256)), ("gpt2", 16, {})):
+            try:
+                result["trace"].append(trace_run(name, m, log, **cons))
+            except Exception:  # noqa: BLE001
+                log(f"trace {name} failed:\n{traceback.format_exc()}")
+    if a.bench:
+        t0 = time.time()
+        try:
+            result["bench"] = bench_section(log, a.bench)
+        except Exception:  # noqa: BLE001
+            log(f"bench section failed:\n{traceback.format_exc()}")
+        log(f"[bench: {time.time() - t0:.1f} s]")
+    with open(os.path.join(a.out, "kernel_check.json"), "w") as f:
+        json.dump(dict(result=result, log=log_lines), f, indent=1, default=str)
+    bad = sum(1 for sec in ("stream", "splits") for r in result.get(sec, []) if not r.get("ok"))
+    bad += sum(1 for r in result.get("gemm", []) if r.get("ok") is False)
+    log(f"failures: {bad}")
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
