@@ -31,7 +31,7 @@ from torch import nn
 
 import fuser
 from fuser import _C, runtime
-from fuser.bench import hopper_reason
+from fuser.tools.timing import hopper_reason
 from fuser.module import FusedFFN
 
 M, D, F = 16, 256, 512

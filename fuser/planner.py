@@ -6,26 +6,12 @@ from __future__ import annotations
 import json
 
 from fuser import _C
+from fuser.target import default_target
 
 #: The dataflow primitives, in the order plans list them.
 DATAFLOWS = ("all_exchange", "shuffle", "reduce_scatter", "inter_cluster_reduce")
 _DF_BIT = {name: 1 << i for i, name in enumerate(DATAFLOWS)}
 _CONSTRAINT_KEYS = ("bm", "bn", "bl", "n_iters", "stages", "order", "gate_mode")
-
-
-def default_target():
-    """The target to plan for: this machine's Hopper GPU when there is one (its built-in table, with what
-    ``python -m fuser calibrate`` measured on this GPU model, if it ran), else the H200 defaults."""
-    from fuser._env import env
-    e = env()
-    if e.gpu_name and e.compute_capability == (9, 0):
-        from fuser.calibrate import apply
-        raw = _C.env(device=e.device)
-        t = _C.target_for_device(raw["gpu_name"], tuple(raw["compute_capability"]), raw["sm_count"],
-                                 raw["smem_per_block_optin"], raw["smem_per_sm"], raw["l2_bytes"],
-                                 raw["clock_khz"], raw["mem_clock_khz"], raw["mem_bus_bits"])
-        return apply(t, raw["gpu_name"], raw["sm_count"])
-    return "h200"
 
 
 def _chain(m, d_model, d_ff, d_out, gated, activation, bias, dtype):

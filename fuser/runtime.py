@@ -11,6 +11,7 @@ import threading
 import torch
 
 from fuser import _C
+from fuser.target import default_target, tuned_plan
 
 _lock = threading.Lock()
 
@@ -184,8 +185,28 @@ def forget_plans():
         _plans.clear()
 
 
+def tuned(chain, gpu_name, sm_count):
+    """The :class:`fuser.Plan` ``fuser.tune`` stored for this exact chain on this GPU model, or None.
+
+    Example:
+        >>> import fuser
+        >>> from fuser.runtime import tuned
+        >>> tuned(fuser.plan(16, 768, 3072).chain, "a GPU never tuned", 1) is None
+        True
+    """
+    from fuser.planner import Plan
+    d = tuned_plan(chain, gpu_name, sm_count)
+    if d is None:
+        return None
+    try:
+        return Plan.from_dict(d)
+    except (TypeError, ValueError):
+        return None    # a plan the core no longer accepts (e.g. limits changed): plan again
+
+
 def plan_for(chain, device):
-    """The cached plan for a chain (from fuser.ffn's validation) on a device."""
+    """The cached plan for a chain (from fuser.ffn's validation) on a device: the one ``fuser.tune``
+    stored for it on this GPU model, else the planner's choice."""
     key = (chain["m"], chain["d_model"], chain["d_ff"], chain["d_out"], chain["gated"], chain["activation"],
            chain["bias_up"], chain["bias_gate"], chain["bias_down"], chain["dtype"], device)
     with _lock:
@@ -193,10 +214,9 @@ def plan_for(chain, device):
         if p is not None:
             _plans.move_to_end(key)
             return p
-    from fuser import tuning
-    from fuser.planner import Plan, default_target
+    from fuser.planner import Plan
     fused_available(device)
-    p = tuning.lookup(chain, *_gpu[device]) if _gpu.get(device, ("",))[0] else None   # fuser.tune's winner
+    p = tuned(chain, *_gpu[device]) if _gpu.get(device, ("",))[0] else None
     if p is None:
         with torch.cuda.device(device):
             target = default_target()

@@ -4,16 +4,13 @@ import functools
 import pytest
 import torch
 
+from fuser.tools import timing
+
 
 @functools.lru_cache(maxsize=None)
 def hopper_reason():
-    """None when a Hopper GPU with a working fused path is present, else why not (the skip reason)."""
-    if not torch.cuda.is_available():
-        return "no CUDA GPU on this machine"
-    major, minor = torch.cuda.get_device_capability()
-    if (major, minor) != (9, 0):
-        return f"GPU is sm_{major}{minor}, not Hopper (sm_90)"
-    return None
+    """None when a Hopper GPU is present, else why not (the skip reason; what the tools say too)."""
+    return timing.hopper_reason()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,4 +1,4 @@
-"""fuser.probes: the hardware microbenchmarks behind ``python -m fuser calibrate``.
+"""fuser.tools.probes: the hardware microbenchmarks behind ``python -m fuser calibrate``.
 
 The kernels live in ``include/fuser/device/probes.cuh`` (compiled by NVRTC through the kernel cache like
 every fused kernel) and count their own cycles with ``clock64``, one block per SM, on the whole GPU:
@@ -14,13 +14,18 @@ every fused kernel) and count their own cycles with ``clock64``, one block per S
 Each result also carries the SM clock the probe ran at (its cycles over its event time).
 
 Example:
-    >>> from fuser import probes
+    >>> from fuser.tools import probes
     >>> probes.dsm(2)["bytes_per_clk"] > 0           # doctest: +SKIP
     True
 """
 from __future__ import annotations
 
+import math
 import statistics
+
+import torch
+
+from fuser import _C, jit
 
 __all__ = ["SOURCE", "CLUSTERS", "BARRIER_THREADS", "MMA_TILES", "compiled", "dsm", "barrier", "mma", "measure_all"]
 
@@ -42,18 +47,14 @@ def compiled():
     """The probes' CUBIN (from the kernel cache after the first time); a ``fuser.jit.Compiled``.
 
     Example:
-        >>> from fuser import probes
+        >>> from fuser.tools import probes
         >>> sorted(k["name"] for k in probes.compiled().kernels)[:2]   # doctest: +SKIP
         ['fuser_probe_barrier', 'fuser_probe_dsm']
     """
-    from fuser import jit
     return jit.compile_source(SOURCE, "probes.cu")
 
 
 def _kernel(name):
-    import torch
-
-    from fuser import _C
     dev = torch.cuda.current_device()
     if (dev, name) not in _loaded:
         _loaded[dev, name] = _C.probe_load(compiled().cubin, name, dev)
@@ -62,9 +63,6 @@ def _kernel(name):
 
 def _launch(name, grid, block, cluster, iters):
     """Run one probe; (per-block cycles [grid], check values [grid], event milliseconds)."""
-    import torch
-
-    from fuser import _C
     k = _kernel(name)
     out = torch.full((grid, 2), float("nan"), device="cuda")
     stream = torch.cuda.current_stream()
@@ -78,7 +76,6 @@ def _launch(name, grid, block, cluster, iters):
 
 
 def _grid(name, block, cluster):
-    from fuser import _C
     n = _C.probe_clusters(_kernel(name), block, cluster, SMEM)
     if n < 1:
         raise RuntimeError(f"no cluster of {cluster} blocks with {SMEM} bytes of shared memory fits on this GPU")
@@ -104,7 +101,7 @@ def dsm(cluster, threads=THREADS, iters=1000):
     `threads` per block (the fused kernel's 256 by default).
 
     Example:
-        >>> from fuser import probes
+        >>> from fuser.tools import probes
         >>> r = probes.dsm(4)                                      # doctest: +SKIP
         >>> sorted(r)                                              # doctest: +SKIP
         ['blocks', 'bytes_per_clk', 'clock_ghz', 'cluster', 'tbps', 'threads']
@@ -127,7 +124,7 @@ def barrier(cluster, threads=THREADS, iters=2000):
     """Cycles of one cluster barrier with `threads` per block, every SM running the loop.
 
     Example:
-        >>> from fuser import probes
+        >>> from fuser.tools import probes
         >>> 100 < probes.barrier(2, 256)["cycles"] < 1000          # doctest: +SKIP
         True
     """
@@ -140,14 +137,11 @@ def mma(mt, nt, iters=2000):
     """The main loop's rate from shared memory for a warp tile of mt x 16 rows by nt x 8 columns.
 
     Example:
-        >>> from fuser import probes
+        >>> from fuser.tools import probes
         >>> r = probes.mma(2, 4)                                   # doctest: +SKIP
         >>> r["tile"], r["tflops"] > 0                             # doctest: +SKIP
         ('2x4', True)
     """
-    import math
-
-    import torch
     name = f"fuser_probe_mma_{mt}x{nt}"
     grid = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
@@ -163,7 +157,7 @@ def measure_all(log=print):
     """Every probe at every size; returns dict(dsm=[...], barrier=[...], mma=[...]) of the dicts above.
 
     Example:
-        >>> from fuser import probes
+        >>> from fuser.tools import probes
         >>> [len(v) for v in probes.measure_all(log=lambda s: None).values()]   # doctest: +SKIP
         [4, 15, 5]
     """
