@@ -67,7 +67,7 @@ def measure(variants, rounds, calls):
 
 def pieces(x, w, args, dev, plan):
     """The fused route's pieces, each a variant of its own (named 'part: ...')."""
-    from fuser import ops
+    from fuser import interop
     cap = torch._C._to_dlpack_versioned
     objs = lambda: [t if t is None else cap(t) for t in args]    # noqa: E731
     parts = {
@@ -85,8 +85,7 @@ def pieces(x, w, args, dev, plan):
             with torch.cuda.device(d):
                 pass
         parts["part: torch.cuda.device guard"] = guard
-        parts["part: ops._placement"] = lambda: ops._placement(x)
-        parts["part: ops.run_fused"] = lambda: ops.run_fused(plan, *args, "silu")
+        parts["part: interop.placement"] = lambda: interop.placement(x)
     return parts
 
 
@@ -112,7 +111,7 @@ def main(argv=None):
         device = torch.cuda.current_device()
         kernel = runtime.load(runtime.kernel_for(plan), device)
         stream = torch.cuda.current_stream().cuda_stream
-        scratch = runtime._scratch_for(plan, M, device, stream)
+        scratch = runtime.launch_for(plan, device).scratch(M, stream)
         cap = torch._C._to_dlpack_versioned
 
         def bare():
@@ -131,7 +130,6 @@ def main(argv=None):
         print(f"no Hopper GPU ({why}): measuring the reference route on CPU", file=sys.stderr, flush=True)
         torch.set_num_threads(1)
         module = FusedFFN.from_module(mlp)
-        module._remember_route = lambda key, x: None       # keep taking the op (no shortcut to eager)
         variants = {
             "ffn_reference": lambda: fuser.ffn_reference(x, w["up"], w["down"], b_up=w["b_up"],
                                                          b_down=w["b_down"], activation="silu"),

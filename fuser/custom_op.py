@@ -24,24 +24,15 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from fuser.ops import ffn as _ffn
+from fuser import interop, ops
+from fuser.reference import ACTIVATIONS
 
 __all__ = ["ffn_op"]
 
 
-def _c_ready(t):
-    """``t`` as fuser.ffn takes it: contiguous and 16-byte aligned (a copy only when it is not)."""
-    if t is None:
-        return None
-    t = t.contiguous()
-    if t.data_ptr() % 16:
-        t = t.clone()
-    return t
-
-
-def _ffn_impl(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, w_gate: Optional[torch.Tensor],
-              b_up: Optional[torch.Tensor], b_gate: Optional[torch.Tensor], b_down: Optional[torch.Tensor],
-              activation: str) -> torch.Tensor:
+def _impl(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, w_gate: Optional[torch.Tensor],
+          b_up: Optional[torch.Tensor], b_gate: Optional[torch.Tensor], b_down: Optional[torch.Tensor],
+          activation: str) -> torch.Tensor:
     """``fuser.ffn`` as the operator ``torch.ops.fuser.ffn`` (traceable, capturable, differentiable).
 
     Arguments are ``fuser.ffn``'s, positional, with the optional ones given as ``None``. ``x`` need not
@@ -54,13 +45,14 @@ def _ffn_impl(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, w_gate:
         >>> torch.ops.fuser.ffn(x, w_up, w_down, None, None, None, None, "relu").shape
         torch.Size([2, 3, 8])
     """
-    return _ffn(_c_ready(x), w_up, w_down, w_gate=w_gate, b_up=b_up, b_gate=b_gate, b_down=b_down,
-                activation=activation)
+    x = interop.ready(x)
+    return ops.route(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation).run(
+        x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
 
 
-ffn_op = torch.library.custom_op("fuser::ffn", mutates_args=())(_ffn_impl)
-ffn_op.__doc__ = _ffn_impl.__doc__
-__test__ = {"ffn_op": _ffn_impl.__doc__}   # doctest does not look inside the CustomOpDef object
+ffn_op = torch.library.custom_op("fuser::ffn", mutates_args=())(_impl)
+ffn_op.__doc__ = _impl.__doc__
+__test__ = {"ffn_op": _impl.__doc__}   # doctest does not look inside the CustomOpDef object
 
 
 @ffn_op.register_fake
@@ -73,14 +65,6 @@ def _ffn_fake(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation):
 
 
 # ---- autograd: recompute the intermediate from the saved inputs --------------------------------------
-
-def _act(name, h):
-    if name == "relu":
-        return F.relu(h)
-    if name == "silu":
-        return F.silu(h)
-    return F.gelu(h, approximate="tanh" if name == "gelu_tanh" else "none")
-
 
 def _act_backward(name, grad, h):
     """d act(h) / dh * grad, with the ATen kernels eager autograd uses (so gradients match eager)."""
@@ -108,10 +92,10 @@ def _backward(ctx, gy):
     u = F.linear(x2, w_up, b_up)
     if w_gate is not None:
         g = F.linear(x2, w_gate, b_gate)
-        a = _act(act, g)
+        a = ACTIVATIONS[act](g)
         mid = a * u
     else:
-        mid = _act(act, u)
+        mid = ACTIVATIONS[act](u)
     g_mid = g2 @ w_down                                   # [tokens, d_ff]
     if w_gate is not None:
         g_u = g_mid * a

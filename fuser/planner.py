@@ -8,10 +8,14 @@ import json
 from fuser import _C
 from fuser.target import default_target
 
+__all__ = ["DATAFLOWS", "CHAIN_FIELDS", "Plan", "plan", "plans", "search", "simulate", "default_target"]
+
 #: The dataflow primitives, in the order plans list them.
 DATAFLOWS = ("all_exchange", "shuffle", "reduce_scatter", "inter_cluster_reduce")
 _DF_BIT = {name: 1 << i for i, name in enumerate(DATAFLOWS)}
 _CONSTRAINT_KEYS = ("bm", "bn", "bl", "n_iters", "stages", "order", "gate_mode")
+#: The fields of a chain dict the core plans from (``_C.ffn_check`` adds where the tensors are).
+CHAIN_FIELDS = ("m", "d_model", "d_ff", "d_out", "gated", "activation", "bias_up", "bias_gate", "bias_down", "dtype")
 
 
 def _chain(m, d_model, d_ff, d_out, gated, activation, bias, dtype):
@@ -70,9 +74,23 @@ def plans(m, d_model, d_ff, *, d_out=None, gated=False, activation="gelu", bias=
         [True, True]
     """
     chain = _chain(m, d_model, d_ff, d_out, gated, activation, bias, dtype)
-    tgt = default_target() if target is None else target
-    raw, stats = _C.search(chain, tgt, k=k, constraints=_constraints(fused, cluster, dataflows, avoid, tiles))
-    return [Plan(d, stats, raw) for d in raw]
+    return search(chain, default_target() if target is None else target, k,
+                  _constraints(fused, cluster, dataflows, avoid, tiles))
+
+
+def search(chain, target, k=10, constraints=None):
+    """The `k` best plans for a chain dict (``CHAIN_FIELDS``; extra keys are ignored) on `target` (a
+    built-in name or a target dict), fastest predicted first: the core's search, unchecked arguments.
+
+    Example:
+        >>> import fuser
+        >>> from fuser.planner import search
+        >>> chain = fuser.plan(16, 768, 3072).chain
+        >>> search(chain, "h200", k=1)[0].summary() == fuser.plan(16, 768, 3072, target="h200").summary()
+        True
+    """
+    raw, stats = _C.search({f: chain[f] for f in CHAIN_FIELDS}, target, k=k, constraints=constraints)
+    return [Plan(d, stats) for d in raw]
 
 
 def plan(m, d_model, d_ff, *, d_out=None, gated=False, activation="gelu", bias=False, dtype="bfloat16",
@@ -117,7 +135,7 @@ class Plan:
     ``derived`` (grid, buffers, barriers), ``target``.
     """
 
-    def __init__(self, d, stats=None, siblings=None):
+    def __init__(self, d, stats=None):
         self._d = d
         stats = stats or {}
         self.candidates = stats.get("candidates", 0)
@@ -129,7 +147,7 @@ class Plan:
         self._runner_up = None
 
     def __getstate__(self):
-        # the loaded kernel kept per device (runtime._Launch) belongs to this process: not copied or pickled
+        # the kernel loaded per device (fuser.runtime.launch_for keeps it here) belongs to this process
         state = dict(self.__dict__)
         state.pop("_launch", None)
         return state
@@ -142,6 +160,11 @@ class Plan:
     traffic = property(lambda self: dict(self._d["traffic"]))
     derived = property(lambda self: dict(self._d.get("derived", {})))
     predicted_us = property(lambda self: self._d["cost"]["total"])
+
+    @property
+    def raw(self):
+        """The core's plan dict, as ``fuser._C`` takes it (code generation, loading a kernel); read only."""
+        return self._d
 
     @property
     def breakdown(self):
@@ -231,7 +254,7 @@ class Plan:
 
     def _describe_dataflows(self):
         """(dataflow, one line saying what it does in this plan) per dataflow used, or ("local", ...)."""
-        d, p, c = self.derived, self._d["params"], self._d["chain"]
+        d, p = self.derived, self._d["params"]
         lines = []
         if "all_exchange" in self.dataflows:
             op = "multiply gate by up" if p["gate_mode"] == "spatial" else "add their K-split partials"

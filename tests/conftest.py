@@ -31,17 +31,19 @@ def rel_error(y, ref):
 
 @pytest.fixture
 def op_calls(monkeypatch):
-    """A list that records the activation of every call of the ``fuser::ffn`` operator's implementation
-    (so a test can tell that the fused op, not the original module, computed the output)."""
-    import fuser.custom_op
+    """A list that records the activation of every call that takes fuser's general route
+    (``fuser.ops.route``): each call of the ``fuser::ffn`` operator's implementation, and each
+    ``FusedFFN`` call its kept route does not serve. A test can tell from it that fuser, not the
+    original module, computed an output, and how often a shape was routed rather than kept."""
+    import fuser.ops
     calls = []
-    real = fuser.custom_op._ffn
+    real = fuser.ops.route
 
-    def counting(x, *args, activation, **kw):
-        calls.append(activation)
-        return real(x, *args, activation=activation, **kw)
+    def counting(x, *args, **kw):
+        calls.append(kw.get("activation", args[-1] if len(args) == 7 else "gelu"))
+        return real(x, *args, **kw)
 
-    monkeypatch.setattr(fuser.custom_op, "_ffn", counting)
+    monkeypatch.setattr(fuser.ops, "route", counting)
     return calls
 
 

@@ -2,6 +2,7 @@
 warning), the planner's target picking up a calibration file, ``fuser.tune`` keeping the fastest of the
 candidates a timer reports and the runtime's plan lookup returning it, and the clear refusals where no
 Hopper GPU is present. The measurements themselves run on the GPU (tests/test_gpu_kernels.py)."""
+import dataclasses
 import json
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import sys
 import pytest
 
 import fuser
-from fuser import runtime, store, target
+from fuser import route, runtime, store, target
 from fuser.tools import calibrate, tuning
 from fuser.tools.timing import hopper_reason
 
@@ -136,13 +137,13 @@ def test_tune_keeps_the_fastest_and_the_runtime_uses_it(cache, monkeypatch):
     assert runtime.tuned(dict(chain, m=129), "Fake H200", 132) is None
     assert runtime.tuned(chain, "Other GPU", 132) is None
     # the runtime's plan for that exact chain on a device of that model is the tuned one
-    monkeypatch.setitem(runtime._gpu, 7, ("Fake H200", 132))
-    monkeypatch.setitem(runtime._env_ok, 7, (True, ""))
-    runtime.forget_plans()
+    fake = dataclasses.replace(fuser.env(), gpu_name="Fake H200", sm_count=132, fused_available=True, why="")
+    monkeypatch.setitem(runtime._envs, 7, fake)
+    route.forget()
     try:
         assert runtime.plan_for(chain, 7) == plans[2]
     finally:
-        runtime.forget_plans()
+        route.forget()
 
 
 def test_tune_needs_a_timing():

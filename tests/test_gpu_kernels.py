@@ -94,11 +94,11 @@ def test_compiled_kernel_matches_the_loaded_function():
 def test_calibrate_and_tune_on_the_gpu(tmp_path, monkeypatch):
     """python -m fuser calibrate's measurements land in sane ranges and feed the planner's target;
     fuser.tune stores the fastest candidate and fuser.ffn then runs it, correctly."""
-    from fuser import planner, target
+    from fuser import planner, route, target
     from fuser.tools import calibrate
     monkeypatch.setenv("FUSER_CACHE_DIR", str(tmp_path))
     target.forget()
-    runtime.forget_plans()
+    route.forget()
     try:
         record, path = calibrate.calibrate(log=lambda line: None, k=2, reps=3)
         f = record["fields"]
@@ -118,7 +118,7 @@ def test_calibrate_and_tune_on_the_gpu(tmp_path, monkeypatch):
         assert rel_error(fuser.ffn(x, w1, w2, activation="gelu"), ref) <= 2 * rel_error(eager, ref) + 1e-3
     finally:
         target.forget()
-        runtime.forget_plans()
+        route.forget()
 
 
 def test_bench_harness_times_like_with_like_on_the_gpu():

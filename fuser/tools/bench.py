@@ -20,7 +20,7 @@ Variants (``VARIANTS``; "graph": L calls captured in one CUDA graph, timed per r
   fuser            fuser.ffn as a user calls it (the planner's choice: fused kernel or PyTorch eager)
   fuser_graph      that, in a CUDA graph
   fusedffn         the same FFN as the module ``fuser.optimize`` swaps in (``FusedFFN``), called per
-                   call: it remembers each input shape's route, so an eager route costs no validation
+                   call: it keeps its input shape's route, so a call costs no validation
   fused_graph      the best fused plan, forced, in a CUDA graph: fuser's kernel itself
 
 Speedups compare like with like: ``fuser`` against the per-call baselines, ``fuser_graph`` against the
@@ -40,13 +40,11 @@ import types
 import torch
 from torch import nn
 
-import torch.nn.functional as F
-
 import fuser
-from fuser import _C, runtime
+from fuser import interop, runtime
 from fuser.module import FusedFFN
 from fuser.recognize import FFNSpec, WeightRef
-from fuser.reference import ACTIVATIONS
+from fuser.reference import ACTIVATIONS, eager
 from fuser.tools.timing import graphed, hopper_reason, median_event_us, time_interleaved
 from fuser.tools.workloads import MODELS, PAPER
 
@@ -280,9 +278,7 @@ def _eager_fn(activation):
     act = ACTIVATIONS[activation]
 
     def ffn(x, w_gate, w_up, w_down):
-        h = F.linear(x, w_up)
-        h = act(F.linear(x, w_gate)) * h if w_gate is not None else act(h)
-        return F.linear(h, w_down)
+        return eager(x, w_up, w_down, w_gate, None, None, None, act)
     return ffn
 
 
@@ -346,9 +342,9 @@ def _variants(w, sets, want, autotune, log):
     fns["fuser"] = user()
     if "fusedffn" in want:
         mods = [_module_of(w, s) for s in sets.sets]
-        for m, s in zip(mods, sets.sets):     # each module's first calls validate and plan (not what is
-            for _ in range(3):                # timed), then it remembers its route
-                m(s["x"])
+        for m, s in zip(mods, sets.sets):     # each module's first call routes its shape (validation and
+            for _ in range(3):                # planning, not what is timed); later calls take the kept
+                m(s["x"])                     # route
 
         def module():
             sets.turn()
@@ -443,8 +439,9 @@ def host_costs(workload=None, calls=300):
     jit_s: first compile of a fused kernel with an empty kernel cache (NVRTC),
     cache_load_s: the same compile answered from the disk cache (a new process's first call),
     module_load_ms: loading that CUBIN onto the GPU (cuModuleLoadData and attributes),
-    call_us: fuser.ffn's host time per call outside graphs (launches queued behind a GPU sleep, so the
-    loop is host time alone), bare_launch_us: the same for a bare _C.ffn_launch of the kernel).
+    call_us: fuser.ffn's host time per call outside graphs with the plan given, so validated at every
+    call (launches queued behind a GPU sleep, so the loop is host time alone), bare_launch_us: the same
+    for the bare launch of the kernel). ``benchmarks/host_overhead.py`` times every entry point.
 
     Example:
         >>> from fuser.tools import bench
@@ -470,23 +467,21 @@ def host_costs(workload=None, calls=300):
                 os.environ["FUSER_CACHE_DIR"] = old
     dev = torch.cuda.current_device()
     t3 = time.perf_counter()
-    _C.load_kernel(plan._d, plan.target or "h200", k.cubin, dev)
+    runtime.load_module(k, dev)
     t4 = time.perf_counter()
-    sets = Sets(w, max_sets=1)
-    s = sets.sets[0]
+    s = Sets(w, max_sets=1).sets[0]
     y = torch.empty(w.m, w.d_out, device="cuda", dtype=torch.bfloat16)
-    args = (s["x"], s["w_up"], s["w_down"], s["w_gate"], None, None, None)
     call = lambda: fuser.ffn(s["x"], s["w_up"], s["w_down"], w_gate=s["w_gate"], activation=w.activation,  # noqa: E731
                              plan=plan)
     call()
-    cap = torch._C._to_dlpack_versioned
-    stream = torch.cuda.current_stream().cuda_stream
-    kern = runtime.load(runtime.kernel_for(plan), dev)
-    scratch = runtime._scratch_for(plan, w.m, dev, stream)
+    launch = runtime.launch_for(plan, dev)
+    stream = interop.raw_stream(dev)
+    scratch = launch.scratch(w.m, stream)
+    cap = interop.export
 
     def bare():
-        _C.ffn_launch(kern, *(t if t is None else cap(t) for t in args), w.activation, cap(y), scratch.capsule,
-                      stream)
+        launch(cap(s["x"]), (cap(s["w_up"]), cap(s["w_down"]), cap(s["w_gate"]), None, None, None), w.activation,
+               cap(y), scratch, stream)
     res = {}
     for name, fn in (("bare_launch_us", bare), ("call_us", call)):
         fn()

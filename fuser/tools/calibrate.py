@@ -34,7 +34,7 @@ import statistics
 import torch
 
 import fuser
-from fuser import _C, runtime, store, target
+from fuser import _C, route, store, target
 from fuser._env import env
 from fuser.tools import probes
 from fuser.tools.bench import Sets, measure_ceilings, parse_workload
@@ -284,5 +284,5 @@ def calibrate(log=print, k=8, reps=10):
     record = measure(log, k, reps)
     p = store.save("calibration", store.device_key(record["gpu"], record["sm_count"]), record)
     target.forget()
-    runtime.forget_plans()
+    route.forget()
     return record, p

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from fuser import planner, runtime, store, target
+from fuser import planner, route, store, target
 from fuser._env import env
 from fuser.tools.bench import Workload
 from fuser.tools.calibrate import time_plans
@@ -85,5 +85,5 @@ def tune(m, d_model, d_ff, *, d_out=None, gated=False, activation="gelu", bias=F
     data["gpu"] = name
     path = store.save("tuned", key, data)
     target.forget()
-    runtime.forget_plans()
+    route.forget()
     return TuneResult(best, tuple(timings), path)

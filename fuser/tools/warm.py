@@ -92,7 +92,7 @@ def warmup(model, tokens=(1, 16, 128), *, target=None, log=None):
                 if log:
                     log(f"{describe(args)}  tokens {m}: no fused plan ({e})")
             for which, plan in wanted:
-                known, start = len(runtime._compiled), time.perf_counter()
+                known, start = runtime.has_kernel(plan), time.perf_counter()
                 kernel = runtime.kernel_for(plan)
                 seconds = time.perf_counter() - start
                 if kernel.key in seen:
@@ -100,7 +100,7 @@ def warmup(model, tokens=(1, 16, 128), *, target=None, log=None):
                 seen.add(kernel.key)
                 kernels.append(kernel)
                 if log:
-                    how = ("already in this process" if len(runtime._compiled) == known
+                    how = ("already in this process" if known
                            else "cache hit" if kernel.cache_hit else "compiled")
                     log(f"{describe(args)}  tokens {m}  {which}: {plan.summary()}; {kernel.registers} registers, "
                         f"{kernel.spill_bytes} spill bytes, {how}, {seconds:.2f} s")
