@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import fuser.custom_op  # noqa: F401  (registers torch.ops.fuser.ffn)
-from fuser import interop, ops, runtime
+from fuser import interop, ops, planner, runtime
 from fuser.recognize import FFNSpec, Unsupported, recognise
 from fuser.reference import ACTIVATIONS, eager
 
@@ -138,6 +138,21 @@ class FusedFFN(nn.Module):
         state = super().__getstate__()
         state.pop("_kept", None)
         return state
+
+    @property
+    def source(self):
+        """The module this one replaced (None when made from a spec directly)."""
+        return self.__dict__["_source"]
+
+    def restore(self):
+        """Hand the children back to the module this one replaced, with GPT-2 Conv1D weights in their
+        original layout again, and return that module (what ``fuser.revert`` puts back)."""
+        source = self.source
+        _transpose_weights(self, self.spec.transposed)
+        for name, child in self.named_children():
+            setattr(source, name, child)
+        self.__dict__.pop("_kept", None)
+        return source
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # GPT-2 Conv1D weights arrive in their [in, out] layout; the children load after this runs
@@ -259,12 +274,11 @@ class FusedFFN(nn.Module):
             >>> f.plan(16) is f.plan(16)
             True
         """
-        import fuser
         args = self.plan_args()
         key = (tokens,) + tuple(args.items())
         plans = self.__dict__.setdefault("_plans", {})
         if key not in plans:
-            plans[key] = fuser.plan(tokens, **args)
+            plans[key] = planner.plan(tokens, **args)
         return plans[key]
 
     def plan_summary(self):
@@ -447,6 +461,17 @@ class FusedInto(nn.Module):
 
     def forward(self, x):
         return x
+
+    @property
+    def source(self):
+        """The linear layer this one stands in for."""
+        return self.__dict__["_source"]
+
+    def restore(self):
+        """That linear layer, holding this one's weight and bias again (what ``fuser.revert`` puts back)."""
+        source = self.source
+        source.weight, source.bias = self.weight, self.bias
+        return source
 
     def extra_repr(self):
         return f"{tuple(self.weight.shape)} fused into {self.into}"

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 
-from fuser import _C
+import torch
+
+from fuser import _C, svg
 from fuser.target import default_target
 
 __all__ = ["DATAFLOWS", "CHAIN_FIELDS", "Plan", "plan", "plans", "search", "simulate", "default_target"]
@@ -232,7 +234,8 @@ class Plan:
         return isinstance(other, Plan) and self.to_dict() == other.to_dict()
 
     # ---- text ----
-    def _head(self):
+    def describe_chain(self):
+        """The FFN this plan is for, in words: tokens, widths, form, biases and dtype."""
         c = self._d["chain"]
         form = ("gated " if c["gated"] else "") + c["activation"]
         bias = "with biases" if c["bias_up"] or c["bias_down"] else "no bias"
@@ -252,7 +255,7 @@ class Plan:
     def __repr__(self):
         return f"<fuser.Plan {self.summary()}>"
 
-    def _describe_dataflows(self):
+    def describe_dataflows(self):
         """(dataflow, one line saying what it does in this plan) per dataflow used, or ("local", ...)."""
         d, p = self.derived, self._d["params"]
         lines = []
@@ -283,7 +286,7 @@ class Plan:
     def explain(self):
         """A readable account of the choice, its predicted time and traffic, and the runner-up."""
         b, tr = self.breakdown, self.traffic
-        out = [f"FFN: {self._head()}; target {self.target.get('name', '?')}"]
+        out = [f"FFN: {self.describe_chain()}; target {self.target.get('name', '?')}"]
         if self.fused:
             d, p = self.derived, self._d["params"]
             out.append("Choice: fused, " + self.dataflow)
@@ -298,7 +301,7 @@ class Plan:
                        f"chunks of {p['bl']}; {p['stages']} pipeline stages; {order}{gate}")
             out.append(f"  shared memory {d['smem_bytes']} B per block, ~{d['regs_est']} registers per thread, "
                        f"{d['barriers']} cluster barriers")
-            out += ["  " + line for _, line in self._describe_dataflows()]
+            out += ["  " + line for _, line in self.describe_dataflows()]
         else:
             out.append("Choice: unfused: PyTorch eager ops (library GEMMs, the intermediate through HBM)")
         top, val = self._bound()
@@ -338,8 +341,7 @@ class Plan:
             >>> svg.startswith("<svg") and 'data-dataflow="shuffle"' in svg
             True
         """
-        from fuser.svg import plan_svg
-        return plan_svg(self)
+        return svg.plan_svg(self)
 
     def _repr_svg_(self):
         return self.to_svg()
@@ -360,7 +362,6 @@ def simulate(plan, x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_do
         >>> traffic == p.traffic
         True
     """
-    import torch
     if not isinstance(plan, Plan):
         raise TypeError(f"plan: expected a fuser.Plan, got {type(plan).__name__}")
     c = plan.chain

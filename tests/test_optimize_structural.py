@@ -178,8 +178,8 @@ def test_plan_summary_shows_the_planners_choice_at_128_tokens(monkeypatch):
                  + want.summary())
     assert s in repr(f) and f.plan(128).chain == want.chain
     calls = []
-    real = fuser.plan
-    monkeypatch.setattr(fuser, "plan", lambda *a, **kw: calls.append(a) or real(*a, **kw))
+    real = fuser.planner.plan
+    monkeypatch.setattr(fuser.planner, "plan", lambda *a, **kw: calls.append(a) or real(*a, **kw))
     assert f.plan_summary() == s and repr(f) and calls == []       # kept on the module
     f.half()                                                         # a new dtype is a new plan
     assert "dtype=float16" in f.plan_summary() and calls == [(128,)]
@@ -196,7 +196,7 @@ def test_plan_args_name_the_biases_present():
 
 
 def test_float32_ffn_says_unfused_without_planning(monkeypatch):
-    monkeypatch.setattr(fuser, "plan", None)   # never called
+    monkeypatch.setattr(fuser.planner, "plan", None)   # never called
     s = FusedFFN.from_module(Gated()).plan_summary()
     assert s.endswith("; plan: float32: unfused (PyTorch eager ops)")
 
@@ -205,14 +205,14 @@ def test_x_of_any_leading_shape_and_non_contiguous(op_calls):
     f = FusedFFN.from_module(seq(nn.SiLU()))
     for x in (torch.randn(32), torch.randn(5, 32), torch.randn(2, 3, 4, 32), torch.randn(32, 6).t()):
         with torch.no_grad():
-            torch.testing.assert_close(f(x), f._source(x), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(f(x), f.source(x), rtol=1e-5, atol=1e-5)
 
 
 def test_autocast_and_dtype_mismatch_fall_back_to_pytorch(op_calls):
     f = FusedFFN.from_module(seq(nn.GELU()))
     x = torch.randn(4, 32)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        y, y_ref = f(x), f._source(x)
+        y, y_ref = f(x), f.source(x)
     assert y.dtype == y_ref.dtype == torch.bfloat16 and not op_calls
     torch.testing.assert_close(y, y_ref)
 
@@ -237,7 +237,7 @@ def test_eager_skips_validation_once_a_shape_is_known_to_take_the_reference(op_c
         ys = [f(x) for _ in range(3)]
         assert op_calls == ["silu"]
         for y in ys:
-            torch.testing.assert_close(y, f._source(x), rtol=0, atol=0)
+            torch.testing.assert_close(y, f.source(x), rtol=0, atol=0)
         f(torch.randn(5, 32, dtype=torch.bfloat16))
         f(torch.randn(32, 12, dtype=torch.bfloat16).t())       # same shape as above, not contiguous
         assert len(op_calls) == 3
@@ -277,7 +277,7 @@ def test_compiled_graph_keeps_the_op_after_eager_remembered_the_route(op_calls):
         assert op_calls == ["gelu"]
         y = torch.compile(f, backend="eager", fullgraph=True)(x)
     assert op_calls == ["gelu", "gelu"]
-    torch.testing.assert_close(y, f._source(x), rtol=0, atol=0)
+    torch.testing.assert_close(y, f.source(x), rtol=0, atol=0)
 
 
 def test_route_names_the_calls_that_never_fuse():
@@ -311,7 +311,7 @@ def test_eager_inference_routes_the_call_itself_and_the_op_sees_the_rest(op_call
     with torch.no_grad():
         y = f(x)                               # routed here, no dispatcher, and kept
     assert dispatched == [1, 1] and op_calls == ["relu"] * 3 and "_kept" in f.__dict__
-    torch.testing.assert_close(y, f._source(x), rtol=0, atol=0)
+    torch.testing.assert_close(y, f.source(x), rtol=0, atol=0)
     y = f(x)                                   # the kept eager route, under autograd
     assert dispatched == [1, 1] and op_calls == ["relu"] * 3 and y.grad_fn is not None
     y.float().sum().backward()
