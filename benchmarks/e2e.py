@@ -1,4 +1,4 @@
-"""End to end (issue #6): a LLaMA-architecture model from a transformers config with random weights
+"""End to end: a LLaMA-architecture model from a transformers config with random weights
 (LLaMA-3-8B dimensions, a few decoder layers), optimized by fuser against the same model unoptimized,
 in prefill (batch x sequence tokens) and decode (one new token per sequence over a static KV cache of
 `--context` tokens, batch 1-32), in eager mode and replayed from a CUDA graph. Also the FFNs' share of
@@ -16,13 +16,12 @@ Without a CUDA GPU it runs the tiny configuration on the CPU in eager mode (CPU 
 """
 import argparse
 import copy
-import statistics
 import sys
-import time
 
 import torch
 
 import fuser
+from fuser.tools.timing import graphed, time_interleaved
 
 
 def build(args, device, dtype):
@@ -40,29 +39,9 @@ def build(args, device, dtype):
     return model
 
 
-def _timer(device):
-    if device == "cuda":
-        from fuser.bench import _median_event_us
-        return lambda fn: _median_event_us(fn, 1)
-
-    def cpu(fn):
-        t = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t) * 1e6
-    return cpu
-
-
 def interleaved(fns, iters, device):
-    """Median microseconds of each function, run alternately."""
-    once = _timer(device)
-    for f in fns:
-        f()
-        f()
-    samples = [[] for _ in fns]
-    for _ in range(iters):
-        for i, f in enumerate(fns):
-            samples[i].append(once(f))
-    return [statistics.median(s) for s in samples]
+    """Median microseconds of each function, run alternately (CUDA events on a GPU, else the CPU clock)."""
+    return time_interleaved(fns, iters, warmup=2, cpu=device != "cuda")
 
 
 class _SkipMLP(torch.nn.Module):
@@ -139,9 +118,8 @@ def run_case(base, opt, phase, batch, tokens, args, device, graphs):
 
 def _graph_or_note(fn, row):
     """fn captured in a CUDA graph (its replay), or None with the reason noted in the row."""
-    from fuser.bench import _graphed
     try:
-        return _graphed(fn, 1)[0]
+        return graphed(fn, 1)[0]
     except Exception as e:  # noqa: BLE001 (reported in the row, not fatal)
         row["graph_note"] = f"capture failed: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
         return None

@@ -36,6 +36,8 @@ for tool in memcheck racecheck synccheck; do
     echo "sanitizer $tool rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.txt" | head -1)" | tee -a "$OUT/gpu.txt"
 done
 DECODE=llama2-7b:1,llama3-8b:1,llama3-8b:16,llama3-8b:64,llama3-8b:128,llama-70b:16,gpt3-6.7b:16,gpt2:1,gpt2:16
+timeout 90 python3 benchmarks/host_overhead.py --set quick --json "$OUT/host.json" > "$OUT/host.log" 2>&1
+echo "host_overhead rc $?" | tee -a "$OUT/gpu.txt"; tail -14 "$OUT/host.log" >> "$OUT/gpu.txt"
 timeout 60 python3 benchmarks/kernel_check.py --gemm --out "$OUT/gemm" > "$OUT/gemm.log" 2>&1
 timeout 120 python3 benchmarks/kernel_check.py --bench paper --out "$OUT/paper" > "$OUT/paper.log" 2>&1
 timeout 100 python3 benchmarks/kernel_check.py --bench $DECODE --out "$OUT/decode1" > "$OUT/decode1.log" 2>&1

@@ -16,7 +16,7 @@ import traceback
 import torch
 
 import fuser
-from fuser import probes
+from fuser.tools import probes
 
 
 def rel(y, ref):
@@ -190,7 +190,7 @@ def sweep_section(log, top=6, shapes=None):
                 calls = [lambda t=t, o=o: fuser.ffn(activation=act, out=o, plan=p, **t) for t, o in zip(ins, outs)]
                 g = _graph([calls[i % sets] for i in range(per)])
                 te, tf = _time_graphs([eager, g], per)
-                row = dict(name=name, m=m, plan=p.summary(), params=p._d["params"], predicted=p.predicted_us,
+                row = dict(name=name, m=m, plan=p.summary(), params=p.raw["params"], predicted=p.predicted_us,
                            measured=tf, eager=te, speedup=te / tf, floor=p.floor_us)
                 rows.append(row)
                 log(f"{name:10s} m={m:<4d} {tf:8.1f} us (eager {te:7.1f}, {te / tf:.2f}x; predicted "
@@ -215,8 +215,8 @@ def trace_run(name, m, log, **cons):
     trace = torch.zeros(units * 6 * 2, device="cuda", dtype=torch.float32)
     dev = torch.cuda.current_device()
     stream = torch.cuda.current_stream().cuda_stream
-    launch = runtime._launch_of(p, dev)
-    buf = runtime._scratch_fitting(*launch.need(m), dev, stream)
+    launch = runtime.launch_for(p, dev)
+    buf = launch.scratch(m, stream)
     args = [t["x"], t["w_up"], t["w_down"], t.get("w_gate"), None, None, None]
     for _ in range(3):
         fuser.ffn(activation=act, plan=p, **t)
@@ -262,7 +262,7 @@ def splits_section(log):
 
 
 def bench_section(log, which):
-    from fuser.bench import parse_workload, run, workload_set
+    from fuser.tools.bench import parse_workload, run, workload_set
     ws = workload_set(which) if which in ("paper", "quick", "models", "all") else [parse_workload(s) for s in
                                                                                     which.split(",")]
     results, meta = run(ws, variants=("eager_graph", "cublas_graph", "fuser_graph", "fused_graph"), autotune="none",

@@ -1,4 +1,4 @@
-"""How well the planner's cost model ranks fused plans (issue #6): for each shape, the K best fused
+"""How well the planner's cost model ranks fused plans: for each shape, the K best fused
 candidates by predicted time (K = 64, the search's most; every one compiled and run) are timed on the
 GPU, interleaved, each in a CUDA graph over rotated inputs (CUDA events, medians). Reported per shape:
 the Spearman rank correlation between predicted and measured time, the regret of the planner's pick
@@ -19,8 +19,9 @@ import sys
 import time
 
 import fuser
-from fuser.bench import hopper_reason, parse_workload
-from fuser.calibrate import TERMS, fit_term_scales, time_plans, unscaled_terms
+from fuser.tools.bench import parse_workload
+from fuser.tools.calibrate import TERMS, fit_term_scales, time_plans, unscaled_terms
+from fuser.tools.timing import hopper_reason
 
 SHAPES = ("gpt2:16", "gpt2:2048", "G9", "S8", "llama3-8b:16", "llama3-8b:512")
 

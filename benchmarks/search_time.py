@@ -12,7 +12,7 @@ import time
 
 import fuser
 from fuser import _C
-from fuser.workloads import MODELS, PAPER, TOKENS
+from fuser.tools.workloads import MODELS, PAPER, TOKENS
 
 
 def shapes():

@@ -17,24 +17,36 @@ backend="fuser")`` fuses FFNs in the compiled graph instead. A ``fuser.Plan`` ex
 (``plan.explain()``) and draws itself (``plan.to_svg()``, shown by notebooks).
 ``fuser.env()`` says what was found on this machine and, when the fused path is unavailable, why.
 """
-__version__ = "0.1.0"
+import importlib
 
 from fuser._C import CacheError, CompileError, CudaError, FuserError, UnsupportedError
+from fuser._env import Env, __version__, env  # noqa: F401
 from fuser import jit
-from fuser._env import Env, env
-from fuser.ops import ffn
-from fuser.runtime import Kernel, compile
 from fuser.planner import DATAFLOWS, Plan, plan, plans, simulate
 from fuser.reference import ACTIVATIONS, ffn_reference
-from fuser import custom_op  # noqa: E402,F401  (registers torch.ops.fuser.ffn)
+from fuser.runtime import Kernel, compile
+from fuser.ops import ffn
+from fuser import custom_op  # noqa: F401  (registers torch.ops.fuser.ffn)
 from fuser.module import FusedFFN
 from fuser.optimize import Report, optimize, report, revert
-from fuser.warm import warmup
-from fuser.tuning import tune
-from fuser import bench, calibrate, svg, tuning, warm  # noqa: E402,F811  (fuser.svg.plan_svg, fuser.bench.run, ...)
 
 __all__ = [
     "ffn", "ffn_reference", "env", "Env", "ACTIVATIONS", "plan", "plans", "Plan", "simulate", "DATAFLOWS", "jit", "compile", "Kernel",
     "optimize", "report", "revert", "Report", "FusedFFN", "warmup", "tune",
     "FuserError", "CudaError", "CompileError", "CacheError", "UnsupportedError",
 ]
+
+#: What the package offers from fuser.tools (name -> (module, attribute; None for the module itself)),
+#: imported on first use: ``import fuser`` does not load the tools.
+_TOOLS = {"warmup": ("fuser.tools.warm", "warmup"), "tune": ("fuser.tools.tuning", "tune"),
+          "bench": ("fuser.tools.bench", None), "calibrate": ("fuser.tools.calibrate", None),
+          "probes": ("fuser.tools.probes", None), "tuning": ("fuser.tools.tuning", None),
+          "warm": ("fuser.tools.warm", None)}
+
+
+def __getattr__(name):
+    if name not in _TOOLS:
+        raise AttributeError(f"module 'fuser' has no attribute {name!r}")
+    module, attr = _TOOLS[name]
+    value = importlib.import_module(module)
+    return value if attr is None else getattr(value, attr)

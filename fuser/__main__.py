@@ -1,6 +1,6 @@
-"""``python -m fuser``: see fuser/cli.py."""
+"""``python -m fuser``: the command line (fuser/tools/cli.py)."""
 import sys
 
-from fuser.cli import main
+from fuser.tools.cli import main
 
 sys.exit(main())

@@ -6,7 +6,11 @@ import dataclasses
 import importlib.util
 import os
 
+import torch
+
 from fuser import _C
+
+__version__ = "0.1.0"   # the package's version (pyproject.toml says the same)
 
 # Where the nvidia-cuda-nvrtc wheel (which CUDA builds of torch install) keeps libnvrtc, relative to
 # the `nvidia` namespace package: CUDA 13 wheels use cu13/lib, CUDA 12 wheels cuda_nvrtc/lib.
@@ -72,7 +76,6 @@ class Env:
 
 
 def _default_device():
-    import torch
     return torch.cuda.current_device() if torch.cuda.is_available() else 0
 
 
@@ -88,10 +91,6 @@ def env(device=None):
         >>> e.fused_available or bool(e.why)
         True
     """
-    import torch
-
-    import fuser
-
     d = _C.env(device=_default_device() if device is None else int(device), nvrtc_dirs=nvrtc_wheel_dirs())
     dv = d["driver_version"]
     return Env(
@@ -102,5 +101,5 @@ def env(device=None):
         smem_per_block_optin=d["smem_per_block_optin"], l2_bytes=d["l2_bytes"], nvrtc_found=d["nvrtc_found"],
         nvrtc_path=d["nvrtc_path"],
         nvrtc_version="%d.%d" % tuple(d["nvrtc_version"]) if d["nvrtc_found"] else "",
-        cache_dir=d["cache_dir"], torch_version=torch.__version__, fuser_version=fuser.__version__,
+        cache_dir=d["cache_dir"], torch_version=torch.__version__, fuser_version=__version__,
     )

@@ -174,7 +174,7 @@ def fuser_backend(gm, example_inputs, *, inner=None):
     """
     rewrite_ffns(gm)
     if inner is None:
-        from torch._inductor.compile_fx import compile_fx
+        from torch._inductor.compile_fx import compile_fx   # imported on first use: Inductor loads slowly
         return compile_fx(gm, example_inputs)
     if isinstance(inner, str):
         inner = torch._dynamo.lookup_backend(inner)

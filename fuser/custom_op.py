@@ -1,4 +1,4 @@
-"""The ``fuser::ffn`` operator: ``fuser.ffn`` as a ``torch.library`` custom op.
+"""The ``fuser::ffn`` operator: ``fuser.ffn`` as an operator of torch's dispatcher.
 
 Swapped modules (``FusedFFN``) and the ``torch.compile`` backend call ``torch.ops.fuser.ffn``, never
 ``fuser.ffn`` directly, so that:
@@ -16,6 +16,13 @@ Schema::
                Tensor? b_down, str activation) -> Tensor
 
 Like ``fuser.ffn``, ``x`` may have any leading shape ``[..., d_model]``; the result is ``[..., d_out]``.
+
+The operator is registered with ``torch.library.Library`` and three kernels: the implementation
+(CompositeExplicitAutograd: every device), the fake kernel, and an autograd kernel that, when no input
+needs a gradient, hands the call straight to the implementation. That is what
+``torch.library.custom_op`` registers too, less the Python wrappers it adds around each call (a
+``torch._dynamo.disable`` frame, output aliasing checks), which cost about as much host time as the
+implementation itself.
 """
 from __future__ import annotations
 
@@ -24,24 +31,18 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from fuser.ops import ffn as _ffn
+from fuser import interop, ops
+from fuser.reference import ACTIVATIONS
 
-__all__ = ["ffn_op"]
+__all__ = []
 
-
-def _c_ready(t):
-    """``t`` as fuser.ffn takes it: contiguous and 16-byte aligned (a copy only when it is not)."""
-    if t is None:
-        return None
-    t = t.contiguous()
-    if t.data_ptr() % 16:
-        t = t.clone()
-    return t
+SCHEMA = ("ffn(Tensor x, Tensor w_up, Tensor w_down, Tensor? w_gate, Tensor? b_up, Tensor? b_gate, "
+          "Tensor? b_down, str activation) -> Tensor")
 
 
-def _ffn_impl(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, w_gate: Optional[torch.Tensor],
-              b_up: Optional[torch.Tensor], b_gate: Optional[torch.Tensor], b_down: Optional[torch.Tensor],
-              activation: str) -> torch.Tensor:
+def _impl(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, w_gate: Optional[torch.Tensor],
+          b_up: Optional[torch.Tensor], b_gate: Optional[torch.Tensor], b_down: Optional[torch.Tensor],
+          activation: str) -> torch.Tensor:
     """``fuser.ffn`` as the operator ``torch.ops.fuser.ffn`` (traceable, capturable, differentiable).
 
     Arguments are ``fuser.ffn``'s, positional, with the optional ones given as ``None``. ``x`` need not
@@ -54,17 +55,15 @@ def _ffn_impl(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, w_gate:
         >>> torch.ops.fuser.ffn(x, w_up, w_down, None, None, None, None, "relu").shape
         torch.Size([2, 3, 8])
     """
-    return _ffn(_c_ready(x), w_up, w_down, w_gate=w_gate, b_up=b_up, b_gate=b_gate, b_down=b_down,
-                activation=activation)
+    x = interop.ready(x)
+    return ops.route(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation).run(
+        x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
 
 
-ffn_op = torch.library.custom_op("fuser::ffn", mutates_args=())(_ffn_impl)
-ffn_op.__doc__ = _ffn_impl.__doc__
-__test__ = {"ffn_op": _ffn_impl.__doc__}   # doctest does not look inside the CustomOpDef object
+__test__ = {"ffn": _impl.__doc__}
 
 
-@ffn_op.register_fake
-def _ffn_fake(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation):
+def _fake(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation):
     torch._check(x.dim() >= 1, lambda: "x: expected [..., d_model]")
     torch._check(w_up.dim() == 2 and w_down.dim() == 2, lambda: "w_up, w_down: expected 2-D weights")
     torch._check(x.shape[-1] == w_up.shape[1], lambda: f"x: last dim {x.shape[-1]} != d_model {w_up.shape[1]}")
@@ -73,14 +72,6 @@ def _ffn_fake(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation):
 
 
 # ---- autograd: recompute the intermediate from the saved inputs --------------------------------------
-
-def _act(name, h):
-    if name == "relu":
-        return F.relu(h)
-    if name == "silu":
-        return F.silu(h)
-    return F.gelu(h, approximate="tanh" if name == "gelu_tanh" else "none")
-
 
 def _act_backward(name, grad, h):
     """d act(h) / dh * grad, with the ATen kernels eager autograd uses (so gradients match eager)."""
@@ -91,33 +82,25 @@ def _act_backward(name, grad, h):
     return torch.ops.aten.gelu_backward(grad, h, approximate="tanh" if name == "gelu_tanh" else "none")
 
 
-def _setup_context(ctx, inputs, output):
-    x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation = inputs
-    # b_down is not needed: the backward recomputes only the pre-activations
-    ctx.save_for_backward(x, w_up, w_down, w_gate, b_up, b_gate)
-    ctx.activation = activation
-    ctx.has_b_down = b_down is not None
-
-
-def _backward(ctx, gy):
-    x, w_up, w_down, w_gate, b_up, b_gate = ctx.saved_tensors
-    need = ctx.needs_input_grad
-    act = ctx.activation
+def _gradients(saved, need, activation, has_b_down, gy):
+    """The gradients of the seven tensor inputs (None where not needed): the intermediate is recomputed
+    from the saved inputs (x, w_up, w_down, w_gate, b_up, b_gate) with the ops eager autograd runs."""
+    x, w_up, w_down, w_gate, b_up, b_gate = saved
     x2 = x.reshape(-1, x.shape[-1])
     g2 = gy.reshape(-1, gy.shape[-1])
     u = F.linear(x2, w_up, b_up)
     if w_gate is not None:
         g = F.linear(x2, w_gate, b_gate)
-        a = _act(act, g)
+        a = ACTIVATIONS[activation](g)
         mid = a * u
     else:
-        mid = _act(act, u)
+        mid = ACTIVATIONS[activation](u)
     g_mid = g2 @ w_down                                   # [tokens, d_ff]
     if w_gate is not None:
         g_u = g_mid * a
-        g_g = _act_backward(act, g_mid * u, g)
+        g_g = _act_backward(activation, g_mid * u, g)
     else:
-        g_u, g_g = _act_backward(act, g_mid, u), None
+        g_u, g_g = _act_backward(activation, g_mid, u), None
     dx = dw_up = dw_down = dw_gate = db_up = db_gate = db_down = None
     if need[0]:
         dx = g_u @ w_up
@@ -134,9 +117,43 @@ def _backward(ctx, gy):
         db_up = g_u.sum(0)
     if need[5] and b_gate is not None and g_g is not None:
         db_gate = g_g.sum(0)
-    if need[6] and ctx.has_b_down:
+    if need[6] and has_b_down:
         db_down = g2.sum(0)
-    return dx, dw_up, dw_down, dw_gate, db_up, db_gate, db_down, None
+    return dx, dw_up, dw_down, dw_gate, db_up, db_gate, db_down
 
 
-ffn_op.register_autograd(_backward, setup_context=_setup_context)
+_lib = torch.library.Library("fuser", "DEF")
+_lib.define(SCHEMA)
+_lib.impl("ffn", _impl, "CompositeExplicitAutograd")
+torch.library.register_fake("fuser::ffn", _fake, lib=_lib)
+_op = torch.ops.fuser.ffn.default
+_AFTER_AUTOGRAD = torch._C._after_autograd_keyset
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+_any_requires_grad = torch._C._any_requires_grad
+
+
+class _Differentiable(torch.autograd.Function):
+    """The operator where autograd records it: the call below autograd, the backward ``_gradients``."""
+
+    @staticmethod
+    def forward(ctx, keyset, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation):
+        with _below_autograd():
+            y = _op.redispatch(keyset & _AFTER_AUTOGRAD, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
+        ctx.save_for_backward(x, w_up, w_down, w_gate, b_up, b_gate)   # b_down: not needed to recompute
+        ctx.activation, ctx.has_b_down = activation, b_down is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        need = ctx.needs_input_grad[1:8]
+        return (None, *_gradients(ctx.saved_tensors, need, ctx.activation, ctx.has_b_down, gy), None)
+
+
+def _autograd(keyset, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation):
+    if torch.is_grad_enabled() and _any_requires_grad(x, w_up, w_down, w_gate, b_up, b_gate, b_down):
+        return _Differentiable.apply(keyset, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
+    with _below_autograd():
+        return _op.redispatch(keyset & _AFTER_AUTOGRAD, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
+
+
+_lib.impl("ffn", _autograd, "Autograd", with_keyset=True)

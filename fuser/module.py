@@ -5,7 +5,8 @@ A ``FusedFFN`` adopts the children of the module it replaces under the same name
 same ``Parameter`` objects (no copy) and its ``state_dict`` keys are the original ones: a checkpoint
 saved before optimizing loads after, and the other way round. It reads its weights at every call
 through the spec's ``WeightRef``s (a fused gate/up weight is sliced by rows: a contiguous, zero-copy
-view), so ``model.to(...)``, ``load_state_dict`` and optimizers keep working on the originals.
+view), so ``model.to(...)``, ``load_state_dict`` and optimizers keep working on the originals; the
+route kept for the last input shape checks at every call that the weights it holds are still those.
 
 One layout change cannot be avoided: GPT-2's ``Conv1D`` stores its weight ``[in, out]``, and fuser
 takes ``[out, in]`` row-major. The swap relays those Parameters out ONCE, in place (the same Parameter
@@ -16,21 +17,31 @@ call) and ``load_state_dict`` transposes what it loads. ``fuser.revert`` restore
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import fuser.custom_op  # noqa: F401  (registers torch.ops.fuser.ffn)
-import fuser.ops
-from fuser.custom_op import _c_ready, _ffn_impl
-from fuser.fast import FastEager, FastLaunch
+from fuser import interop, ops, planner, runtime
 from fuser.recognize import FFNSpec, Unsupported, recognise
-from fuser.reference import ACTIVATIONS
+from fuser.reference import ACTIVATIONS, eager
 
-_ROLES = ("up", "down", "gate", "b_up", "b_gate", "b_down")
+__all__ = ["FusedFFN", "FusedInto", "PLAN_TOKENS"]
+
+_ROLES = ("up", "down", "gate", "b_up", "b_gate", "b_down")   # the order of ffn_launch's weights
 #: The token count ``FusedFFN.plan_summary()`` (and so its repr and ``fuser.report``) plans for.
 PLAN_TOKENS = 128
-#: Input shapes per module whose route (reference or fused) forward remembers; cleared when full.
-_ROUTE_CACHE_SIZE = 256
+
+_Tensor = torch.Tensor
+_is_compiling = torch.compiler.is_compiling
+_is_tracing = torch._C._is_tracing
+_grad_enabled = torch.is_grad_enabled
+_autocast = torch.is_autocast_enabled
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_function_modes = torch._C._is_torch_function_mode_enabled
+_to_capsule = interop.to_capsule
+_raw_stream = interop.raw_stream
+_current_device = interop.current_device
+_disabled = interop.disabled
+_kept_scratch = runtime.kept_scratch
 
 
 def _transpose_weights(module, owners):
@@ -52,27 +63,17 @@ def _state_dict_hook(module, state_dict, prefix, local_metadata):
     return state_dict
 
 
-def _plain_eager(x, w):
-    """True when calling the op's implementation directly is exactly what ``torch.ops.fuser.ffn`` would do:
-    a plain CPU/CUDA tensor, no autograd to record, no dispatch or function mode (FakeTensor, FLOP
-    counters...) to honour. The dispatcher costs ~11 us of host time per call; skipping it is most of
-    what separates the op from a bare kernel launch."""
-    if type(x) is not torch.Tensor or x.device.type not in ("cuda", "cpu"):
-        return False
-    if torch.is_grad_enabled() and (x.requires_grad or any(t is not None and t.requires_grad for t in w.values())):
-        return False
-    return not torch._C._len_torch_dispatch_stack() and not torch._C._is_torch_function_mode_enabled()
-
-
 class FusedFFN(nn.Module):
     """A transformer FFN computed by ``torch.ops.fuser.ffn`` (one fused kernel on Hopper).
 
     Usually made by ``fuser.optimize(model)``; ``FusedFFN.from_module(mlp)`` makes one from a single
     FFN module. It holds the original children (and so the original parameters) under their original
     names. In training mode with an active dropout between the GEMMs, and under autocast, it computes
-    the same FFN with PyTorch ops instead (the fused op has neither dropout nor autocast). In eager mode
-    the op validates each new input shape once; a shape it would run as PyTorch ops anyway (CPU, float32,
-    or an unfused plan) then runs those ops directly, without the op's host overhead.
+    the same FFN with PyTorch ops instead (the fused op has neither dropout nor autocast). The first
+    call of an input shape is routed as ``fuser.ffn`` routes it (validated once, then the fused launch
+    or the PyTorch ops); the module keeps that route for the next calls of the shape while nothing it
+    depends on changes. Calls autograd must record, and calls under torch.compile, tracing or a dispatch
+    mode, go through ``torch.ops.fuser.ffn``.
 
     Example:
         >>> import torch, fuser
@@ -132,12 +133,26 @@ class FusedFFN(nn.Module):
         return cls(spec, dict(module.named_children()), source=module)
 
     def __getstate__(self):
-        # copy.deepcopy and pickling (torch.save of a whole model) leave out what forward keeps at run time:
-        # remembered routes and the fast launch hold loaded kernels and DLPack capsules of this process
+        # copy.deepcopy and pickling (torch.save of a whole model) leave out the kept route: it holds
+        # loaded kernels and DLPack capsules of this process
         state = super().__getstate__()
-        state.pop("_routes", None)
-        state.pop("_fast", None)
+        state.pop("_kept", None)
         return state
+
+    @property
+    def source(self):
+        """The module this one replaced (None when made from a spec directly)."""
+        return self.__dict__["_source"]
+
+    def restore(self):
+        """Hand the children back to the module this one replaced, with GPT-2 Conv1D weights in their
+        original layout again, and return that module (what ``fuser.revert`` puts back)."""
+        source = self.source
+        _transpose_weights(self, self.spec.transposed)
+        for name, child in self.named_children():
+            setattr(source, name, child)
+        self.__dict__.pop("_kept", None)
+        return source
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # GPT-2 Conv1D weights arrive in their [in, out] layout; the children load after this runs
@@ -184,69 +199,48 @@ class FusedFFN(nn.Module):
 
     # ---- forward -------------------------------------------------------------------------------------
 
-    def _mid_dropout_active(self):
-        d = getattr(self, self.spec.mid_dropout) if self.spec.mid_dropout else None
-        return d is not None and d.training and d.p > 0
+    def _mid(self):
+        """The dropout between the GEMMs when it is active (training, p > 0), else None."""
+        name = self.spec.mid_dropout
+        d = self._modules.get(name) if name else None
+        return d if d is not None and d.training and d.p > 0 else None
 
-    def _eager(self, x, w):
-        """The same FFN in PyTorch ops, with the dropout between the GEMMs (training, autocast)."""
-        act = ACTIVATIONS[self.spec.activation]
-        h = F.linear(x, w["up"], w["b_up"])
-        h = act(F.linear(x, w["gate"], w["b_gate"])) * h if w["gate"] is not None else act(h)
-        if self.spec.mid_dropout:
-            h = getattr(self, self.spec.mid_dropout)(h)
-        return F.linear(h, w["down"], w["b_down"])
-
-    def _route_key(self, x, w):
-        """The key under which forward remembers fuser.ffn's route for x (see ``_remember_route``), or
-        None where nothing is remembered: under torch.compile/export/tracing the op stays in the graph
-        and dispatches at run time."""
-        if torch.compiler.is_compiling() or torch.jit.is_tracing() or not isinstance(x, torch.Tensor):
-            return None
-        up = w["up"]
-        return (x.shape, x.dtype, x.device, x.is_contiguous(), up.dtype, up.device)
-
-    def _remember_route(self, key, x):
-        """After a call the op validated: remember its route for this input shape (``fuser.ops.route``):
-        ``"reference"`` (not CUDA, not 16-bit, no fused path, or an unfused plan) or the fused plan. Later
-        eager calls with that shape run the PyTorch ops, or launch the plan, directly, skipping the op's
-        dispatch, validation and planner lookup (tens of microseconds of host time per FFN, which is
-        most of a small FFN's time). The launch still validates the tensors in C."""
-        s = self.spec
-        chain = dict(m=x.numel() // x.shape[-1], d_model=s.d_model, d_ff=s.d_ff, d_out=s.d_out, gated=s.gated,
-                     activation=s.activation, bias_up=s.b_up is not None, bias_gate=s.b_gate is not None,
-                     bias_down=s.b_down is not None, dtype=str(x.dtype).replace("torch.", ""))
-        routes = self.__dict__.setdefault("_routes", {})
-        if len(routes) >= _ROUTE_CACHE_SIZE:
-            routes.clear()
-        routes[key] = fuser.ops.route(chain, x)
+    def _eager(self, x, w, mid=None):
+        """The same FFN in PyTorch ops, with the dropout between the GEMMs when it is active."""
+        return eager(x, w["up"], w["down"], w["gate"], w["b_up"], w["b_gate"], w["b_down"],
+                     ACTIVATIONS[self.spec.activation], mid)
 
     def forward(self, x):
-        if FastLaunch.usable():
-            fast = self.__dict__.get("_fast")
-            y = fast.run(self, x) if fast is not None else None
-            if y is not None:
-                return y if not self.spec.post_dropout else getattr(self, self.spec.post_dropout)(y)
+        y = None
+        if not (_is_compiling() or _is_tracing()):   # compiled and traced graphs keep the op
+            kept = self.__dict__.get("_kept")
+            if kept is not None:
+                y = kept.run(self, x)
+        if y is None:
+            y = self._route(x)
+        post = self.spec.post_dropout
+        return y if post is None else self._modules[post](y)
+
+    def _route(self, x):
+        """A call the kept route does not serve. PyTorch ops where the fused op does not apply (an active
+        dropout between the GEMMs, autocast, x in another dtype); the op ``torch.ops.fuser.ffn`` where
+        the dispatcher must see the call (autograd to record, torch.compile or tracing, a dispatch or
+        function mode, not a plain CPU/CUDA tensor); else the route of x's signature (``fuser.ops.route``:
+        validated the first time), run directly and kept for the next calls of this shape."""
         w = self.weights()
-        key = self._route_key(x, w)
-        known = self.__dict__.get("_routes", {}).get(key) if key is not None else None
-        if (known == "reference" or self._mid_dropout_active() or x.dtype != w["up"].dtype
-                or torch.is_autocast_enabled(x.device.type)):
-            y = self._eager(x, w)
-            if known == "reference":
-                self.__dict__["_fast"] = FastEager.build(self, x, w)     # later calls of this shape
-        elif known is not None and _plain_eager(x, w) and not fuser.ops.disabled():
-            x = _c_ready(x)
-            y = fuser.ops.run_fused(known, x, w["up"], w["down"], w["gate"], w["b_up"], w["b_gate"], w["b_down"],
-                                    self.spec.activation)
-            self.__dict__["_fast"] = FastLaunch.build(self, known, x, w)   # later calls of this shape
-        else:
-            op = _ffn_impl if key is not None and _plain_eager(x, w) else torch.ops.fuser.ffn
-            y = op(x, w["up"], w["down"], w["gate"], w["b_up"], w["b_gate"], w["b_down"], self.spec.activation)
-            if key is not None and known is None:
-                self._remember_route(key, x)
-        if self.spec.post_dropout:
-            y = getattr(self, self.spec.post_dropout)(y)
+        mid = self._mid()
+        if mid is not None or x.dtype != w["up"].dtype or _autocast(x.device.type):
+            return self._eager(x, w, mid)
+        args = (w["up"], w["down"], w["gate"], w["b_up"], w["b_gate"], w["b_down"], self.spec.activation)
+        if (_is_compiling() or _is_tracing() or type(x) is not _Tensor or x.device.type not in ("cuda", "cpu")
+                or _dispatch_modes() or _function_modes()
+                or (_grad_enabled() and (x.requires_grad or any(t is not None and t.requires_grad for t in w.values())))):
+            return torch.ops.fuser.ffn(x, *args)
+        xr = interop.ready(x)
+        route = ops.route(xr, *args)
+        y = route.run(xr, *args)
+        self.__dict__["_kept"] = (_KeptLaunch.bind(self, route, xr, w) if route.fused
+                                  else _KeptEager.bind(self, route, x, w))
         return y
 
     # ---- description ---------------------------------------------------------------------------------
@@ -280,12 +274,11 @@ class FusedFFN(nn.Module):
             >>> f.plan(16) is f.plan(16)
             True
         """
-        import fuser
         args = self.plan_args()
         key = (tokens,) + tuple(args.items())
         plans = self.__dict__.setdefault("_plans", {})
         if key not in plans:
-            plans[key] = fuser.plan(tokens, **args)
+            plans[key] = planner.plan(tokens, **args)
         return plans[key]
 
     def plan_summary(self):
@@ -319,6 +312,131 @@ class FusedFFN(nn.Module):
         return self.plan_summary()
 
 
+# ---- the kept route of the last input shape --------------------------------------------------------
+
+class _Weights:
+    """A FusedFFN's weights as they were when its route was kept: each owner module by name, and each
+    Parameter with its address and shape. ``same(module)`` says whether all still hold: in-place updates
+    (``mul_``, optimizer steps, ``load_state_dict``) keep the memory and pass; a new Parameter, a new
+    owner or ``.data = ...`` does not."""
+
+    __slots__ = ("held",)
+
+    def __init__(self, module):
+        self.held = []      # (owner's name, owner, its _parameters, parameter name, Parameter, address, shape)
+        for _role, ref in module.__dict__["_refs"]:
+            if ref is None:
+                continue
+            owner = module._owner(ref)
+            p = owner._parameters.get(ref.name) if isinstance(owner, nn.Module) else None
+            if p is None:
+                raise LookupError(ref.name)
+            self.held.append((ref.owner, owner, owner._parameters, ref.name, p, p.data_ptr(), p.shape))
+
+    @classmethod
+    def of(cls, module):
+        """The weights of `module`, or None where one is not a registered Parameter (nothing is kept)."""
+        try:
+            return cls(module)
+        except LookupError:
+            return None
+
+    def same(self, module):
+        modules = module._modules
+        for name, owner, params, pname, p, ptr, shape in self.held:
+            if modules.get(name) is not owner and module._linked.get(name) is not owner:
+                return False
+            if params.get(pname) is not p or p.data_ptr() != ptr or p.shape != shape:
+                return False
+        return True
+
+    def need_grad(self):
+        return any(h[4].requires_grad for h in self.held)
+
+
+class _KeptEager:
+    """An eager route kept for one input shape: the PyTorch ops with the weights as read then (row slices
+    included), while x has that shape, dtype, device and layout and the weights are the same.
+    Autograd, autocast and the dropout between the GEMMs are the ops' own business here."""
+
+    __slots__ = ("route", "shape", "dtype", "device", "contiguous", "weights", "w", "act", "mid")
+
+    @classmethod
+    def bind(cls, module, route, x, w):
+        weights = _Weights.of(module)
+        if weights is None:
+            return None
+        k = cls()
+        k.route, k.weights, k.w = route, weights, tuple(w[r] for r in _ROLES)
+        k.act, k.mid = ACTIVATIONS[module.spec.activation], module.spec.mid_dropout
+        k.shape, k.dtype, k.device, k.contiguous = x.shape, x.dtype, x.device, x.is_contiguous()
+        return k
+
+    def run(self, module, x):
+        """The output for `x`, or None when the general route has to run."""
+        if (type(x) is not _Tensor or x.shape != self.shape or x.dtype is not self.dtype
+                or x.device != self.device or x.is_contiguous() is not self.contiguous or self.route.stale
+                or not self.weights.same(module)):
+            return None
+        w_up, w_down, w_gate, b_up, b_gate, b_down = self.w
+        return eager(x, w_up, w_down, w_gate, b_up, b_gate, b_down, self.act,
+                     None if self.mid is None else module._mid())
+
+
+class _KeptLaunch:
+    """A fused route kept for one input shape: the launch with the weights' DLPack capsules exported
+    once and only ever borrowed (bit set in ``borrow``), the scratch and the stream of that moment, so
+    that a call exports just x and y. ``run`` launches only when nothing changed since:
+
+      the call     not compiling or tracing (forward checks), no dispatch or function mode, no autocast,
+                   FUSER_DISABLE unset, no autograd to record, no active dropout between the GEMMs;
+      x            a plain ``torch.Tensor`` of the same shape and dtype, contiguous, 16-byte aligned, on
+                   the kernel's device, which is the current device;
+      the stream   the same current stream, whose scratch is still the one kept for it;
+      the weights  the same (``_Weights``), so the capsules still describe them.
+
+    The launch validates every tensor again in C against the kernel's chain, so what these checks miss
+    raises there instead of running."""
+
+    __slots__ = ("route", "shape", "dtype", "device", "stream", "scratch", "out_shape", "activation",
+                 "weights", "caps", "borrow")
+
+    @classmethod
+    def bind(cls, module, route, x, w):
+        weights = _Weights.of(module) if _to_capsule is not None else None
+        if weights is None:
+            return None
+        k = cls()
+        k.route, k.weights, k.activation = route, weights, module.spec.activation
+        k.device = route.device
+        k.shape, k.dtype, k.stream = x.shape, x.dtype, _raw_stream(k.device)
+        k.out_shape = (*x.shape[:-1], w["down"].shape[0])
+        k.scratch = route.launch.scratch(x.numel() // x.shape[-1], k.stream)
+        # capsules of detached views: they keep the memory they point at alive even if `.data` is replaced
+        k.caps = tuple(None if w[r] is None else _to_capsule(w[r].detach()) for r in _ROLES)
+        k.borrow = sum(1 << (i + 1) for i, c in enumerate(k.caps) if c is not None)
+        return k
+
+    def run(self, module, x):
+        """The output for `x` through the kept launch, or None when the general route has to run."""
+        device = self.device
+        if (type(x) is not _Tensor or x.shape != self.shape or x.dtype is not self.dtype
+                or not x.is_contiguous() or x.data_ptr() % 16 or x.get_device() != device
+                or _current_device() != device or _dispatch_modes() or _function_modes()
+                or _autocast("cuda") or _disabled() or self.route.stale):
+            return None
+        if _grad_enabled() and (x.requires_grad or self.weights.need_grad()):
+            return None
+        stream = _raw_stream(device)
+        if (stream != self.stream or _kept_scratch(device, stream) is not self.scratch or module._mid() is not None
+                or not self.weights.same(module)):
+            return None
+        y = x.new_empty(self.out_shape)
+        self.route.launch(_to_capsule(x), self.caps, self.activation, _to_capsule(y), self.scratch, stream,
+                          self.borrow)
+        return y
+
+
 class FusedInto(nn.Module):
     """Where a linear layer was fused into a sibling ``FusedFFN`` (BERT's ``output.dense``): it keeps
     that layer's ``weight`` and ``bias`` (the same Parameters, the same state_dict keys) and passes its
@@ -343,6 +461,17 @@ class FusedInto(nn.Module):
 
     def forward(self, x):
         return x
+
+    @property
+    def source(self):
+        """The linear layer this one stands in for."""
+        return self.__dict__["_source"]
+
+    def restore(self):
+        """That linear layer, holding this one's weight and bias again (what ``fuser.revert`` puts back)."""
+        source = self.source
+        source.weight, source.bias = self.weight, self.bias
+        return source
 
     def extra_repr(self):
         return f"{tuple(self.weight.shape)} fused into {self.into}"

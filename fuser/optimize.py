@@ -10,7 +10,7 @@ import dataclasses
 
 from torch import nn
 
-from fuser.module import FusedFFN, FusedInto, _transpose_weights
+from fuser.module import FusedFFN, FusedInto
 from fuser.recognize import Unsupported, recognise
 
 __all__ = ["optimize", "report", "revert", "Report", "Entry"]
@@ -171,15 +171,8 @@ def revert(model):
     _check_model(model)
 
     def back(module, parent, name):
-        if isinstance(module, (FusedFFN, FusedInto)) and module._source is not None:
-            source = module._source
-            if isinstance(module, FusedFFN):
-                _transpose_weights(module, module.spec.transposed)
-                for child_name, child in module.named_children():
-                    setattr(source, child_name, child)
-            else:
-                source.weight, source.bias = module.weight, module.bias
-            return _swap(parent, name, source)
+        if isinstance(module, (FusedFFN, FusedInto)) and module.source is not None:
+            return _swap(parent, name, module.restore())
         for child_name, child in list(module.named_children()):
             back(child, module, child_name)
         return module

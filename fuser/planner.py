@@ -5,27 +5,19 @@ from __future__ import annotations
 
 import json
 
-from fuser import _C
+import torch
+
+from fuser import _C, svg
+from fuser.target import default_target
+
+__all__ = ["DATAFLOWS", "CHAIN_FIELDS", "Plan", "plan", "plans", "search", "simulate", "default_target"]
 
 #: The dataflow primitives, in the order plans list them.
 DATAFLOWS = ("all_exchange", "shuffle", "reduce_scatter", "inter_cluster_reduce")
 _DF_BIT = {name: 1 << i for i, name in enumerate(DATAFLOWS)}
 _CONSTRAINT_KEYS = ("bm", "bn", "bl", "n_iters", "stages", "order", "gate_mode", "kind", "s1", "s2")
-
-
-def default_target():
-    """The target to plan for: this machine's Hopper GPU when there is one (its built-in table, with what
-    ``python -m fuser calibrate`` measured on this GPU model, if it ran), else the H200 defaults."""
-    from fuser._env import env
-    e = env()
-    if e.gpu_name and e.compute_capability == (9, 0):
-        from fuser.calibrate import apply
-        raw = _C.env(device=e.device)
-        t = _C.target_for_device(raw["gpu_name"], tuple(raw["compute_capability"]), raw["sm_count"],
-                                 raw["smem_per_block_optin"], raw["smem_per_sm"], raw["l2_bytes"],
-                                 raw["clock_khz"], raw["mem_clock_khz"], raw["mem_bus_bits"])
-        return apply(t, raw["gpu_name"], raw["sm_count"])
-    return "h200"
+#: The fields of a chain dict the core plans from (``_C.ffn_check`` adds where the tensors are).
+CHAIN_FIELDS = ("m", "d_model", "d_ff", "d_out", "gated", "activation", "bias_up", "bias_gate", "bias_down", "dtype")
 
 
 def _chain(m, d_model, d_ff, d_out, gated, activation, bias, dtype):
@@ -84,9 +76,23 @@ def plans(m, d_model, d_ff, *, d_out=None, gated=False, activation="gelu", bias=
         [True, True]
     """
     chain = _chain(m, d_model, d_ff, d_out, gated, activation, bias, dtype)
-    tgt = default_target() if target is None else target
-    raw, stats = _C.search(chain, tgt, k=k, constraints=_constraints(fused, cluster, dataflows, avoid, tiles))
-    return [Plan(d, stats, raw) for d in raw]
+    return search(chain, default_target() if target is None else target, k,
+                  _constraints(fused, cluster, dataflows, avoid, tiles))
+
+
+def search(chain, target, k=10, constraints=None):
+    """The `k` best plans for a chain dict (``CHAIN_FIELDS``; extra keys are ignored) on `target` (a
+    built-in name or a target dict), fastest predicted first: the core's search, unchecked arguments.
+
+    Example:
+        >>> import fuser
+        >>> from fuser.planner import search
+        >>> chain = fuser.plan(16, 768, 3072).chain
+        >>> search(chain, "h200", k=1)[0].summary() == fuser.plan(16, 768, 3072, target="h200").summary()
+        True
+    """
+    raw, stats = _C.search({f: chain[f] for f in CHAIN_FIELDS}, target, k=k, constraints=constraints)
+    return [Plan(d, stats) for d in raw]
 
 
 def plan(m, d_model, d_ff, *, d_out=None, gated=False, activation="gelu", bias=False, dtype="bfloat16",
@@ -131,7 +137,7 @@ class Plan:
     ``derived`` (grid, buffers, barriers), ``target``.
     """
 
-    def __init__(self, d, stats=None, siblings=None):
+    def __init__(self, d, stats=None):
         self._d = d
         stats = stats or {}
         self.candidates = stats.get("candidates", 0)
@@ -143,7 +149,7 @@ class Plan:
         self._runner_up = None
 
     def __getstate__(self):
-        # the loaded kernel kept per device (runtime._Launch) belongs to this process: not copied or pickled
+        # the kernel loaded per device (fuser.runtime.launch_for keeps it here) belongs to this process
         state = dict(self.__dict__)
         state.pop("_launch", None)
         return state
@@ -156,6 +162,11 @@ class Plan:
     traffic = property(lambda self: dict(self._d["traffic"]))
     derived = property(lambda self: dict(self._d.get("derived", {})))
     predicted_us = property(lambda self: self._d["cost"]["total"])
+
+    @property
+    def raw(self):
+        """The core's plan dict, as ``fuser._C`` takes it (code generation, loading a kernel); read only."""
+        return self._d
 
     @property
     def breakdown(self):
@@ -227,7 +238,8 @@ class Plan:
         return isinstance(other, Plan) and self.to_dict() == other.to_dict()
 
     # ---- text ----
-    def _head(self):
+    def describe_chain(self):
+        """The FFN this plan is for, in words: tokens, widths, form, biases and dtype."""
         c = self._d["chain"]
         form = ("gated " if c["gated"] else "") + c["activation"]
         bias = "with biases" if c["bias_up"] or c["bias_down"] else "no bias"
@@ -250,9 +262,9 @@ class Plan:
     def __repr__(self):
         return f"<fuser.Plan {self.summary()}>"
 
-    def _describe_dataflows(self):
+    def describe_dataflows(self):
         """(dataflow, one line saying what it does in this plan) per dataflow used, or ("local", ...)."""
-        d, p, c = self.derived, self._d["params"], self._d["chain"]
+        d, p = self.derived, self._d["params"]
         lines = []
         if "all_exchange" in self.dataflows:
             op = "multiply gate by up" if p["gate_mode"] == "spatial" else "add their K-split partials"
@@ -281,7 +293,7 @@ class Plan:
     def explain(self):
         """A readable account of the choice, its predicted time and traffic, and the runner-up."""
         b, tr = self.breakdown, self.traffic
-        out = [f"FFN: {self._head()}; target {self.target.get('name', '?')}"]
+        out = [f"FFN: {self.describe_chain()}; target {self.target.get('name', '?')}"]
         if self.fused and self.kind == "stream":
             d, p = self.derived, self._d["params"]
             out.append("Choice: fused, stream: one persistent launch streams every weight byte once on the whole GPU")
@@ -305,7 +317,7 @@ class Plan:
                        f"chunks of {p['bl']}; {p['stages']} pipeline stages; {order}{gate}")
             out.append(f"  shared memory {d['smem_bytes']} B per block, ~{d['regs_est']} registers per thread, "
                        f"{d['barriers']} cluster barriers")
-            out += ["  " + line for _, line in self._describe_dataflows()]
+            out += ["  " + line for _, line in self.describe_dataflows()]
         else:
             out.append("Choice: unfused: PyTorch eager ops (library GEMMs, the intermediate through HBM)")
         top, val = self._bound()
@@ -349,8 +361,7 @@ class Plan:
             >>> 'class="fz-unit"' in fuser.plan(16, 4096, 14336, fused=True, kind="stream", target="h200").to_svg()
             True
         """
-        from fuser.svg import plan_svg
-        return plan_svg(self)
+        return svg.plan_svg(self)
 
     def _repr_svg_(self):
         return self.to_svg()
@@ -371,7 +382,6 @@ def simulate(plan, x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_do
         >>> traffic == p.traffic
         True
     """
-    import torch
     if not isinstance(plan, Plan):
         raise TypeError(f"plan: expected a fuser.Plan, got {type(plan).__name__}")
     c = plan.chain

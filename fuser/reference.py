@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import functools
 
-import torch
 import torch.nn.functional as F
+
+__all__ = ["ACTIVATIONS", "ffn_reference", "eager"]
+
+_linear = F.linear
 
 #: activation name -> elementwise function (the names fuser accepts everywhere)
 ACTIVATIONS = {
@@ -52,9 +55,25 @@ def ffn_reference(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_dow
         def up(t):
             return None if t is None else t.to(compute_dtype)
         x, w_up, w_down, w_gate, b_up, b_gate, b_down = map(up, (x, w_up, w_down, w_gate, b_up, b_gate, b_down))
-    h = F.linear(x, w_up, b_up)
-    if w_gate is not None:
-        h = act(F.linear(x, w_gate, b_gate)) * h
-    else:
-        h = act(h)
-    return F.linear(h, w_down, b_down)
+    return eager(x, w_up, w_down, w_gate, b_up, b_gate, b_down, act)
+
+
+def eager(x, w_up, w_down, w_gate, b_up, b_gate, b_down, act, mid=None):
+    """The FFN in PyTorch ops, arguments positional and unchecked: what every eager route runs.
+
+    ``act`` is the activation function (a value of ``ACTIVATIONS``); ``mid``, if given, is applied
+    between the GEMMs (``FusedFFN``'s dropout there).
+
+    Example:
+        >>> import torch
+        >>> from fuser.reference import ACTIVATIONS, eager, ffn_reference
+        >>> x, w1, w2 = torch.randn(4, 8), torch.randn(16, 8), torch.randn(8, 16)
+        >>> torch.equal(eager(x, w1, w2, None, None, None, None, ACTIVATIONS["silu"]),
+        ...             ffn_reference(x, w1, w2, activation="silu"))
+        True
+    """
+    h = _linear(x, w_up, b_up)
+    h = act(_linear(x, w_gate, b_gate)) * h if w_gate is not None else act(h)
+    if mid is not None:
+        h = mid(h)
+    return _linear(h, w_down, b_down)

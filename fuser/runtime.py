@@ -1,7 +1,9 @@
-"""Running fused plans: ``fuser.compile`` (plan -> CUBIN through NVRTC and the disk cache, no GPU
-needed), loading onto a device, the per-stream scratch buffer (inter-cluster workspace and its tickets),
-the plan cache (consulting ``fuser.tune``'s stored winners first), and the fused branch of
-``fuser.ffn``. Nothing here synchronises the device."""
+"""Fused plans on a GPU: ``fuser.compile`` (plan -> CUBIN through NVRTC and the disk cache, no GPU
+needed), kernels loaded per device, the scratch that launches on one stream share, the plan a chain
+runs (a ``fuser.tune`` winner first, else the planner's choice, cached), and ``Launch``: one fused plan
+loaded on one device, the only caller of ``_C.ffn_launch``. Every ``_C`` call that loads or launches a
+kernel is in this file. Nothing here synchronises the device.
+"""
 from __future__ import annotations
 
 import collections
@@ -10,7 +12,13 @@ import threading
 
 import torch
 
-from fuser import _C
+from fuser import _C, jit, planner
+from fuser._C import CompileError
+from fuser._env import env
+from fuser.target import default_target, tuned_plan
+
+__all__ = ["Kernel", "compile", "MATH_SUBROUTINES", "Launch", "launch_for", "fused_available", "plan_for", "tuned",
+           "forget_plans"]
 
 _lock = threading.Lock()
 
@@ -37,11 +45,11 @@ class Kernel:
         return self.plan.derived["smem_bytes"] + self.compiled.shared_bytes
 
 
-# Markers of CUDA math library slow-path subroutines in a CUBIN (their labels are kept in the ELF).
-_MATH_SUBROUTINES = (b"_slowpath", b"__cuda_sm3x_", b"__cuda_sm20_")
+#: Markers of CUDA math library slow-path subroutines in a CUBIN (their labels are kept in the ELF).
+MATH_SUBROUTINES = (b"_slowpath", b"__cuda_sm3x_", b"__cuda_sm20_")
 
 
-def compile(plan):  # noqa: A001 - the public name the issue asks for
+def compile(plan):  # noqa: A001 - fuser.compile
     """Compile a fused plan to a CUBIN for sm_90a (NVRTC, through the on-disk cache). Needs NVRTC, not a GPU.
 
     Example:
@@ -51,31 +59,62 @@ def compile(plan):  # noqa: A001 - the public name the issue asks for
         >>> k.spill_bytes  # doctest: +SKIP
         0
     """
-    from fuser.planner import Plan
-    if not isinstance(plan, Plan):
+    if not isinstance(plan, planner.Plan):
         raise TypeError(f"plan: expected a fuser.Plan, got {type(plan).__name__}")
     if not plan.fused:
         raise ValueError("plan: an unfused plan runs PyTorch ops; there is nothing to compile")
-    from fuser.jit import compile_source
-    source = _C.codegen(plan._d, plan.target or "h200")
-    compiled = compile_source(source, "fuser_ffn.cu")
-    if any(tag in compiled.cubin for tag in _MATH_SUBROUTINES):
+    source = _source(plan)
+    compiled = jit.compile_source(source, "fuser_ffn.cu")
+    if any(tag in compiled.cubin for tag in MATH_SUBROUTINES):
         # see include/fuser/device/common.cuh: such calls clobbered live registers on an H200
-        from fuser import CompileError
         raise CompileError("fuser: the generated kernel calls a CUDA math slow-path subroutine "
                            "(IEEE division or similar), which fuser does not run; this is a bug in "
                            "fuser's kernel templates, please report it with the plan: " + plan.summary())
     return Kernel(plan=plan, source=source, compiled=compiled)
 
 
-# ---- loaded kernels, scratch, plans: process-wide caches ----
+# ---- process-wide caches ----------------------------------------------------------------------------
 
+_compiled = {}                     # generated source -> Kernel
 _loaded = {}                       # (cache key, device) -> kernel capsule
-_scratch = {}                      # (device, stream) -> _Scratch
+_scratch = {}                      # (device, stream) -> Scratch
 _captured = []                     # scratch that CUDA graphs reference: kept for the process's life
-_plans = collections.OrderedDict()  # chain key -> Plan (LRU)
+_plans = collections.OrderedDict()  # chain values + device -> Plan (LRU)
 _PLAN_CACHE_SIZE = 4096
-_env_ok = {}                       # device -> (fused available, why)
+_envs = {}                         # device -> fuser.env(device)
+
+
+def _source(plan):
+    """The generated CUDA source of a fused plan, made once per Plan object (~6 us); it also keys the
+    kernel table."""
+    source = plan.__dict__.get("_source")
+    if source is None:
+        source = plan.__dict__["_source"] = _C.codegen(plan.raw, plan.target or "h200")
+    return source
+
+
+def has_kernel(plan):
+    """Whether this process has compiled (or read from the disk cache) the kernel of fused `plan`."""
+    return _source(plan) in _compiled
+
+
+def kernel_for(plan):
+    """The compiled kernel of a fused plan (compiled once per process; the disk cache spans processes)."""
+    key = _source(plan)
+    k = _compiled.get(key)
+    if k is None:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("fuser: a new kernel would be compiled during CUDA graph capture; run the model "
+                               "once with the same shapes before capturing")
+        k = _compiled.setdefault(key, compile(plan))
+    return k
+
+
+def load_module(kernel, device):
+    """Load a compiled kernel onto CUDA device `device` now (no cache: ``load`` keeps what it loads)."""
+    with torch.cuda.device(device):
+        torch.cuda.current_stream()  # torch's context is current on this thread
+        return _C.load_kernel(kernel.plan.raw, kernel.plan.target or "h200", kernel.cubin, device)
 
 
 def load(kernel, device):
@@ -84,15 +123,13 @@ def load(kernel, device):
     with _lock:
         k = _loaded.get(key)
     if k is None:
-        with torch.cuda.device(device):
-            torch.cuda.current_stream()  # torch's context is current on this thread
-            k = _C.load_kernel(kernel.plan._d, kernel.plan.target or "h200", kernel.cubin, device)
+        k = load_module(kernel, device)
         with _lock:
             k = _loaded.setdefault(key, k)
     return k
 
 
-class _Scratch:
+class Scratch:
     """Zeroed tickets + inter-cluster workspace for one (device, stream), from the driver's
     stream-ordered allocator: outside torch's allocator, so CUDA-graph pools (cudagraph trees
     included) never see it. Freed on its stream when replaced or collected."""
@@ -107,128 +144,155 @@ class _Scratch:
         return self.tickets >= tickets and self.floats >= self.tickets + ws_floats
 
 
-class _Launch:
-    """What launching a fused plan on one device needs, worked out once (kept on the Plan): the loaded
-    kernel, whose C side sizes the scratch of a launch (``_C.scratch_need``)."""
+def scratch(device, stream, tickets=0, ws_floats=0):
+    """The scratch launches on (device, stream) share, holding at least `tickets` tickets and `ws_floats`
+    workspace floats: the kept one, or a larger one that replaces it. During CUDA graph capture nothing
+    may be allocated: the largest one already kept on the device is reused (and kept for good, since a
+    graph now holds its address)."""
+    key = (device, stream)
+    buf = _scratch.get(key)
+    if buf is not None and buf.fits(tickets, ws_floats):
+        return buf
+    if torch.cuda.is_current_stream_capturing():
+        fits = [b for (dev, _), b in _scratch.items() if dev == device and b.fits(tickets, ws_floats)]
+        if fits:
+            buf = _scratch[key] = max(fits, key=lambda b: b.floats)
+            _captured.append(buf)
+            return buf
+        raise RuntimeError("fuser: this call needs a larger workspace than was allocated before CUDA graph "
+                           "capture; run the model once with the same shapes before capturing")
+    cap = -(-max(tickets, 4096, buf.tickets if buf else 0) // 32) * 32  # keeps the workspace 128-byte aligned
+    need_ws = max(ws_floats, buf.floats - buf.tickets if buf else 0)
+    buf = _scratch[key] = Scratch(device, stream, cap, need_ws)
+    return buf
 
-    __slots__ = ("kernel",)
+
+def kept_scratch(device, stream):
+    """The scratch kept for (device, stream), or None."""
+    return _scratch.get((device, stream))
+
+
+class Launch:
+    """One fused plan loaded on one CUDA device, ready to launch: the kernel, whose C side sizes the
+    scratch of a launch (``_C.scratch_need``). Made once per (plan, device): ``launch_for``."""
+
+    __slots__ = ("plan", "device", "kernel")
 
     def __init__(self, plan, device):
+        self.plan, self.device = plan, device
         self.kernel = load(kernel_for(plan), device)
 
     def need(self, m):
         """(zeroed words, workspace floats) of a launch with `m` tokens."""
         return _C.scratch_need(self.kernel, m)
 
+    def scratch(self, m, stream):
+        """The scratch for a launch with `m` tokens on `stream`."""
+        return scratch(self.device, stream, *self.need(m))
 
-def _launch_of(plan, device):
+    def __call__(self, x, weights, activation, y, scratch, stream, borrow=0):
+        """Launch on `stream` (the caller's current one, on this device, which must be current). `x`,
+        `y` and the six `weights` (w_up, w_down, w_gate, b_up, b_gate, b_down; None where absent) are
+        DLPack capsules or objects with ``__dlpack__``; C validates them against the kernel's chain and
+        consumes each capsule except those whose bit is set in `borrow` (bit 0 = x ... bit 7 = y)."""
+        _C.ffn_launch(self.kernel, x, *weights, activation, y, scratch.capsule, stream, borrow)
+
+
+def launch_for(plan, device):
+    """The ``Launch`` of fused `plan` on CUDA device `device` (kept on the plan).
+
+    Example:
+        >>> import fuser
+        >>> from fuser import runtime
+        >>> p = fuser.plan(16, 768, 3072, activation="gelu", fused=True)
+        >>> runtime.launch_for(p, 0) is runtime.launch_for(p, 0)  # doctest: +SKIP
+        True
+    """
     launches = plan.__dict__.get("_launch")
     if launches is None:
         launches = plan.__dict__.setdefault("_launch", {})
-    l = launches.get(device)
-    if l is None:
-        l = launches.setdefault(device, _Launch(plan, device))
-    return l
+    launch = launches.get(device)
+    if launch is None:
+        launch = launches.setdefault(device, Launch(plan, device))
+    return launch
 
 
-def _scratch_for(plan, m, device, stream):
-    """The scratch for a launch of `plan` with `m` tokens on (device, stream)."""
-    return _scratch_fitting(*_launch_of(plan, device).need(m), device, stream)
+# ---- the plan a chain runs -----------------------------------------------------------------------------
 
-
-def _scratch_fitting(tickets, ws, device, stream):
-    key = (device, stream)
-    buf = _scratch.get(key)
-    if buf is not None and buf.fits(tickets, ws):
-        return buf
-    if torch.cuda.is_current_stream_capturing():
-        # capture runs on its own stream: reuse what the warm-up allocated on this device (nothing may be
-        # allocated or zeroed while capturing)
-        fits = [b for (dev, _), b in _scratch.items() if dev == device and b.fits(tickets, ws)]
-        if fits:
-            buf = _scratch[key] = max(fits, key=lambda b: b.floats)
-            _captured.append(buf)  # a graph now holds its address: never free it
-            return buf
-        raise RuntimeError("fuser: this call needs a larger workspace than was allocated before CUDA graph "
-                           "capture; run the model once with the same shapes before capturing")
-    cap = -(-max(tickets, 4096, buf.tickets if buf else 0) // 32) * 32  # keeps the workspace 128-byte aligned
-    need_ws = max(ws, buf.floats - buf.tickets if buf else 0)
-    buf = _scratch[key] = _Scratch(device, stream, cap, need_ws)
-    return buf
-
-
-_gpu = {}                          # device -> (GPU name, SM count)
+def _env_of(device):
+    e = _envs.get(device)
+    if e is None:
+        e = _envs[device] = env(device)
+    return e
 
 
 def fused_available(device):
-    """(True, "") when fused kernels can run on CUDA device `device`, else (False, why)."""
-    r = _env_ok.get(device)
-    if r is None:
-        from fuser._env import env
-        e = env(device)
-        _gpu[device] = (e.gpu_name, e.sm_count)
-        r = _env_ok[device] = (e.fused_available, e.why)
-    return r
+    """(True, "") when fused kernels can run on CUDA device `device`, else (False, why).
+
+    Example:
+        >>> from fuser import runtime
+        >>> ok, why = runtime.fused_available(0)
+        >>> ok or why != ""
+        True
+    """
+    e = _env_of(device)
+    return e.fused_available, e.why
+
+
+def tuned(chain, gpu_name, sm_count):
+    """The :class:`fuser.Plan` ``fuser.tune`` stored for this exact chain on this GPU model, or None.
+
+    Example:
+        >>> import fuser
+        >>> from fuser.runtime import tuned
+        >>> tuned(fuser.plan(16, 768, 3072).chain, "a GPU never tuned", 1) is None
+        True
+    """
+    d = tuned_plan(chain, gpu_name, sm_count)
+    if d is None:
+        return None
+    try:
+        return planner.Plan.from_dict(d)
+    except (TypeError, ValueError):
+        return None    # a plan the core no longer accepts (e.g. limits changed): plan again
 
 
 def forget_plans():
-    """Drop the plans cached in this process (after a calibration or tuning changed what is best)."""
+    """Drop the plans cached in this process (``fuser.route.forget`` calls it, and drops the routes too).
+
+    Example:
+        >>> from fuser import runtime
+        >>> runtime.forget_plans()
+    """
     with _lock:
         _plans.clear()
 
 
 def plan_for(chain, device):
-    """The cached plan for a chain (from fuser.ffn's validation) on a device."""
-    key = (chain["m"], chain["d_model"], chain["d_ff"], chain["d_out"], chain["gated"], chain["activation"],
-           chain["bias_up"], chain["bias_gate"], chain["bias_down"], chain["dtype"], device)
+    """The plan for a chain (as ``_C.ffn_check`` gives it) on CUDA device `device`: the one ``fuser.tune``
+    stored for it on this GPU model, else the planner's choice; cached.
+
+    Example:
+        >>> import fuser
+        >>> from fuser import runtime
+        >>> chain = fuser.plan(16, 768, 3072).chain
+        >>> runtime.plan_for(chain, 0).chain == chain  # doctest: +SKIP
+        True
+    """
+    key = (*(chain[k] for k in planner.CHAIN_FIELDS), device)
     with _lock:
         p = _plans.get(key)
         if p is not None:
             _plans.move_to_end(key)
             return p
-    from fuser import tuning
-    from fuser.planner import Plan, default_target
-    fused_available(device)
-    p = tuning.lookup(chain, *_gpu[device]) if _gpu.get(device, ("",))[0] else None   # fuser.tune's winner
+    e = _env_of(device)
+    p = tuned(chain, e.gpu_name, e.sm_count) if e.gpu_name else None
     if p is None:
         with torch.cuda.device(device):
-            target = default_target()
-        raw, stats = _C.search({k: chain[k] for k in ("m", "d_model", "d_ff", "d_out", "gated", "activation",
-                                                      "bias_up", "bias_gate", "bias_down", "dtype")}, target, k=1)
-        p = Plan(raw[0], stats)
+            tgt = default_target()
+        p = planner.search(chain, tgt, k=1)[0]
     with _lock:
         _plans[key] = p
         while len(_plans) > _PLAN_CACHE_SIZE:
             _plans.popitem(last=False)
     return p
-
-
-_compiled = {}  # plan params + chain (without m) -> Kernel
-
-
-def kernel_for(plan):
-    """The compiled kernel of a fused plan (compiled once per process; the disk cache spans processes)."""
-    key = plan.__dict__.get("_kernel_key")
-    if key is None:  # the generated source is the key: made once per Plan object (~6 us)
-        key = plan.__dict__["_kernel_key"] = _C.codegen(plan._d, plan.target or "h200")
-    k = _compiled.get(key)
-    if k is None:
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("fuser: a new kernel would be compiled during CUDA graph capture; run the model "
-                               "once with the same shapes before capturing")
-        k = _compiled.setdefault(key, compile(plan))
-    return k
-
-
-def run(plan, tensors, activation, device, m, stream):
-    """Launch a fused plan with `m` tokens on CUDA stream `stream` (the caller's current one) of `device`.
-
-    `tensors` are (x, w_up, w_down, w_gate, b_up, b_gate, b_down, y) as fuser.ffn exports them (DLPack
-    capsules or objects with __dlpack__, None where absent), validated by the caller; y is written in
-    place."""
-    l = _launch_of(plan, device)
-    tickets, ws = l.need(m)
-    buf = _scratch.get((device, stream))
-    if buf is None or not buf.fits(tickets, ws):
-        buf = _scratch_fitting(tickets, ws, device, stream)
-    _C.ffn_launch(l.kernel, *tensors[:7], activation, tensors[7], buf.capsule, stream)

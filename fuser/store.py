@@ -10,6 +10,8 @@ import re
 import tempfile
 import warnings
 
+from fuser import jit
+
 _warned = set()
 
 
@@ -25,8 +27,7 @@ def device_key(gpu_name, sm_count):
 
 
 def path(kind, key):
-    from fuser.jit import cache_dir
-    return os.path.join(cache_dir(), kind, key + ".json")
+    return os.path.join(jit.cache_dir(), kind, key + ".json")
 
 
 def load(kind, key):

@@ -283,7 +283,7 @@ def _charts(c, plan, y):
 def _stream_svg(c, plan):
     """A stream plan: its two phases as rows of unit boxes (n-tiles x K splits, then l-tiles x d_ff splits),
     H between them in L2, and the charts."""
-    d, p = plan.derived, plan._d["params"]
+    d, p = plan.derived, plan.raw["params"]
     s1, s2 = plan.splits
     c.text(16, 58, f"stream: one persistent launch, {d['units']} work units claimed in order by the blocks; "
                    f"bm={p['bm']} token rows, {p['stages']} pipeline stages", 11, fill="#444")
@@ -321,12 +321,11 @@ def plan_svg(plan):
         >>> sum(e.get("class") == "fz-block" for e in root.iter()), sum(e.get("data-dataflow") == "shuffle" for e in root.iter())
         (16, 16)
     """
-    from fuser.planner import Plan
-    if not isinstance(plan, Plan):
+    if not callable(getattr(plan, "describe_dataflows", None)):
         raise TypeError(f"plan: expected a fuser.Plan, got {type(plan).__name__}")
     c = _Canvas()
     c.text(16, 22, "fuser plan: " + plan.summary(), 13, weight="bold")
-    c.text(16, 40, f"FFN: {plan._head()}; target {plan.target.get('name', '?')}", 11, fill="#444")
+    c.text(16, 40, f"FFN: {plan.describe_chain()}; target {plan.target.get('name', '?')}", 11, fill="#444")
     if not plan.fused:
         c.text(16, 62, "unfused: PyTorch eager ops (library GEMMs, the intermediate through HBM); "
                        "no cluster, no DSM exchange", 11)
@@ -342,7 +341,7 @@ def plan_svg(plan):
                    f"labels show cluster (0, 0): cluster (cm, cn) adds cm*{plan.cluster[0] * t['bm']} to rows and "
                    f"cn*{d['nc']} to d_ff", 11, fill="#444")
     y = _cluster(c, plan, 84) + 8
-    for df, line in plan._describe_dataflows():
+    for df, line in plan.describe_dataflows():
         if df == "local":
             c.text(16, y + 9, line, 11)
             y += 17

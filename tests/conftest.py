@@ -4,16 +4,13 @@ import functools
 import pytest
 import torch
 
+from fuser.tools import timing
+
 
 @functools.lru_cache(maxsize=None)
 def hopper_reason():
-    """None when a Hopper GPU with a working fused path is present, else why not (the skip reason)."""
-    if not torch.cuda.is_available():
-        return "no CUDA GPU on this machine"
-    major, minor = torch.cuda.get_device_capability()
-    if (major, minor) != (9, 0):
-        return f"GPU is sm_{major}{minor}, not Hopper (sm_90)"
-    return None
+    """None when a Hopper GPU is present, else why not (the skip reason; what the tools say too)."""
+    return timing.hopper_reason()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -34,17 +31,19 @@ def rel_error(y, ref):
 
 @pytest.fixture
 def op_calls(monkeypatch):
-    """A list that records the activation of every call of the ``fuser::ffn`` operator's implementation
-    (so a test can tell that the fused op, not the original module, computed the output)."""
-    import fuser.custom_op
+    """A list that records the activation of every call that takes fuser's general route
+    (``fuser.ops.route``): each call of the ``fuser::ffn`` operator's implementation, and each
+    ``FusedFFN`` call its kept route does not serve. A test can tell from it that fuser, not the
+    original module, computed an output, and how often a shape was routed rather than kept."""
+    import fuser.ops
     calls = []
-    real = fuser.custom_op._ffn
+    real = fuser.ops.route
 
-    def counting(x, *args, activation, **kw):
-        calls.append(activation)
-        return real(x, *args, activation=activation, **kw)
+    def counting(x, *args, **kw):
+        calls.append(kw.get("activation", args[-1] if len(args) == 7 else "gelu"))
+        return real(x, *args, **kw)
 
-    monkeypatch.setattr(fuser.custom_op, "_ffn", counting)
+    monkeypatch.setattr(fuser.ops, "route", counting)
     return calls
 
 

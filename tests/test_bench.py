@@ -5,8 +5,9 @@ import math
 
 import pytest
 
-from fuser import bench, bench_report
-from fuser.bench import BASELINES, VARIANTS, Result, Workload, parse_workload, workload_set
+from fuser.tools import bench, bench_report
+from fuser.tools.bench import BASELINES, VARIANTS, Result, Workload, parse_workload, workload_set
+from fuser.tools.timing import round_orders
 
 
 def test_parse_workload_forms():
@@ -19,7 +20,7 @@ def test_parse_workload_forms():
             parse_workload(bad)
 
 
-def test_workload_sets_hold_the_issue_list():
+def test_workload_sets_hold_the_paper_and_model_shapes():
     paper = workload_set("paper")
     assert [w.name for w in paper] == [f"G{i}" for i in range(1, 11)] + [f"S{i}" for i in range(1, 9)]
     assert all(w.m == 128 for w in paper)
@@ -81,7 +82,7 @@ def test_report_from_a_csv(tmp_path):
 
 
 def test_cli_redraws_from_a_csv(tmp_path):
-    from fuser.cli import main
+    from fuser.tools.cli import main
     rows = [fake_result(parse_workload("llama3-8b:16")).row()]
     bench_report.write_csv(rows, tmp_path / "r.csv")
     assert main(["bench", "--plot", str(tmp_path / "r.csv"), "--out", str(tmp_path / "o")]) == 0
@@ -107,7 +108,7 @@ def test_compare_can_leave_out_host_bound_per_call_ratios(tmp_path, capsys):
     """With gpu_bound, a per-call ratio counts only where both variants run within that factor of their
     graph times in both runs (a host-bound per-call time measures the host); graph ratios always count.
     `python -m fuser bench --compare` prints both summaries."""
-    from fuser.cli import main
+    from fuser.tools.cli import main
     w = parse_workload("llama3-8b:16")
     gpu = fake_result(w, eager=400, fuser=300, eager_graph=390).row()        # fuser 300 vs graph 270: 1.11x
     slow_host = dict(gpu, speedup_vs_eager=gpu["speedup_vs_eager"] * 1.3)
@@ -147,10 +148,10 @@ def test_round_orders_vary_every_variants_predecessor():
     """Each round runs every variant once, in an order that changes: over 30 rounds each variant follows
     several different ones (a rotation kept one predecessor in all rounds but one), and the same seed
     gives the same orders (a rerun times in the same sequence)."""
-    orders = bench.round_orders(VARIANTS, 30, seed="llama3-8b M=128")
+    orders = round_orders(VARIANTS, 30, seed="llama3-8b M=128")
     assert all(sorted(o) == sorted(VARIANTS) for o in orders)
     for v in VARIANTS:
         before = {o[o.index(v) - 1] for o in orders if o.index(v) > 0}
         assert len(before) >= 4, v
-    assert orders == bench.round_orders(VARIANTS, 30, seed="llama3-8b M=128")
-    assert orders != bench.round_orders(VARIANTS, 30, seed="G1 M=128")
+    assert orders == round_orders(VARIANTS, 30, seed="llama3-8b M=128")
+    assert orders != round_orders(VARIANTS, 30, seed="G1 M=128")

@@ -2,6 +2,7 @@
 warning), the planner's target picking up a calibration file, ``fuser.tune`` keeping the fastest of the
 candidates a timer reports and the runtime's plan lookup returning it, and the clear refusals where no
 Hopper GPU is present. The measurements themselves run on the GPU (tests/test_gpu_kernels.py)."""
+import dataclasses
 import json
 import subprocess
 import sys
@@ -9,8 +10,9 @@ import sys
 import pytest
 
 import fuser
-from fuser import calibrate, runtime, store, tuning
-from fuser.bench import hopper_reason
+from fuser import route, runtime, store, target
+from fuser.tools import calibrate, tuning
+from fuser.tools.timing import hopper_reason
 
 no_hopper = pytest.mark.skipif(hopper_reason() is None, reason="checks the refusal shown without a Hopper GPU")
 
@@ -18,11 +20,9 @@ no_hopper = pytest.mark.skipif(hopper_reason() is None, reason="checks the refus
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSER_CACHE_DIR", str(tmp_path))
-    calibrate.forget()
-    tuning.forget()
+    target.forget()
     yield tmp_path
-    calibrate.forget()
-    tuning.forget()
+    target.forget()
 
 
 def test_store_round_trip_and_corrupt_file(cache):
@@ -43,11 +43,11 @@ def test_calibration_file_feeds_the_target(cache):
                {"fields": {"launch_us": 4.0, "fused_time_scale": 1.5, "clock_ghz": 9.9, "hbm_gbs": "fast",
                            "dsm_bytes_per_clk": dsm, "barrier_cycles": 780.0, "fused_mma_eff": 0.6}})
     with pytest.warns(RuntimeWarning, match="ignoring unusable hbm_gbs='fast'"):
-        got = calibrate.apply(t, "Fake H200", 132)
+        got = target.apply(t, "Fake H200", 132)
     assert got["launch_us"] == 4.0 and got["fused_time_scale"] == 1.5 and got["dsm_bytes_per_clk"] == dsm
     assert got["barrier_cycles"] == 780.0 and got["fused_mma_eff"] == 0.6
     assert got["clock_ghz"] == t["clock_ghz"] and got["hbm_gbs"] == t["hbm_gbs"]   # not MEASURED / not a number
-    assert calibrate.apply(t, "Another GPU", 132) == t
+    assert target.apply(t, "Another GPU", 132) == t
     # the planner honours the fields: a lower fused scale predicts the fused plan faster
     base = fuser.plan(128, 768, 3072, activation="gelu", fused=True, target=t)
     cal = fuser.plan(128, 768, 3072, activation="gelu", fused=True, target=got)
@@ -86,7 +86,7 @@ def test_unusable_calibration_values_keep_the_table(cache, field, value):
     store.save("calibration", store.device_key("Fake H200", 132), {"fields": {field: value, "launch_us": 3.0}
                                                                       if field != "launch_us" else {field: value}})
     with pytest.warns(RuntimeWarning, match=f"ignoring unusable {field}="):
-        got = calibrate.apply(t, "Fake H200", 132)
+        got = target.apply(t, "Fake H200", 132)
     assert got[field] == t[field]
     fuser.plan(128, 768, 3072, activation="gelu", target=got)   # still a valid target
 
@@ -99,7 +99,7 @@ def test_hardware_fields_from_probe_results():
                   barrier=[dict(cluster=c, threads=n, cycles=float(n + c)) for n in (128, 256, 384)
                            for c in (1, 2, 4, 8, 16)],
                   mma=[dict(tile="1x4", tflops=200.0), dict(tile="4x8", tflops=900.0)])
-    f = calibrate._hardware_fields(probed, 800.0)
+    f = calibrate.hardware_fields(probed, 800.0)
     assert f["dsm_bytes_per_clk"] == [0.0, 12.0, 14.0, 18.0, 26.0]
     assert f["barrier_cycles"] == 262.0 and f["fused_mma_eff"] == 1.0
     t = dict(fuser._C.targets()["h200"], **{k: f[k] for k in ("dsm_bytes_per_clk", "barrier_cycles", "fused_mma_eff")})
@@ -115,7 +115,7 @@ def test_calibrate_and_tune_refuse_without_hopper():
 
 
 def test_tune_keeps_the_fastest_and_the_runtime_uses_it(cache, monkeypatch):
-    monkeypatch.setattr(tuning, "_device_identity", lambda: ("Fake H200", 132))
+    monkeypatch.setattr(tuning, "gpu_identity", lambda: ("Fake H200", 132))
     seen = {}
 
     def timer(w, plans):
@@ -132,18 +132,18 @@ def test_tune_keeps_the_fastest_and_the_runtime_uses_it(cache, monkeypatch):
     assert "failed" in r.table() and r.table().count("\n") == 5
     stored = json.loads((cache / "tuned" / "Fake-H200-132sm.json").read_text())
     chain = plans[2].chain
-    assert list(stored["plans"]) == [tuning.chain_key(chain)]
-    assert tuning.lookup(chain, "Fake H200", 132) == plans[2]
-    assert tuning.lookup(dict(chain, m=129), "Fake H200", 132) is None
-    assert tuning.lookup(chain, "Other GPU", 132) is None
+    assert list(stored["plans"]) == [target.chain_key(chain)]
+    assert runtime.tuned(chain, "Fake H200", 132) == plans[2]
+    assert runtime.tuned(dict(chain, m=129), "Fake H200", 132) is None
+    assert runtime.tuned(chain, "Other GPU", 132) is None
     # the runtime's plan for that exact chain on a device of that model is the tuned one
-    monkeypatch.setitem(runtime._gpu, 7, ("Fake H200", 132))
-    monkeypatch.setitem(runtime._env_ok, 7, (True, ""))
-    runtime.forget_plans()
+    fake = dataclasses.replace(fuser.env(), gpu_name="Fake H200", sm_count=132, fused_available=True, why="")
+    monkeypatch.setitem(runtime._envs, 7, fake)
+    route.forget()
     try:
         assert runtime.plan_for(chain, 7) == plans[2]
     finally:
-        runtime.forget_plans()
+        route.forget()
 
 
 def test_tune_needs_a_timing():

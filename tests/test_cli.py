@@ -2,7 +2,7 @@
 to get transformers when it is missing); ``env`` still works; ``explain`` prints the report and the
 planner's explanation per FFN shape; ``warmup`` compiles the model's fused kernels (clean: no spills)
 and says what it needs without NVRTC; ``bench`` refuses clearly without a Hopper GPU. ``fuser.warmup``
-and ``fuser.bench.run`` are the functions behind them."""
+and ``fuser.tools.bench.run`` are the functions behind them."""
 import os
 import subprocess
 import sys
@@ -13,7 +13,7 @@ from torch import nn
 import fuser
 import models  # noqa: F401  (makes transformers importable beside CI's CPU torch)
 from conftest import hopper_reason
-from fuser import cli
+from fuser.tools import bench, cli
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 SMALL = ["--hidden", "128", "--intermediate", "352", "--heads", "4"]
@@ -22,7 +22,7 @@ SMALL = ["--hidden", "128", "--intermediate", "352", "--heads", "4"]
 def run_cli(*args, env=None):
     """``python -m fuser ARGS`` in a fresh process (through tests/torchvision_cpu.py, which lets
     transformers import beside CI's CPU torch; elsewhere it changes nothing)."""
-    code = ("import sys, torchvision_cpu; torchvision_cpu.make_importable(); from fuser.cli import main; "
+    code = ("import sys, torchvision_cpu; torchvision_cpu.make_importable(); from fuser.tools.cli import main; "
             "sys.exit(main(sys.argv[1:]))")
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300,
                           cwd=TESTS, env={**os.environ, **(env or {})})
@@ -119,7 +119,7 @@ def test_bench_needs_hopper():
     r = subprocess.run([sys.executable, "-m", "fuser", "bench"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "fuser bench times kernels on a Hopper GPU (sm_90): " + hopper_reason() in r.stderr
     with pytest.raises(RuntimeError, match="Hopper"):
-        fuser.bench.run([fuser.bench.parse_workload("gpt2:16")])
+        bench.run([bench.parse_workload("gpt2:16")])
 
 
 @pytest.mark.gpu
@@ -128,8 +128,8 @@ def test_bench_on_hopper(tmp_path):
     the CSV, tables and plot written, the floor from the rates measured in the same run."""
     import json
 
-    from fuser import bench_report
-    from fuser.bench import BASELINES, VARIANTS
+    from fuser.tools import bench_report
+    from fuser.tools.bench import BASELINES, VARIANTS
     r = subprocess.run([sys.executable, "-m", "fuser", "bench", "--shape", "gpt2:128", "--shape", "G1", "--reps", "5",
                         "--autotune", "none", "--out", str(tmp_path)], capture_output=True, text=True, timeout=560)
     assert r.returncode == 0, r.stderr
@@ -140,7 +140,7 @@ def test_bench_on_hopper(tmp_path):
         for v in VARIANTS:
             assert (x[f"{v}_us"] is None) == v.startswith("autotune"), (v, x)
         assert x["compile_compile_s"] > 0 and x["sm_mhz_max"] > 0
-        w = fuser.bench.Workload(x["workload"], x["m"], x["d_model"], x["d_ff"], x["d_out"], x["gated"], x["activation"])
+        w = bench.Workload(x["workload"], x["m"], x["d_model"], x["d_ff"], x["d_out"], x["gated"], x["activation"])
         assert abs(x["floor_us"] - w.floor_us(meta["matmul_tflops"], meta["copy_tbps"])[0]) < 0.01
         assert abs(x["speedup_vs_eager_graph"] - x["eager_graph_us"] / x["fuser_graph_us"]) < 0.01
     assert 300 < meta["matmul_tflops"] < 1200 and 2 < meta["copy_tbps"] < 6
@@ -156,7 +156,7 @@ def test_demo_says_why_transformers_cannot_be_imported(monkeypatch):
     """Installed but broken (CI's CPU torch beside a CUDA torchvision) is not 'not installed'."""
     import importlib.util
 
-    from fuser.cli import _transformers_missing
+    from fuser.tools.cli import _transformers_missing
     try:
         try:
             raise RuntimeError("operator torchvision::nms does not exist")

@@ -80,8 +80,8 @@ def test_bad_input_raises_clear_error():
 
 def test_copies_and_pickles_leave_out_run_time_state():
     """copy.deepcopy / pickle of a used FusedFFN or Plan drop what forward and the runtime keep per process
-    (remembered routes, the fast launch, loaded kernels: DLPack capsules and kernel handles cannot be
-    copied); the copy computes the same output."""
+    (the kept route, loaded kernels: DLPack capsules and kernel handles cannot be copied); the copy
+    computes the same output."""
     import copy
     import pickle
 
@@ -92,14 +92,15 @@ def test_copies_and_pickles_leave_out_run_time_state():
     torch.manual_seed(0)
     module = FusedFFN.from_module(nn.Sequential(nn.Linear(8, 32), nn.SiLU(), nn.Linear(32, 8)))
     x = torch.randn(3, 8)
-    y = module(x)
+    with torch.no_grad():
+        y = module(x)
+    assert "_kept" in module.__dict__
     capsule = torch._C._to_dlpack_versioned(torch.zeros(1))         # uncopyable, like a kernel handle
     plan = fuser.plan(16, 64, 256, activation="gelu", fused=True)
     plan.__dict__["_launch"] = {0: capsule}
-    module.__dict__["_fast"] = capsule
-    module.__dict__["_routes"][("any",)] = plan
+    module.__dict__["_kept"].w = {"up": capsule}
     for twin in (copy.deepcopy(module), pickle.loads(pickle.dumps(module))):
-        assert "_fast" not in twin.__dict__ and "_routes" not in twin.__dict__
+        assert "_kept" not in twin.__dict__
         torch.testing.assert_close(twin(x), y)
     p2 = copy.deepcopy(plan)
     assert "_launch" not in p2.__dict__ and p2.summary() == plan.summary()

@@ -12,7 +12,7 @@ import fuser
 import models  # noqa: F401  (makes transformers importable beside CI's CPU torch)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODULES = sorted(m.name for m in pkgutil.iter_modules(fuser.__path__, "fuser.") if m.name != "fuser.__main__")
+MODULES = sorted(m.name for m in pkgutil.walk_packages(fuser.__path__, "fuser.") if m.name != "fuser.__main__")
 
 
 @pytest.mark.parametrize("name", ["fuser"] + MODULES)

@@ -1,7 +1,7 @@
-"""FusedFFN's kept eager route (fuser/fast.py, FastEager): after a shape's first call, later calls skip
-re-reading the weights and the route lookup, yet every change a user can make is seen: weights updated
-in place, `.data` replaced, a new Parameter, a new shape, autograd. (The kept fused launch, FastLaunch,
-needs a Hopper GPU: tests/test_gpu_torch.py.)"""
+"""FusedFFN's kept eager route (fuser/module.py): after a shape's first call, later calls skip re-reading
+the weights and the route lookup, yet every change a user can make is seen: weights updated in place,
+`.data` replaced, a new Parameter, a new shape, autograd. (The kept fused launch needs a Hopper GPU:
+tests/test_gpu_torch.py.)"""
 import copy
 
 import pytest
@@ -9,9 +9,15 @@ import torch
 from torch import nn
 
 import fuser
-from fuser.fast import FastEager
 from fuser.module import FusedFFN
 from models import hf
+
+
+def kept_eager(module):
+    """The route `module` keeps for its last input shape, checked to be the eager ops."""
+    kept = module.__dict__["_kept"]
+    assert not kept.route.fused
+    return kept
 
 
 def reference(module, x):
@@ -28,14 +34,13 @@ def test_second_call_keeps_the_route_and_sees_every_weight_change():
     with torch.no_grad():
         m(x)
         torch.testing.assert_close(m(x), reference(m, x))
-        assert isinstance(m.__dict__["_fast"], FastEager)
-        kept = m.__dict__["_fast"]
+        kept = kept_eager(m)
         mlp[0].weight.mul_(-2)                                       # in place: the kept route sees it
         torch.testing.assert_close(m(x), reference(m, x))
-        assert m.__dict__["_fast"] is kept
+        assert m.__dict__["_kept"] is kept
         mlp[2].weight.data = torch.randn(16, 48)                     # .data replaced: rebuilt
         torch.testing.assert_close(m(x), reference(m, x))
-        assert m.__dict__["_fast"] is not kept
+        assert m.__dict__["_kept"] is not kept
     mlp[2].bias = nn.Parameter(torch.randn(16))                      # a new Parameter: rebuilt
     with torch.no_grad():
         torch.testing.assert_close(m(x), reference(m, x))
@@ -58,7 +63,7 @@ def test_sliced_gate_up_weight_replaced_is_seen():
     with torch.no_grad():
         mlp(x)
         mlp(x)
-        assert isinstance(mlp.__dict__["_fast"], FastEager)
+        kept_eager(mlp)
         gu = mlp.get_submodule("gate_up_proj").weight
         gu.data = torch.randn_like(gu) * 0.1
         torch.testing.assert_close(mlp(x), reference(mlp, x))
@@ -73,7 +78,7 @@ def test_kept_route_is_not_used_while_compiling():
     with torch.no_grad():
         m(x)
         m(x)
-        assert isinstance(m.__dict__["_fast"], FastEager)
+        kept_eager(m)
         from torch._dynamo.utils import counters
         counters.clear()
         y = torch.compile(m, fullgraph=True, backend="eager")(x)
@@ -85,7 +90,6 @@ def test_kept_route_is_not_used_while_compiling():
 def test_kept_route_declines_what_the_general_route_must_judge(bad):
     torch.manual_seed(0)
     m = FusedFFN.from_module(nn.Sequential(nn.Linear(8, 24), nn.ReLU(), nn.Linear(24, 8)))
-    x = torch.randn(2, 8)
-    m(x)
-    m(x)
-    assert m.__dict__["_fast"].run(m, bad) is None
+    with torch.no_grad():
+        m(torch.randn(2, 8))
+    assert kept_eager(m).run(m, bad) is None

@@ -13,12 +13,15 @@ K, N, L, M = 16, 48, 24, 5
 def export_path(request, monkeypatch):
     """Every check here runs both ways fuser.ffn hands torch tensors to C: as capsules from torch's own
     exporter (the fast path) and through __dlpack__ (torch builds without that exporter)."""
-    import fuser.ops
+    import fuser.interop
+    import fuser.route
     if request.param == "__dlpack__":
-        monkeypatch.setattr(fuser.ops, "_to_capsule", None)
-    elif fuser.ops._to_capsule is None:
+        monkeypatch.setattr(fuser.interop, "to_capsule", None)
+    elif fuser.interop.to_capsule is None:
         pytest.skip("this torch has no torch._C._to_dlpack_versioned; only the __dlpack__ path exists")
-    return request.param
+    fuser.route.forget()     # routes kept from other tests: every call here is validated again
+    yield request.param
+    fuser.route.forget()
 
 
 def args(dtype=torch.bfloat16, gated=False, bias=False):
@@ -197,29 +200,34 @@ def test_grad_requiring_inputs_are_passed_as_detached_views():
 
 
 def test_fused_route_hands_the_launch_every_tensor_and_the_callers_stream(monkeypatch):
-    """The glue between validation and the launch, on CPU with the launch stubbed: runtime.run gets the
-    plan, one DLPack object per tensor in schema order (x, w_up, w_down, w_gate, b_up, b_gate, b_down,
-    y; y writable), the token count, the device and the caller's stream."""
-    import contextlib
-
-    import fuser.ops
-    import fuser.runtime
+    """The glue between a fused route and its launch, on CPU with the launch stubbed: the launch gets one
+    DLPack object per tensor in schema order (x, then w_up, w_down, w_gate, b_up, b_gate, b_down; y
+    writable), the token count its scratch is sized for, and the caller's stream."""
+    import fuser.interop
     from fuser import _C
+    from fuser.route import FusedRoute
     seen = {}
-    monkeypatch.setattr(fuser.ops, "_placement", lambda x: (0, 0x1234, contextlib.nullcontext()))
-    monkeypatch.setattr(fuser.ops, "_fused_plan", lambda chain, tensors, plan: "PLAN")
 
-    def run(plan, tensors, activation, device, m, stream):
-        seen.update(plan=plan, activation=activation, device=device, m=m, stream=stream,
-                    data=[None if t is None else _C.dlpack_info(t, writable=i == 7)["data"]
-                          for i, t in enumerate(tensors)])
-    monkeypatch.setattr(fuser.runtime, "run", run)
+    class FakeLaunch:
+        def scratch(self, m, stream):
+            seen.update(m=m, scratch_stream=stream)
+            return "SCRATCH"
+
+        def __call__(self, x, weights, activation, y, scratch, stream, borrow=0):
+            seen.update(activation=activation, scratch=scratch, stream=stream, borrow=borrow,
+                        data=[None if t is None else _C.dlpack_info(t, writable=i == 7)["data"]
+                              for i, t in enumerate((x, *weights, y))])
+
+    route = FusedRoute.__new__(FusedRoute)
+    route.plan, route.stale, route.device, route.launch = "PLAN", False, 0, FakeLaunch()
+    monkeypatch.setattr(fuser.interop, "raw_stream", lambda device: 0x1234)
+    monkeypatch.setattr(fuser.interop, "current_device", lambda: 0)
     a = args(gated=True, bias=True)
     x3 = a["x"].reshape(1, M, K)
-    y = fuser.ffn(x3, a["w_up"], a["w_down"], w_gate=a["w_gate"], b_up=a["b_up"], b_gate=a["b_gate"],
-                  b_down=a["b_down"], activation="silu")
+    order = ("w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down")
+    with torch.no_grad():
+        y = route.run(x3, *(a[k] for k in order), "silu")
     assert y.shape == (1, M, L)
-    assert (seen["plan"], seen["activation"], seen["device"], seen["m"], seen["stream"]) == ("PLAN", "silu", 0, M,
-                                                                                         0x1234)
-    order = ("x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down")
-    assert seen["data"] == [a[k].data_ptr() for k in order] + [y.data_ptr()]
+    assert (seen["activation"], seen["scratch"], seen["stream"], seen["borrow"], seen["m"], seen["scratch_stream"]) == (
+        "silu", "SCRATCH", 0x1234, 0, M, 0x1234)
+    assert seen["data"] == [a["x"].data_ptr()] + [a[k].data_ptr() for k in order] + [y.data_ptr()]

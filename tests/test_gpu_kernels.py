@@ -94,18 +94,18 @@ def test_compiled_kernel_matches_the_loaded_function():
 def test_calibrate_and_tune_on_the_gpu(tmp_path, monkeypatch):
     """python -m fuser calibrate's measurements land in sane ranges and feed the planner's target;
     fuser.tune stores the fastest candidate and fuser.ffn then runs it, correctly."""
-    from fuser import calibrate, planner, tuning
+    from fuser import planner, route, target
+    from fuser.tools import calibrate
     monkeypatch.setenv("FUSER_CACHE_DIR", str(tmp_path))
-    calibrate.forget()
-    tuning.forget()
-    runtime.forget_plans()
+    target.forget()
+    route.forget()
     try:
         record, path = calibrate.calibrate(log=lambda line: None, k=2, reps=3)
         f = record["fields"]
         assert 3000 < f["hbm_gbs"] < 6000 and 400 < f["mma_tflops"] < 1200 and 0.3 < f["small_gemm_eff"] <= 1
         assert 0.3 < f["launch_us"] < 10 and 0.2 < f["fused_time_scale"] < 30
         t = planner.default_target()
-        assert all(t[k] == f[k] for k in calibrate.MEASURED)
+        assert all(t[k] == f[k] for k in target.MEASURED)
         r = fuser.tune(16, 768, 3072, activation="gelu", k=3, reps=3)
         assert all(m is not None for _, _, m in r.timings)
         chain = r.best.chain
@@ -117,17 +117,15 @@ def test_calibrate_and_tune_on_the_gpu(tmp_path, monkeypatch):
         eager = fuser.ffn_reference(x, w1, w2, activation="gelu")
         assert rel_error(fuser.ffn(x, w1, w2, activation="gelu"), ref) <= 2 * rel_error(eager, ref) + 1e-3
     finally:
-        calibrate.forget()
-        tuning.forget()
-        runtime.forget_plans()
+        target.forget()
+        route.forget()
 
 
 def test_bench_harness_times_like_with_like_on_the_gpu():
     """One small workload through the harness without torch.compile: every variant timed, fuser's eager
-    route in a graph within 15% of eager's graph (the same ops: the first runs' fixed round order read
-    them 1.3x apart), FusedFFN per call timed after its route is remembered (within 3x of fuser.ffn per
-    call: its first-call planning was being timed), and the forced fused kernel's output is the one timed."""
-    from fuser import bench
+    route in a graph within 15% of eager's graph (the same ops), FusedFFN per call timed once its route
+    is kept (within 3x of fuser.ffn per call), and the forced fused kernel's output is the one timed."""
+    from fuser.tools import bench
     want = tuple(v for v in bench.VARIANTS if "compile" not in v and "autotune" not in v)
     results, meta = bench.run([bench.parse_workload("gpt2:16")], variants=want, autotune="none", reps=15,
                               log=lambda line: None)

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import fuser
-from fuser import _C, probes, runtime
+from fuser import _C, runtime
+from fuser.tools import probes
 from conftest import rel_error
 
 pytestmark = pytest.mark.gpu
@@ -76,8 +77,8 @@ def test_stream_trace_records_every_unit_once():
     units = p.derived["units"]
     trace = torch.zeros(units * 6 * 2, device="cuda", dtype=torch.float32)
     dev, stream = torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream
-    launch = runtime._launch_of(p, dev)
-    buf = runtime._scratch_fitting(*launch.need(16), dev, stream)
+    launch = runtime.launch_for(p, dev)
+    buf = launch.scratch(16, stream)
     _C.ffn_launch(launch.kernel, t["x"], t["w_up"], t["w_down"], t["w_gate"], None, None, None, "silu", y,
                   buf.capsule, stream, trace=trace)
     torch.cuda.synchronize()
@@ -95,7 +96,7 @@ def test_gemm_probe_matches_torch():
         r = probes.gemm(300, 520, 136, v, sets=1, iters=2)
         assert r["rel_error"] < 1e-2, (v, r)
     with pytest.raises(ValueError, match="K a multiple of 8"):
-        k = probes._kernel("fuser_gemm_256_4_1", probes.GEMM_SOURCE)
+        k = probes.gemm_kernel((256, 4, 1))
         a = torch.randn(64, 12, device="cuda", dtype=torch.bfloat16)
         c = torch.empty(64, 64, device="cuda", dtype=torch.bfloat16)
         _C.gemm_launch(k, a, torch.randn(64, 12, device="cuda", dtype=torch.bfloat16), c, 256, 1,

@@ -139,11 +139,11 @@ def test_gradients_on_gpu_match(name, op_calls):
 
 
 def test_fused_module_launches_directly_on_later_calls_and_still_validates(monkeypatch, op_calls):
-    """A FusedFFN whose route is a fused plan goes through the op once, then launches the plan directly
-    (ops.run_fused, then its kept fast launch): the kernel runs (results differ from eager's rounding,
-    match float64), on the caller's stream, a misaligned input is copied, and a weight swapped for one of
-    another shape raises the launch's clear error instead of running."""
-    from fuser import _C, ops, runtime
+    """A FusedFFN whose route is a fused plan routes its first call (validation, then the route's launch),
+    then launches the plan directly through its kept route: the kernel runs (results differ from eager's
+    rounding, match float64), on the caller's stream, a misaligned input is copied, and a weight swapped
+    for one of another shape raises the clear error instead of running."""
+    from fuser import _C, route, runtime
     from fuser.module import FusedFFN
     launches = []
     real_launch = _C.ffn_launch
@@ -153,55 +153,60 @@ def test_fused_module_launches_directly_on_later_calls_and_still_validates(monke
     mlp = torch.nn.Sequential(torch.nn.Linear(d, f), torch.nn.SiLU(), torch.nn.Linear(f, d)).cuda().bfloat16().eval()
     plan = fuser.plan(32, d, f, bias=True, activation="silu", dtype="bfloat16", fused=True)
     monkeypatch.setattr(runtime, "plan_for", lambda chain, device: plan)
-    direct = []
-    real = ops.run_fused
-    monkeypatch.setattr(ops, "run_fused", lambda *a, **k: direct.append(1) or real(*a, **k))
+    route.forget()
+    routed = []
+    real = route.FusedRoute.run
+    monkeypatch.setattr(route.FusedRoute, "run", lambda *a, **k: routed.append(1) or real(*a, **k))
     module = FusedFFN.from_module(mlp)
     x = torch.randn(32, d, device="cuda", dtype=torch.bfloat16)
     w = module.weights()
     ref = fuser.ffn_reference(x, w["up"], w["down"], b_up=w["b_up"], b_down=w["b_down"], activation="silu",
                               compute_dtype=torch.float64)
     eager = fuser.ffn_reference(x, w["up"], w["down"], b_up=w["b_up"], b_down=w["b_down"], activation="silu")
-    with torch.no_grad():
-        ys = [module(x) for _ in range(3)]
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            ys.append(module(x))
-        torch.cuda.current_stream().wait_stream(s)
-        buf = torch.empty(32 * d + 1, device="cuda", dtype=torch.bfloat16)
-        xm = buf[1:].view(32, d)                          # 2-byte offset: not 16-byte aligned
-        xm.copy_(x)
-        ys.append(module(xm))
-    # every call launched, only the first validated (the op, then run_fused); the third took the fast
-    # launch (w_up, w_down, b_up, b_down borrowed: mask 0b1010110; x and y exported); the new stream and the
-    # misaligned input went through run_fused again
-    assert op_calls == ["silu"] and len(direct) == 4
-    assert launches == [0, 0, 0b1010110, 0, 0]
-    for y in ys:
-        assert rel_error(y, ref) <= 2 * rel_error(eager, ref) + 1e-3
-        assert not torch.equal(y, eager)
-    with torch.no_grad():
-        mlp[2].weight = torch.nn.Parameter(torch.randn(d, 2 * f, device="cuda", dtype=torch.bfloat16))
-        with pytest.raises(ValueError, match="w_down"):
-            module(x)
+    try:
+        with torch.no_grad():
+            ys = [module(x) for _ in range(3)]
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                ys.append(module(x))
+            torch.cuda.current_stream().wait_stream(s)
+            buf = torch.empty(32 * d + 1, device="cuda", dtype=torch.bfloat16)
+            xm = buf[1:].view(32, d)                          # 2-byte offset: not 16-byte aligned
+            xm.copy_(x)
+            ys.append(module(xm))
+        # every call launched; the first was routed (the route's launch exports every tensor), the next two
+        # took the kept launch (w_up, w_down, b_up, b_down borrowed: mask 0b1010110; x and y exported), the
+        # new stream and the misaligned input were routed again
+        assert op_calls == ["silu"] * 3 and len(routed) == 3
+        assert launches == [0, 0b1010110, 0b1010110, 0, 0]
+        for y in ys:
+            assert rel_error(y, ref) <= 2 * rel_error(eager, ref) + 1e-3
+            assert not torch.equal(y, eager)
+        with torch.no_grad():
+            mlp[2].weight = torch.nn.Parameter(torch.randn(d, 2 * f, device="cuda", dtype=torch.bfloat16))
+            with pytest.raises(ValueError, match="w_down"):
+                module(x)
+    finally:
+        route.forget()
 
 
 def test_fast_launch_sees_weight_updates_and_bails_out_when_anything_changes(monkeypatch):
-    """The kept fast launch borrows weight capsules exported once: in-place updates are seen (same
-    memory), `.data = ...` and a new Parameter are re-exported, and grad mode, autocast, FUSER_DISABLE and a
-    new shape all go the general way; every output matches the float64 reference of the weights of the
-    moment."""
-    from fuser import ops, runtime
+    """The kept launch borrows weight capsules exported once: in-place updates are seen (same memory),
+    `.data = ...` and a new Parameter are exported again, and FUSER_DISABLE (no launch at all), autocast,
+    grad mode and a new shape all go the general way; every output matches the float64 reference of the
+    weights of the moment."""
+    from fuser import _C, route, runtime
     from fuser.module import FusedFFN
     torch.manual_seed(0)
     d, f = 256, 512
     mlp = torch.nn.Sequential(torch.nn.Linear(d, f), torch.nn.SiLU(), torch.nn.Linear(f, d)).cuda().bfloat16().eval()
     monkeypatch.setattr(runtime, "plan_for", lambda chain, device: fuser.plan(
         chain["m"], d, f, bias=True, activation="silu", dtype="bfloat16", fused=True))
-    general = []
-    real = ops.run_fused
-    monkeypatch.setattr(ops, "run_fused", lambda *a, **k: general.append(1) or real(*a, **k))
+    route.forget()
+    launches = []
+    real_launch = _C.ffn_launch
+    monkeypatch.setattr(_C, "ffn_launch", lambda *a: launches.append(a[-1]) or real_launch(*a))
     module = FusedFFN.from_module(mlp)
     x = torch.randn(32, d, device="cuda", dtype=torch.bfloat16)
 
@@ -213,33 +218,39 @@ def test_fast_launch_sees_weight_updates_and_bails_out_when_anything_changes(mon
         assert rel_error(y, ref) <= 2 * rel_error(eager, ref) + 1e-3
 
     def calls(n=1):
-        before = len(general)
+        """Run n calls; how many launched through the general route (the kept launch borrows)."""
+        before = len(launches)
         with torch.no_grad():
             for _ in range(n):
                 y = module(x)
                 check(y)
-        return len(general) - before
+        return sum(1 for mask in launches[before:] if mask == 0)
 
-    calls(2)
-    assert "_fast" in module.__dict__ and calls(3) == 0            # kept: no general route
-    with torch.no_grad():
-        mlp[0].weight.mul_(-1.5)                                   # in place: same memory, seen
-    assert calls() == 0
-    with torch.no_grad():
-        mlp[2].weight.data = torch.randn(d, f, device="cuda", dtype=torch.bfloat16) * f ** -0.5
-    assert calls() == 1 and calls() == 0                           # .data: re-exported once
-    mlp[2].bias = torch.nn.Parameter(torch.randn(d, device="cuda", dtype=torch.bfloat16))
-    assert calls() == 1 and calls() == 0                           # a new Parameter: the same
-    monkeypatch.setenv("FUSER_DISABLE", "1")
-    assert calls() == 0 and "_fast" in module.__dict__              # the reference ran (no launch at all)
-    monkeypatch.delenv("FUSER_DISABLE")
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        assert calls() == 0                                        # eager under autocast
-    x2 = torch.randn(48, d, device="cuda", dtype=torch.bfloat16)
-    with torch.no_grad():
-        y2 = module(x2)                                            # a new shape: the op validates it
-    check(y2, x2)
-    y = module(x)                                                  # grad mode, weights need grad: eager
-    assert y.requires_grad
-    check(y.detach())
-    copy.deepcopy(module)                                          # run-time state is not copied
+    try:
+        calls(2)
+        assert "_kept" in module.__dict__ and calls(3) == 0           # kept: no general route
+        with torch.no_grad():
+            mlp[0].weight.mul_(-1.5)                                   # in place: same memory, seen
+        assert calls() == 0
+        with torch.no_grad():
+            mlp[2].weight.data = torch.randn(d, f, device="cuda", dtype=torch.bfloat16) * f ** -0.5
+        assert calls() == 1 and calls() == 0                           # .data: exported again once
+        mlp[2].bias = torch.nn.Parameter(torch.randn(d, device="cuda", dtype=torch.bfloat16))
+        assert calls() == 1 and calls() == 0                           # a new Parameter: the same
+        monkeypatch.setenv("FUSER_DISABLE", "1")
+        before = len(launches)
+        assert calls() == 0 and len(launches) == before                # the PyTorch ops ran, no launch at all
+        monkeypatch.delenv("FUSER_DISABLE")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            before = len(launches)
+            assert calls() == 0 and len(launches) == before            # eager under autocast
+        x2 = torch.randn(48, d, device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad():
+            y2 = module(x2)                                            # a new shape: routed
+        check(y2, x2)
+        y = module(x)                                                  # grad mode, weights need grad: eager
+        assert y.requires_grad
+        check(y.detach())
+        copy.deepcopy(module)                                          # run-time state is not copied
+    finally:
+        route.forget()

@@ -178,8 +178,8 @@ def test_plan_summary_shows_the_planners_choice_at_128_tokens(monkeypatch):
                  + want.summary())
     assert s in repr(f) and f.plan(128).chain == want.chain
     calls = []
-    real = fuser.plan
-    monkeypatch.setattr(fuser, "plan", lambda *a, **kw: calls.append(a) or real(*a, **kw))
+    real = fuser.planner.plan
+    monkeypatch.setattr(fuser.planner, "plan", lambda *a, **kw: calls.append(a) or real(*a, **kw))
     assert f.plan_summary() == s and repr(f) and calls == []       # kept on the module
     f.half()                                                         # a new dtype is a new plan
     assert "dtype=float16" in f.plan_summary() and calls == [(128,)]
@@ -196,7 +196,7 @@ def test_plan_args_name_the_biases_present():
 
 
 def test_float32_ffn_says_unfused_without_planning(monkeypatch):
-    monkeypatch.setattr(fuser, "plan", None)   # never called
+    monkeypatch.setattr(fuser.planner, "plan", None)   # never called
     s = FusedFFN.from_module(Gated()).plan_summary()
     assert s.endswith("; plan: float32: unfused (PyTorch eager ops)")
 
@@ -205,14 +205,14 @@ def test_x_of_any_leading_shape_and_non_contiguous(op_calls):
     f = FusedFFN.from_module(seq(nn.SiLU()))
     for x in (torch.randn(32), torch.randn(5, 32), torch.randn(2, 3, 4, 32), torch.randn(32, 6).t()):
         with torch.no_grad():
-            torch.testing.assert_close(f(x), f._source(x), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(f(x), f.source(x), rtol=1e-5, atol=1e-5)
 
 
 def test_autocast_and_dtype_mismatch_fall_back_to_pytorch(op_calls):
     f = FusedFFN.from_module(seq(nn.GELU()))
     x = torch.randn(4, 32)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        y, y_ref = f(x), f._source(x)
+        y, y_ref = f(x), f.source(x)
     assert y.dtype == y_ref.dtype == torch.bfloat16 and not op_calls
     torch.testing.assert_close(y, y_ref)
 
@@ -227,10 +227,9 @@ def test_state_dict_keys_kept_and_bf16_model(op_calls):
 
 
 def test_eager_skips_validation_once_a_shape_is_known_to_take_the_reference(op_calls):
-    """In eager mode the op's validation and planner lookup run once per input shape; a shape whose
-    route is the PyTorch reference (always so on CPU) then runs those ops directly, giving the same
-    result. A new shape, or a different layout of the same shape, is validated again, so bad input still
-    raises the op's clear errors."""
+    """In eager mode a shape is routed once (validated, and its route decided); a shape whose route is the
+    PyTorch ops (always so on CPU) then runs those ops directly, giving the same result. A new shape, or
+    a different layout of the same shape, is routed again, so bad input still raises the clear errors."""
     torch.manual_seed(0)
     f = FusedFFN.from_module(seq(nn.SiLU())).bfloat16().eval()
     x = torch.randn(3, 4, 32, dtype=torch.bfloat16)
@@ -238,7 +237,7 @@ def test_eager_skips_validation_once_a_shape_is_known_to_take_the_reference(op_c
         ys = [f(x) for _ in range(3)]
         assert op_calls == ["silu"]
         for y in ys:
-            torch.testing.assert_close(y, f._source(x), rtol=0, atol=0)
+            torch.testing.assert_close(y, f.source(x), rtol=0, atol=0)
         f(torch.randn(5, 32, dtype=torch.bfloat16))
         f(torch.randn(32, 12, dtype=torch.bfloat16).t())       # same shape as above, not contiguous
         assert len(op_calls) == 3
@@ -246,15 +245,27 @@ def test_eager_skips_validation_once_a_shape_is_known_to_take_the_reference(op_c
             f(torch.randn(3, 4, 31, dtype=torch.bfloat16))
 
 
-def test_shapes_that_may_fuse_always_go_through_the_op(op_calls, monkeypatch):
-    import fuser.ops
-    monkeypatch.setattr(fuser.ops, "route", lambda chain, x: None)   # nothing remembered
+def test_a_kept_route_turns_stale_when_plans_are_forgotten(op_calls):
+    """fuser.tune and calibrate drop the plans and routes this process keeps (fuser.route.forget): the
+    routes decided for CUDA chains turn stale, and a module keeping a stale route routes its next call
+    again. (On this machine a CUDA chain has no fused path: its route is the eager ops.)"""
+    from fuser import _C, route
+    w_up, w_down = torch.randn(96, 32, dtype=torch.bfloat16), torch.randn(32, 96, dtype=torch.bfloat16)
+    chain = dict(_C.ffn_check(torch.randn(4, 32, dtype=torch.bfloat16), w_up, w_down), device="cuda", device_id=0)
+    r = route.route_for(chain)
+    assert not r.fused and not r.stale and route.route_for(chain) is r
+    route.forget()
+    assert r.stale and route.route_for(chain) is not r
     f = FusedFFN.from_module(seq(nn.ReLU())).bfloat16().eval()
     x = torch.randn(4, 32, dtype=torch.bfloat16)
     with torch.no_grad():
-        for _ in range(3):
-            f(x)
-    assert op_calls == ["relu"] * 3
+        f(x)
+        kept = f.__dict__["_kept"]
+        kept.route = r                          # as if it had been kept from a CUDA chain before forget()
+        f(x)
+        assert op_calls == ["relu"] * 2 and f.__dict__["_kept"] is not kept
+        f(x)
+    assert op_calls == ["relu"] * 2
 
 
 def test_compiled_graph_keeps_the_op_after_eager_remembered_the_route(op_calls):
@@ -266,67 +277,42 @@ def test_compiled_graph_keeps_the_op_after_eager_remembered_the_route(op_calls):
         assert op_calls == ["gelu"]
         y = torch.compile(f, backend="eager", fullgraph=True)(x)
     assert op_calls == ["gelu", "gelu"]
-    torch.testing.assert_close(y, f._source(x), rtol=0, atol=0)
+    torch.testing.assert_close(y, f.source(x), rtol=0, atol=0)
 
 
 def test_route_names_the_calls_that_never_fuse():
     import fuser.ops
-    chain = dict(m=4, d_model=32, d_ff=96, d_out=32, gated=False, activation="gelu", bias_up=True,
-                 bias_gate=False, bias_down=True, dtype="bfloat16")
-    assert fuser.ops.route(chain, torch.randn(4, 32, dtype=torch.bfloat16)) == "reference"   # CPU
-    assert fuser.ops.route(dict(chain, m=0), torch.randn(0, 32)) == "reference"
+    from fuser import _C
+    from fuser.route import route_for
+    w_up, w_down = torch.randn(96, 32, dtype=torch.bfloat16), torch.randn(32, 96, dtype=torch.bfloat16)
+    r = fuser.ops.route(torch.randn(4, 32, dtype=torch.bfloat16), w_up, w_down, activation="gelu")   # CPU
+    assert not r.fused and r.plan is None and r is fuser.ops.route(torch.randn(4, 32, dtype=torch.bfloat16), w_up,
+                                                                   w_down, activation="gelu")
+    chain = _C.ffn_check(torch.randn(0, 32, dtype=torch.bfloat16), w_up, w_down)
+    assert not route_for(chain).fused                                                                 # no tokens
 
 
-def test_a_remembered_fused_route_launches_the_plan_directly_where_the_op_would(op_calls, monkeypatch):
-    """Once a shape's route is a fused plan, eager inference launches it through ops.run_fused without
-    the op (no validation, no planner); autograd, FUSER_DISABLE, a new shape or a dispatch mode go
-    through the op again. (On CPU the launch is recorded, not run; GPU tests run it.)"""
-    import fuser.ops
+def test_eager_inference_routes_the_call_itself_and_the_op_sees_the_rest(op_calls, monkeypatch):
+    """Without autograd to record, a dispatch mode or tracing, FusedFFN routes a call itself (no
+    dispatcher); with any of them it calls torch.ops.fuser.ffn, which records the backward or honours
+    the mode. A route kept for a shape serves its later calls, autograd included (the eager ops record
+    their own backward)."""
     from torch.utils.flop_counter import FlopCounterMode
-    plan = object()                             # stands for the fused Plan route() found
-    monkeypatch.setattr(fuser.ops, "route", lambda chain, x: plan)
-    launched = []
-
-    def fake_run(p, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out=None):
-        launched.append((p, tuple(x.shape), activation))
-        return fuser.ffn_reference(x, w_up, w_down, b_up=b_up, b_down=b_down, activation=activation)
-    monkeypatch.setattr(fuser.ops, "run_fused", fake_run)
+    dispatched = []
+    real = torch.ops.fuser.ffn
+    monkeypatch.setattr(torch.ops.fuser, "ffn", lambda *a: dispatched.append(1) or real(*a))
     f = FusedFFN.from_module(seq(nn.ReLU())).bfloat16()
     x = torch.randn(4, 32, dtype=torch.bfloat16)
-    with torch.no_grad():
-        f(x)                                    # first call: through the op, which remembers the plan
-        assert op_calls == ["relu"] and not launched
-        y = f(x)
-        assert launched == [(plan, (4, 32), "relu")] and op_calls == ["relu"]
-        torch.testing.assert_close(y, f._source(x), rtol=0, atol=0)
-        monkeypatch.setenv("FUSER_DISABLE", "1")
-        f(x)
-        monkeypatch.delenv("FUSER_DISABLE")
-        with FlopCounterMode(display=False):
-            f(x)
-        f(torch.randn(5, 32, dtype=torch.bfloat16))
-    assert len(launched) == 1 and op_calls == ["relu"] * 4
-    assert f(x).grad_fn is not None and len(launched) == 1 and len(op_calls) == 5   # autograd: the op
-
-
-def test_eager_inference_calls_the_op_implementation_without_the_dispatcher(op_calls, monkeypatch):
-    """Without autograd or a dispatch mode, FusedFFN calls the op's implementation directly (the same
-    function the dispatcher would reach); with either, it goes through torch.ops.fuser.ffn."""
-    import fuser.module
-    import fuser.ops
-    from torch.utils.flop_counter import FlopCounterMode
-    monkeypatch.setattr(fuser.ops, "route", lambda chain, x: None)   # nothing remembered
-    direct = []
-    real = fuser.module._ffn_impl
-    monkeypatch.setattr(fuser.module, "_ffn_impl", lambda *a: direct.append(1) or real(*a))
-    f = FusedFFN.from_module(seq(nn.ReLU())).bfloat16()
-    x = torch.randn(4, 32, dtype=torch.bfloat16)
-    with torch.no_grad():
-        y = f(x)
-    assert direct == [1] and op_calls == ["relu"]
-    torch.testing.assert_close(y, f._source(x), rtol=0, atol=0)
     y = f(x)                                   # parameters require grad: the op records its backward
-    assert direct == [1] and op_calls == ["relu"] * 2 and y.grad_fn is not None
+    assert dispatched == [1] and op_calls == ["relu"] and y.grad_fn is not None and "_kept" not in f.__dict__
     with torch.no_grad(), FlopCounterMode(display=False):
         f(x)
-    assert direct == [1] and op_calls == ["relu"] * 3
+    assert dispatched == [1, 1] and op_calls == ["relu"] * 2
+    with torch.no_grad():
+        y = f(x)                               # routed here, no dispatcher, and kept
+    assert dispatched == [1, 1] and op_calls == ["relu"] * 3 and "_kept" in f.__dict__
+    torch.testing.assert_close(y, f.source(x), rtol=0, atol=0)
+    y = f(x)                                   # the kept eager route, under autograd
+    assert dispatched == [1, 1] and op_calls == ["relu"] * 3 and y.grad_fn is not None
+    y.float().sum().backward()
+    assert f.get_submodule("0").weight.grad is not None

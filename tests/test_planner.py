@@ -14,7 +14,7 @@ import torch
 
 import fuser
 from fuser import _C
-from fuser.workloads import MODELS, PAPER, TOKENS
+from fuser.tools.workloads import MODELS, PAPER, TOKENS
 from conftest import rel_error
 from test_ffn_reference import ffn64
 

@@ -8,7 +8,7 @@ import math
 import pytest
 
 import fuser
-from fuser import probes
+from fuser.tools import probes
 
 
 def test_probes_compile_clean():
@@ -25,7 +25,7 @@ def test_probes_compile_clean():
 # ---- on a Hopper GPU ----
 
 def _matmul_tflops():
-    from fuser.bench import measure_ceilings
+    from fuser.tools.bench import measure_ceilings
     return measure_ceilings()["matmul_tflops"]
 
 

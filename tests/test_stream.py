@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import fuser
-from fuser import probes, runtime
+from fuser import runtime
+from fuser.tools import probes
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "gpu"))
@@ -38,7 +39,7 @@ def test_every_stream_matrix_variant_compiles_clean():
     plans = {}
     for c in stream_matrix.cases():
         p = stream_matrix.plan_of(c)
-        plans.setdefault(fuser._C.codegen(p._d, p.target), p)
+        plans.setdefault(fuser._C.codegen(p.raw, p.target), p)
     assert len(plans) >= 40
     for p in plans.values():
         k = runtime.compile(p)
@@ -101,7 +102,7 @@ def test_stream_stub_matches_its_golden_file():
                                       kind="cluster", cluster=(1, 4, 2, 2)),
     }
     for name, p in cases.items():
-        src = fuser._C.codegen(p._d, "h200")
+        src = fuser._C.codegen(p.raw, "h200")
         with open(os.path.join(GOLDEN, name)) as f:
             assert src == f.read(), f"{name}: regenerate it if the change is intended:\n{src}"
         assert len(src.splitlines()) < 60

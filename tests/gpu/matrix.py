@@ -1,4 +1,4 @@
-"""The GPU correctness matrix of the fused kernels (issue 4): every dataflow x plain / gated spatial /
+"""The GPU correctness matrix of the fused kernels: every dataflow x plain / gated spatial /
 gated sequential x the four activations x bias or not x bfloat16 / float16, over the shapes
 M in {1, 7, 64, 127, 128, 1000, 4096}, d_model in {256, 768, 4096}, d_ff in {1024, 3072, 11008, 14336}.
 

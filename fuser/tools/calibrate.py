@@ -1,20 +1,21 @@
 """``python -m fuser calibrate``: measure on this GPU the target constants the cost model uses and store
 them where the planner picks them up (``fuser.store``: ``calibration/<gpu>.json`` in the kernel cache
 directory). ``fuser.plan`` on that GPU then plans with the measured values instead of the built-in
-H200 table; ``fuser.env()``-style details (what was measured, when, on which stack) are kept beside them.
+H200 table (``fuser.target.apply`` lays them over it); ``fuser.env()``-style details (what was
+measured, when, on which stack) are kept beside them. This module measures; it is not loaded to plan.
 
-Measured (``MEASURED``):
+Measured (``fuser.target.MEASURED``):
 
   hbm_gbs           read bandwidth: a 1 GiB device copy (bytes read + written / time) x STREAM_OVER_COPY
   mma_tflops        bf16 torch.matmul 8192^3 (the burst rate the floors use)
   small_gemm_eff    cuBLAS weight streaming at 16 tokens (a 4096 x 28672 GEMM) over hbm_gbs
   launch_us         per-kernel time of tiny kernels back to back in a CUDA graph
-  dsm_bytes_per_clk remote shared-memory reads per SM per clock at cluster 2, 4, 8, 16 (``fuser.probes``:
+  dsm_bytes_per_clk remote shared-memory reads per SM per clock at cluster 2, 4, 8, 16 (``fuser.tools.probes``:
                     every SM streaming its peer's shared memory with 16-byte ld.shared::cluster)
   barrier_cycles    one cluster barrier (release/acquire) at the fused kernel's 256 threads per block,
-                    the median over cluster sizes 2-16 (``fuser.probes``)
+                    the median over cluster sizes 2-16 (``fuser.tools.probes``)
   fused_mma_eff     the fused main loop's tensor-core rate from shared memory (ldmatrix + mma.sync, the
-                    best of a few warp tiles, ``fuser.probes``) over mma_tflops
+                    best of a few warp tiles, ``fuser.tools.probes``) over mma_tflops
   fused_time_scale  fuser's fused kernels against the cost model: the best `k` predicted candidates of
                     a few shapes timed in CUDA graphs; median of measured / modelled (launch excluded),
                     the model using every constant above as just measured
@@ -28,99 +29,40 @@ shared-memory bandwidth, memory latency, the SM clock (the probes report the clo
 from __future__ import annotations
 
 import datetime
-import math
 import statistics
-import warnings
 
-__all__ = ["MEASURED", "TERMS", "apply", "calibrate", "time_plans", "fit_term_scales", "unscaled_terms"]
+import torch
 
-MEASURED = ("hbm_gbs", "mma_tflops", "small_gemm_eff", "launch_us", "dsm_bytes_per_clk", "barrier_cycles",
-            "fused_mma_eff", "fused_time_scale", "fused_scale_compute", "fused_scale_hbm", "fused_scale_l2",
-            "fused_scale_dsm", "fused_scale_smem", "fused_scale_sync", "fused_scale_tail")
-#: Fields that are at most 1 (efficiencies).
-FRACTIONS = ("small_gemm_eff", "fused_mma_eff")
+import fuser
+from fuser import _C, route, store, target
+from fuser._env import env
+from fuser.tools import probes
+from fuser.tools.bench import Sets, measure_ceilings, parse_workload
+from fuser.tools.timing import graphed, hopper_reason, median_event_us, time_interleaved
+
+__all__ = ["TERMS", "calibrate", "time_plans", "fit_term_scales", "unscaled_terms", "hardware_fields"]
+
 #: Read-only streaming over copy bandwidth, measured on the H200 (h200-baselines.md section 2:
 #: 4.48-4.51 TB/s streaming with 16-byte loads against a 4.275 TB/s copy).
 STREAM_OVER_COPY = 1.05
 #: The shapes whose fused candidates set fused_time_scale (a spread of sizes, plain and gated).
 SHAPES = ("gpt2:16", "G9", "S8", "llama3-8b:16", "llama3-8b:512")
 
-_cache = {}
-
-
-def _stored(key):
-    if key not in _cache:
-        from fuser import store
-        _cache[key] = store.load("calibration", key).get("fields", {})
-    return _cache[key]
-
-
-def forget():
-    """Drop the in-memory copies of calibration files (after writing one, or in tests)."""
-    _cache.clear()
-
-
-def _usable(key, value, current):
-    """Whether a stored calibration value can replace the target's `current` one: a positive finite
-    number (at most 1 for an efficiency), or for a per-cluster-size list a list of as many numbers, each
-    positive (the cluster-size-1 slot, unused, may be 0)."""
-    def num(v):
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    if isinstance(current, list):
-        return (isinstance(value, list) and len(value) == len(current) and all(num(v) for v in value)
-                and value[0] >= 0 and all(v > 0 for v in value[1:]))
-    return num(value) and value > 0 and (key not in FRACTIONS or value <= 1)
-
-
-def apply(target, gpu_name, sm_count):
-    """`target` (a target dict) with the fields this GPU model's calibration file measured. A field
-    whose stored value is unusable (not a positive number, a list of the wrong length) keeps the
-    target's value, with a warning naming it.
-
-    Example:
-        >>> import fuser
-        >>> from fuser.calibrate import apply
-        >>> t = fuser._C.targets()["h200"]
-        >>> apply(t, "a GPU never calibrated", 1) == t
-        True
-    """
-    from fuser.store import device_key
-    key = device_key(gpu_name, sm_count)
-    fields = _stored(key)
-    out = dict(target)
-    bad = []
-    for k, v in fields.items():
-        if k not in MEASURED or k not in out:
-            continue
-        if _usable(k, v, out[k]):
-            out[k] = [float(x) for x in v] if isinstance(v, list) else float(v)
-        else:
-            bad.append(f"{k}={v!r}")
-    if bad:
-        warnings.warn(f"fuser: calibration of {key}: ignoring unusable {', '.join(bad)} (run `python -m fuser "
-                      "calibrate` again)", RuntimeWarning, stacklevel=2)
-    return out
-
-
 def time_plans(workload, plans, reps=10, calls=None):
-    """Median microseconds per call of each plan on `workload` (a ``fuser.bench.Workload``), each in a
+    """Median microseconds per call of each plan on `workload` (a ``fuser.tools.bench.Workload``), each in a
     CUDA graph over rotated inputs, interleaved; an unfused plan runs PyTorch eager. None for a plan
     that failed to run (printed).
 
     Example:
         >>> import fuser
-        >>> from fuser.bench import parse_workload
-        >>> from fuser.calibrate import time_plans
+        >>> from fuser.tools.bench import parse_workload
+        >>> from fuser.tools.calibrate import time_plans
         >>> ps = fuser.plans(16, 768, 3072, activation="gelu", fused=True, k=2)
         >>> [t > 0 for t in time_plans(parse_workload("gpt2:16"), ps, reps=3)]  # doctest: +SKIP
         [True, True]
     """
-    import torch
-
-    import fuser
-    from fuser.bench import _graphed, _median_event_us, _Sets
     w = workload
-    sets = _Sets(w)
+    sets = Sets(w)
     per = calls or (1 if w.m >= 512 else 4)
 
     def call(p):
@@ -133,18 +75,15 @@ def time_plans(workload, plans, reps=10, calls=None):
     fns = []
     for p in plans:
         try:
-            fns.append(_graphed(call(p), per))
+            fns.append(graphed(call(p), per))
         except Exception as e:  # noqa: BLE001 (reported: a candidate the planner offers must run)
             print(f"  {w.label}: a plan failed to run: {p.summary()}: {type(e).__name__}: {e}", flush=True)
             fns.append(None)
-    samples = [[] for _ in fns]
-    for i in range(reps):
-        for j in list(range(i % len(fns), len(fns))) + list(range(i % len(fns))):
-            if fns[j] is not None:
-                samples[j].append(_median_event_us(fns[j][0], 1, fns[j][1]))
-    fns.clear()
+    ran = [f for f in fns if f is not None]
+    times = iter(time_interleaved(ran, reps, warmup=0) if ran else [])
+    fns = [None if f is None else next(times) for f in fns]
     torch.cuda.empty_cache()
-    return [statistics.median(s) if s else None for s in samples]
+    return fns
 
 
 #: The fused cost terms, in the model's order: the first five overlap (their maximum counts), sync and
@@ -157,21 +96,19 @@ def unscaled_terms(plan):
 
     Example:
         >>> import fuser
-        >>> from fuser.calibrate import unscaled_terms
+        >>> from fuser.tools.calibrate import unscaled_terms
         >>> p = fuser.plan(128, 768, 3072, activation="gelu", fused=True)
         >>> t = p.target
         >>> abs(unscaled_terms(p)["hbm"] * t["fused_time_scale"] * t["fused_scale_hbm"] - p.breakdown["hbm"]) < 1e-9
         True
     """
-    import fuser
-    t = plan.target if isinstance(plan.target, dict) else fuser._C.targets()[plan.target or "h200"]
+    t = plan.target if isinstance(plan.target, dict) else _C.targets()[plan.target or "h200"]
     b = plan.breakdown
     return {k: b[k] / (t["fused_time_scale"] * t.get(f"fused_scale_{k}", 1.0)) for k in TERMS}
 
 
 def _loss(params, samples):
     """Mean squared log error of the scaled model over samples, for each row of params [P, 7]."""
-    import torch
     c = torch.tensor([[s[3][k] for k in TERMS] for s in samples], dtype=torch.float64)
     launch = torch.tensor([s[2] for s in samples], dtype=torch.float64)
     meas = torch.tensor([s[1] for s in samples], dtype=torch.float64)
@@ -192,7 +129,6 @@ def _fit(samples, start):
     """Per-term scales minimising the log error plus PRIOR x the squared log distance from `start`:
     coordinate descent over a shrinking geometric grid, clamped to [1, FACTOR_RANGE x start]
     (deterministic)."""
-    import torch
     p = torch.full((7,), float(start), dtype=torch.float64)
     lo, hi = 1.0, FACTOR_RANGE * float(start)
     span = 4.0
@@ -215,14 +151,13 @@ def fit_term_scales(samples):
     fit_loss: the in-sample error with the factors used).
 
     Example:
-        >>> from fuser.calibrate import fit_term_scales
+        >>> from fuser.tools.calibrate import fit_term_scales
         >>> t = dict(compute=1.0, hbm=2.0, l2=0.5, dsm=0.0, smem=0.1, sync=0.5, tail=0.5)
         >>> s = [(f"s{i % 3}", 2.5 + 3.0 * (2.0 + 1.0) * (1 + i / 10), 2.5, {k: v * (1 + i / 10) for k, v in t.items()})
         ...      for i in range(9)]
         >>> round(fit_term_scales(s)["fused_time_scale"], 3)
         3.0
     """
-    import torch
     body = [(m - launch) / (max(c[k] for k in TERMS[:5]) + c["sync"] + c["tail"]) for _, m, launch, c in samples]
     scale = statistics.median(body)
     shapes = sorted({s[0] for s in samples})
@@ -252,8 +187,6 @@ def fit_term_scales(samples):
 def _kernel_samples(log, k, reps, target=None):
     """(shape, measured us, launch us, unscaled terms) for the best k fused candidates of each
     calibration shape, planned for `target` (None: this GPU's)."""
-    import fuser
-    from fuser.bench import parse_workload
     out = []
     for text in SHAPES:
         w = parse_workload(text)
@@ -268,11 +201,6 @@ def _kernel_samples(log, k, reps, target=None):
 def measure(log=print, k=8, reps=10):
     """Run the measurements on the current CUDA device (a Hopper GPU); returns the calibration record
     (``fields``: the MEASURED values; ``details``: the raw numbers behind them)."""
-    import torch
-
-    import fuser
-    from fuser import probes
-    from fuser.bench import _graphed, _median_event_us, hopper_reason, measure_ceilings
     why = hopper_reason()
     if why is not None:
         raise RuntimeError(f"fuser calibrate measures a Hopper GPU: {why}")
@@ -280,7 +208,7 @@ def measure(log=print, k=8, reps=10):
     hbm = ceil["copy_tbps"] * 1000 * STREAM_OVER_COPY
     log(f"copy {ceil['copy_tbps']:.3f} TB/s -> hbm_gbs {hbm:.0f}; bf16 matmul {ceil['matmul_tflops']:.1f} TFLOP/s")
     # in a CUDA graph, alternating two weight copies (2 x 235 MB: L2 holds neither): a lone eager call
-    # timed with events also counts the host's submission latency (the first run read 0.67 for 0.84)
+    # timed with events would also count the host's submission latency
     x = torch.randn(16, 4096, device="cuda").bfloat16()
     ws = [torch.randn(28672, 4096, device="cuda").bfloat16() for _ in range(2)]
     turn = [0]
@@ -288,30 +216,28 @@ def measure(log=print, k=8, reps=10):
     def gemm():
         turn[0] ^= 1
         x @ ws[turn[0]].t()
-    g, calls = _graphed(gemm, 4)
-    gemv_us = statistics.median(_median_event_us(g, 1, calls) for _ in range(20))
+    g, calls = graphed(gemm, 4)
+    gemv_us = statistics.median(median_event_us(g, 1, calls) for _ in range(20))
     stream_gbs = ws[0].numel() * 2 / (gemv_us * 1e3)
     log(f"weight streaming at 16 tokens: {stream_gbs:.0f} GB/s -> small_gemm_eff {stream_gbs / hbm:.3f}")
     tiny = torch.zeros(256, device="cuda")
     n = 200
-    g, _ = _graphed(lambda: [tiny.add_(1) for _ in range(n)], 1)
-    launch = statistics.median(_median_event_us(g, 1) for _ in range(20)) / n
+    g, _ = graphed(lambda: [tiny.add_(1) for _ in range(n)], 1)
+    launch = statistics.median(median_event_us(g, 1) for _ in range(20)) / n
     log(f"tiny kernels in a graph: {launch:.2f} us each -> launch_us")
-    hw = _hardware_fields(probes.measure_all(log), ceil["matmul_tflops"])
+    hw = hardware_fields(probes.measure_all(log), ceil["matmul_tflops"])
     log(f"-> dsm_bytes_per_clk {', '.join(f'{v:.1f}' for v in hw['dsm_bytes_per_clk'][1:])} (cluster 2/4/8/16); "
         f"barrier_cycles {hw['barrier_cycles']:.0f}; fused_mma_eff {hw['fused_mma_eff']:.3f}")
     fields = dict(hbm_gbs=hbm, mma_tflops=ceil["matmul_tflops"], small_gemm_eff=min(1.0, stream_gbs / hbm),
                   launch_us=launch, dsm_bytes_per_clk=hw["dsm_bytes_per_clk"], barrier_cycles=hw["barrier_cycles"],
                   fused_mma_eff=hw["fused_mma_eff"])
     # the fused kernels are fitted against the model with the constants just measured
-    from fuser.planner import default_target
-    base = default_target()
-    base = dict(fuser._C.targets()["h200"] if isinstance(base, str) else base, **fields)
+    base = target.default_target()
+    base = dict(_C.targets()["h200"] if isinstance(base, str) else base, **fields)
     fit = fit_term_scales(_kernel_samples(log, k, reps, target=base))
     log(f"fused kernels / model: median {fit['fused_time_scale']:.2f}; per-term factors "
         + ("adopted (leave-one-shape-out log error {:.3f} -> {:.3f}): ".format(fit["loso_uniform"], fit["loso_terms"])
            + ", ".join(f"{t} {v:.2f}" for t, v in fit["factors"].items()) if fit["adopted"] else "not adopted"))
-    from fuser._env import env
     e = env()
     return dict(
         fields=dict(fields, fused_time_scale=fit["fused_time_scale"],
@@ -322,21 +248,20 @@ def measure(log=print, k=8, reps=10):
         measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
 
-def _hardware_fields(probed, matmul_tflops):
+def hardware_fields(probed, matmul_tflops):
     """The cost model's hardware constants from ``fuser.probes.measure_all`` output: dsm_bytes_per_clk
     per cluster size (slot 0, cluster 1, unused: 0), barrier_cycles at the fused kernel's thread count
     (median over cluster sizes 2-16), fused_mma_eff (the best warp tile over the matmul rate, at most 1).
 
     Example:
-        >>> from fuser.calibrate import _hardware_fields
+        >>> from fuser.tools.calibrate import hardware_fields
         >>> p = dict(dsm=[dict(cluster=c, bytes_per_clk=16.0) for c in (2, 4, 8, 16)],
         ...          barrier=[dict(cluster=c, threads=256, cycles=400.0 + c) for c in (1, 2, 4, 8, 16)],
         ...          mma=[dict(tile="2x4", tflops=300.0), dict(tile="4x4", tflops=400.0)])
-        >>> f = _hardware_fields(p, 800.0)
+        >>> f = hardware_fields(p, 800.0)
         >>> f["dsm_bytes_per_clk"], f["barrier_cycles"], f["fused_mma_eff"]
         ([0.0, 16.0, 16.0, 16.0, 16.0], 406.0, 0.5)
     """
-    from fuser import probes
     by_size = {r["cluster"]: r["bytes_per_clk"] for r in probed["dsm"]}
     sync = [r["cycles"] for r in probed["barrier"] if r["threads"] == probes.THREADS and r["cluster"] > 1]
     best = max(r["tflops"] for r in probed["mma"])
@@ -350,15 +275,14 @@ def calibrate(log=print, k=8, reps=10):
     returns (record, path). Plans cached in this process are dropped so the next call re-plans.
 
     Example:
-        >>> import fuser.calibrate
-        >>> record, path = fuser.calibrate.calibrate()  # doctest: +SKIP
-        >>> sorted(record["fields"]) == sorted(fuser.calibrate.MEASURED)  # doctest: +SKIP
+        >>> from fuser.target import MEASURED
+        >>> from fuser.tools.calibrate import calibrate
+        >>> record, path = calibrate()  # doctest: +SKIP
+        >>> sorted(record["fields"]) == sorted(MEASURED)  # doctest: +SKIP
         True
     """
-    from fuser import runtime, store
-    from fuser.store import device_key
     record = measure(log, k, reps)
-    p = store.save("calibration", device_key(record["gpu"], record["sm_count"]), record)
-    forget()
-    runtime.forget_plans()
+    p = store.save("calibration", store.device_key(record["gpu"], record["sm_count"]), record)
+    target.forget()
+    route.forget()
     return record, p

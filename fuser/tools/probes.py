@@ -1,4 +1,4 @@
-"""fuser.probes: the hardware microbenchmarks behind ``python -m fuser calibrate``.
+"""fuser.tools.probes: the hardware microbenchmarks behind ``python -m fuser calibrate``.
 
 The kernels live in ``include/fuser/device/probes.cuh`` (compiled by NVRTC through the kernel cache like
 every fused kernel) and count their own cycles with ``clock64``, one block per SM, on the whole GPU:
@@ -19,16 +19,22 @@ Each result also carries the SM clock the probe ran at (its cycles over its even
                            with torch.mm on rotated inputs (the stream kernels' ``stream_mma_eff``)
 
 Example:
-    >>> from fuser import probes
+    >>> from fuser.tools import probes
     >>> probes.dsm(2)["bytes_per_clk"] > 0           # doctest: +SKIP
     True
 """
 from __future__ import annotations
 
+import math
 import statistics
 
+import torch
+
+from fuser import _C, jit
+from fuser.tools.timing import time_interleaved
+
 __all__ = ["SOURCE", "CLUSTERS", "BARRIER_THREADS", "MMA_TILES", "GEMM_VARIANTS", "compiled", "dsm", "barrier", "mma",
-           "gemm", "measure_all"]
+           "gemm", "gemm_kernel", "gemm_smem", "measure_all"]
 
 SOURCE = '#include "fuser/device/probes.cuh"\n'
 #: Dynamic shared memory per block: above half an SM's, so each block has an SM to itself.
@@ -55,18 +61,14 @@ def compiled():
     """The probes' CUBIN (from the kernel cache after the first time); a ``fuser.jit.Compiled``.
 
     Example:
-        >>> from fuser import probes
+        >>> from fuser.tools import probes
         >>> sorted(k["name"] for k in probes.compiled().kernels)[:2]   # doctest: +SKIP
         ['fuser_probe_barrier', 'fuser_probe_dsm']
     """
-    from fuser import jit
     return jit.compile_source(SOURCE, "probes.cu")
 
 
 def _kernel(name, source=SOURCE):
-    import torch
-
-    from fuser import _C, jit
     dev = torch.cuda.current_device()
     if (dev, name) not in _loaded:
         cubin = compiled().cubin if source == SOURCE else jit.compile_source(source, "gemm_probe.cu").cubin
@@ -74,8 +76,25 @@ def _kernel(name, source=SOURCE):
     return _loaded[dev, name]
 
 
+def gemm_kernel(variant):
+    """The loaded GEMM probe of `variant` (bn, stages, cm) on the current CUDA device.
+
+    Example:
+        >>> from fuser.tools import probes
+        >>> k = probes.gemm_kernel(probes.GEMM_VARIANTS[0])        # doctest: +SKIP
+    """
+    bn, stages, cm = variant
+    return _kernel(f"fuser_gemm_{bn}_{stages}_{cm}", GEMM_SOURCE)
+
+
 def gemm_smem(bn, stages):
-    """Dynamic shared memory of a GEMM probe variant: its stages, barriers, and 1024 bytes to align them."""
+    """Dynamic shared memory of a GEMM probe variant: its stages, barriers, and 1024 bytes to align them.
+
+    Example:
+        >>> from fuser.tools import probes
+        >>> probes.gemm_smem(256, 4)
+        198656
+    """
     return stages * (128 + bn) * 128 + 2048
 
 
@@ -85,17 +104,13 @@ def gemm(m, n, k, variant=GEMM_VARIANTS[0], sets=3, iters=20):
     sets. Returns dict(variant, tflops, torch_tflops, ratio, rel_error).
 
     Example:
-        >>> from fuser import probes
+        >>> from fuser.tools import probes
         >>> r = probes.gemm(8192, 8192, 8192)                      # doctest: +SKIP
         >>> r["ratio"] > 0.9                                       # doctest: +SKIP
         True
     """
-    import torch
-
-    from fuser import _C
-    from fuser.timing import time_interleaved
     bn, stages, cm = variant
-    k_ = _kernel(f"fuser_gemm_{bn}_{stages}_{cm}", GEMM_SOURCE)
+    k_ = gemm_kernel(variant)
     smem = gemm_smem(bn, stages)
     stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
     ins = [(torch.randn(m, k, device="cuda", dtype=torch.bfloat16), torch.randn(n, k, device="cuda",
@@ -117,7 +132,7 @@ def gemm(m, n, k, variant=GEMM_VARIANTS[0], sets=3, iters=20):
         a, b = ins[it["torch"] % sets]
         it["torch"] += 1
         torch.mm(a, b.T, out=c)
-    t_ours, t_torch = time_interleaved([ours, theirs], iters=iters)
+    t_ours, t_torch = time_interleaved([ours, theirs], rounds=iters)
     flops = 2.0 * m * n * k
     return dict(variant=variant, tflops=flops / t_ours / 1e6, torch_tflops=flops / t_torch / 1e6,
                 ratio=t_torch / t_ours, rel_error=err)
@@ -125,9 +140,6 @@ def gemm(m, n, k, variant=GEMM_VARIANTS[0], sets=3, iters=20):
 
 def _launch(name, grid, block, cluster, iters):
     """Run one probe; (per-block cycles [grid], check values [grid], event milliseconds)."""
-    import torch
-
-    from fuser import _C
     k = _kernel(name)
     out = torch.full((grid, 2), float("nan"), device="cuda")
     stream = torch.cuda.current_stream()
@@ -141,7 +153,6 @@ def _launch(name, grid, block, cluster, iters):
 
 
 def _grid(name, block, cluster):
-    from fuser import _C
     n = _C.probe_clusters(_kernel(name), block, cluster, SMEM)
     if n < 1:
         raise RuntimeError(f"no cluster of {cluster} blocks with {SMEM} bytes of shared memory fits on this GPU")
@@ -167,7 +178,7 @@ def dsm(cluster, threads=THREADS, iters=1000):
     `threads` per block (the fused kernel's 256 by default).
 
     Example:
-        >>> from fuser import probes
+        >>> from fuser.tools import probes
         >>> r = probes.dsm(4)                                      # doctest: +SKIP
         >>> sorted(r)                                              # doctest: +SKIP
         ['blocks', 'bytes_per_clk', 'clock_ghz', 'cluster', 'tbps', 'threads']
@@ -190,7 +201,7 @@ def barrier(cluster, threads=THREADS, iters=2000):
     """Cycles of one cluster barrier with `threads` per block, every SM running the loop.
 
     Example:
-        >>> from fuser import probes
+        >>> from fuser.tools import probes
         >>> 100 < probes.barrier(2, 256)["cycles"] < 1000          # doctest: +SKIP
         True
     """
@@ -203,14 +214,11 @@ def mma(mt, nt, iters=2000):
     """The main loop's rate from shared memory for a warp tile of mt x 16 rows by nt x 8 columns.
 
     Example:
-        >>> from fuser import probes
+        >>> from fuser.tools import probes
         >>> r = probes.mma(2, 4)                                   # doctest: +SKIP
         >>> r["tile"], r["tflops"] > 0                             # doctest: +SKIP
         ('2x4', True)
     """
-    import math
-
-    import torch
     name = f"fuser_probe_mma_{mt}x{nt}"
     grid = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
@@ -226,7 +234,7 @@ def measure_all(log=print):
     """Every probe at every size; returns dict(dsm=[...], barrier=[...], mma=[...]) of the dicts above.
 
     Example:
-        >>> from fuser import probes
+        >>> from fuser.tools import probes
         >>> [len(v) for v in probes.measure_all(log=lambda s: None).values()]   # doctest: +SKIP
         [4, 15, 5]
     """

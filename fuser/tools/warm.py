@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import time
 
+from fuser import planner, runtime
+from fuser.module import FusedFFN
+
 __all__ = ["ffn_shapes", "warmup"]
 
 
@@ -23,10 +26,10 @@ def ffn_shapes(model):
         >>> from torch import nn
         >>> ffn = lambda: nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
         >>> model = fuser.optimize(nn.Sequential(ffn(), nn.LayerNorm(64), ffn()).bfloat16())
-        >>> [(args["d_ff"], paths) for args, paths in fuser.warm.ffn_shapes(model)]
+        >>> from fuser.tools.warm import ffn_shapes
+        >>> [(args["d_ff"], paths) for args, paths in ffn_shapes(model)]
         [(256, ['0', '2'])]
     """
-    from fuser.module import FusedFFN
     shapes = {}
     for path, module in model.named_modules():
         if isinstance(module, FusedFFN):
@@ -39,7 +42,7 @@ def describe(args):
     """A short name for an FFN shape given as ``fuser.plan`` keyword arguments.
 
     Example:
-        >>> from fuser.warm import describe
+        >>> from fuser.tools.warm import describe
         >>> describe(dict(d_model=4096, d_ff=14336, d_out=4096, gated=True, activation="silu", bias=(), dtype="bfloat16"))
         'FFN 4096 -> 14336 -> 4096, gated silu, bfloat16, no bias'
     """
@@ -71,9 +74,6 @@ def warmup(model, tokens=(1, 16, 128), *, target=None, log=None):
         >>> [k.spill_bytes for k in kernels]  # doctest: +SKIP
         [0, 0]
     """
-    import fuser
-    from fuser import runtime
-
     shapes = ffn_shapes(model)
     if not shapes:
         raise ValueError("model: no FusedFFN modules in it; call fuser.optimize(model) first")
@@ -84,15 +84,15 @@ def warmup(model, tokens=(1, 16, 128), *, target=None, log=None):
                 log(f"{describe(args)}: runs PyTorch eager ops at every token count; nothing to compile")
             continue
         for m in tokens:
-            chosen = fuser.plan(m, target=target, **args)
+            chosen = planner.plan(m, target=target, **args)
             wanted = [("chosen", chosen)] if chosen.fused else []
             try:
-                wanted.append(("best fused", fuser.plan(m, target=target, fused=True, **args)))
+                wanted.append(("best fused", planner.plan(m, target=target, fused=True, **args)))
             except ValueError as e:   # no fused plan fits this shape (alignment, say)
                 if log:
                     log(f"{describe(args)}  tokens {m}: no fused plan ({e})")
             for which, plan in wanted:
-                known, start = len(runtime._compiled), time.perf_counter()
+                known, start = runtime.has_kernel(plan), time.perf_counter()
                 kernel = runtime.kernel_for(plan)
                 seconds = time.perf_counter() - start
                 if kernel.key in seen:
@@ -100,7 +100,7 @@ def warmup(model, tokens=(1, 16, 128), *, target=None, log=None):
                 seen.add(kernel.key)
                 kernels.append(kernel)
                 if log:
-                    how = ("already in this process" if len(runtime._compiled) == known
+                    how = ("already in this process" if known
                            else "cache hit" if kernel.cache_hit else "compiled")
                     log(f"{describe(args)}  tokens {m}  {which}: {plan.summary()}; {kernel.registers} registers, "
                         f"{kernel.spill_bytes} spill bytes, {how}, {seconds:.2f} s")

@@ -15,19 +15,25 @@ Commands:
 from __future__ import annotations
 
 import argparse
+import copy
+import importlib.util
+import json
+import os
 import sys
+
+import torch
+
+import fuser
+from fuser.tools import bench, bench_report, calibrate, warm
+from fuser.tools.timing import hopper_reason, time_interleaved
 
 
 def _cmd_env(args):
-    import fuser
     print(fuser.env(args.device))
     return 0
 
 
 def _cmd_plan(args):
-    import json
-
-    import fuser
     kw = dict(d_out=args.d_out, gated=args.gated, activation=args.activation, bias=args.bias, dtype=args.dtype,
               target=args.target)
     if args.fused is not None:
@@ -52,7 +58,6 @@ def rel_error(y, ref):
 def _transformers_missing(e):
     """Why transformers cannot be imported, and what to do: not installed, or installed but broken by a
     dependency (most often a torchvision built for another torch, which transformers imports)."""
-    import importlib.util
     head = "the demo builds a LLaMA model from a transformers config"
     if importlib.util.find_spec("transformers") is None:
         return f"{head}, and transformers is not installed: python -m pip install 'fuser[demo]'"
@@ -72,7 +77,6 @@ def _llama(args, device, dtype):
     except ImportError as e:
         print(_transformers_missing(e), file=sys.stderr)
         return None
-    import torch
     cfg = LlamaConfig(hidden_size=args.hidden, intermediate_size=args.intermediate, num_hidden_layers=args.layers,
                       num_attention_heads=args.heads, num_key_value_heads=args.heads, vocab_size=args.vocab,
                       max_position_embeddings=max(args.seq, 64), pad_token_id=0, bos_token_id=1, eos_token_id=2)
@@ -81,14 +85,6 @@ def _llama(args, device, dtype):
 
 
 def _cmd_demo(args):
-    import copy
-
-    from fuser.timing import time_interleaved
-
-    import torch
-
-    import fuser
-
     e = fuser.env()
     print("== environment ==")
     print(e)
@@ -139,30 +135,24 @@ def _cmd_demo(args):
 
 def _optimized_llama(args):
     """The demo's LLaMA on the CPU in args.dtype, optimized; None (after saying why) without transformers."""
-    import torch
-
-    import fuser
     model = _llama(args, torch.device("cpu"), getattr(torch, args.dtype))
     return None if model is None else fuser.optimize(model)
 
 
 def _cmd_explain(args):
-    import fuser
-    from fuser.warm import describe, ffn_shapes
     model = _optimized_llama(args)
     if model is None:
         return 2
     print(f"== a random LLaMA: hidden {args.hidden}, intermediate {args.intermediate}, {args.layers} layers, "
           f"{args.dtype} ==")
     print(fuser.report(model))
-    for plan_args, paths in ffn_shapes(model):
-        print(f"\n== {describe(plan_args)} ({len(paths)} FFN(s): {', '.join(paths)}) at {args.tokens} tokens ==")
+    for plan_args, paths in warm.ffn_shapes(model):
+        print(f"\n== {warm.describe(plan_args)} ({len(paths)} FFN(s): {', '.join(paths)}) at {args.tokens} tokens ==")
         print(fuser.plan(args.tokens, target=args.target, **plan_args).explain())
     return 0
 
 
 def _cmd_warmup(args):
-    import fuser
     e = fuser.env()
     if not e.nvrtc_found:
         print("fuser warmup compiles kernels with NVRTC, which was not found; install it (python -m pip install "
@@ -178,16 +168,12 @@ def _cmd_warmup(args):
         return 2
     print(f"== warming fused kernels for a random LLaMA (hidden {args.hidden}, intermediate {args.intermediate}, "
           f"{args.dtype}) at {', '.join(map(str, tokens))} tokens; kernel cache {e.cache_dir} ==")
-    kernels = fuser.warmup(model, tokens, target=args.target, log=lambda line: print(line, flush=True))
+    kernels = warm.warmup(model, tokens, target=args.target, log=lambda line: print(line, flush=True))
     print(f"{len(kernels)} kernel(s) ready, {sum(k.spill_bytes for k in kernels)} spill bytes in all")
     return 0
 
 
 def _cmd_bench(args):
-    import json
-    import os
-
-    from fuser import bench, bench_report
     if args.compare:    # run-to-run agreement of two saved CSVs: any machine
         return _bench_compare(bench_report, *args.compare)
     if args.plot:       # redraw tables and plot from a saved CSV: any machine
@@ -195,7 +181,7 @@ def _cmd_bench(args):
         os.makedirs(args.out, exist_ok=True)
         print(bench_report.markdown(rows))
         return _bench_plot(bench_report, rows, args.out)
-    why = bench.hopper_reason()
+    why = hopper_reason()
     if why is not None:
         print(f"fuser bench times kernels on a Hopper GPU (sm_90): {why}", file=sys.stderr)
         return 2
@@ -245,7 +231,6 @@ def _bench_compare(bench_report, path_a, path_b):
 
 
 def _bench_plot(bench_report, rows, out):
-    import os
     try:
         bench_report.plot(rows, os.path.join(out, "speedup.png"))
     except ImportError as e:
@@ -254,8 +239,6 @@ def _bench_plot(bench_report, rows, out):
 
 
 def _cmd_calibrate(args):
-    from fuser import calibrate
-    from fuser.bench import hopper_reason
     why = hopper_reason()
     if why is not None:
         print(f"fuser calibrate measures a Hopper GPU (sm_90): {why}", file=sys.stderr)

@@ -2,8 +2,8 @@
 
 For each workload, in one process, fuser and the baselines run interleaved (one call of each variant
 per round, each round in its own seeded random order, so that no variant always follows the same one:
-``round_orders``), each call bracketed by CUDA events, after warm-up; the result is the
-median over rounds. Every call takes the next of several input and weight sets, so the 60 MB L2 holds
+``fuser.tools.timing.time_interleaved``), each call bracketed by CUDA events, after warm-up; the result
+is the median over rounds. Every call takes the next of several input and weight sets, so the 60 MB L2 holds
 nobody's weights from the previous call. The roofline floor uses a matmul rate and a copy bandwidth
 measured in the same run, and the SM clock is read (NVML) around every workload.
 
@@ -20,7 +20,7 @@ Variants (``VARIANTS``; "graph": L calls captured in one CUDA graph, timed per r
   fuser            fuser.ffn as a user calls it (the planner's choice: fused kernel or PyTorch eager)
   fuser_graph      that, in a CUDA graph
   fusedffn         the same FFN as the module ``fuser.optimize`` swaps in (``FusedFFN``), called per
-                   call: it remembers each input shape's route, so an eager route costs no validation
+                   call: it keeps its input shape's route, so a call costs no validation
   fused_graph      the best fused plan, forced, in a CUDA graph: fuser's kernel itself
 
 Speedups compare like with like: ``fuser`` against the per-call baselines, ``fuser_graph`` against the
@@ -32,16 +32,29 @@ import ctypes
 import dataclasses
 import math
 import statistics
+import os
+import tempfile
 import time
 import types
 
-__all__ = ["VARIANTS", "BASELINES", "Workload", "Result", "hopper_reason", "parse_workload", "workload_set",
+import torch
+from torch import nn
+
+import fuser
+from fuser import interop, runtime
+from fuser.module import FusedFFN
+from fuser.recognize import FFNSpec, WeightRef
+from fuser.reference import ACTIVATIONS, eager
+from fuser.tools.timing import graphed, hopper_reason, median_event_us, time_interleaved
+from fuser.tools.workloads import MODELS, PAPER
+
+__all__ = ["VARIANTS", "BASELINES", "Workload", "Result", "Sets", "parse_workload", "workload_set",
            "measure_ceilings", "run", "host_costs", "Clocks"]
 
 VARIANTS = ("eager", "eager_graph", "compile", "compile_graph", "autotune", "autotune_graph", "cublas_graph",
             "fuser", "fuser_graph", "fused_graph", "fusedffn")
 BASELINES = VARIANTS[:7]
-#: Token counts of the model sweep (issue #6).
+#: Token counts of the model sweep.
 BENCH_TOKENS = (1, 16, 128, 512, 2048, 8192)
 #: Where max-autotune runs unless asked for everywhere: the model shapes at these token counts.
 AUTOTUNE_SUBSET = (16, 128, 2048)
@@ -84,16 +97,15 @@ class Workload:
 
 def parse_workload(text):
     """A workload from the command line: ``G3`` or ``S1`` (the paper's, 128 tokens, or ``S1:512``), ``NAME:M``
-    with a model of ``fuser.workloads.MODELS``, or ``D_MODELxD_FF:ACT[-gated]:M`` for any shape.
+    with a model of ``fuser.tools.workloads.MODELS``, or ``D_MODELxD_FF:ACT[-gated]:M`` for any shape.
 
     Example:
-        >>> from fuser.bench import parse_workload
+        >>> from fuser.tools.bench import parse_workload
         >>> parse_workload("llama3-8b:16")
         Workload(name='llama3-8b', m=16, d_model=4096, d_ff=14336, d_out=4096, gated=True, activation='silu')
         >>> parse_workload("1024x4096:gelu:64").d_ff
         4096
     """
-    from fuser.workloads import MODELS, PAPER
     parts = text.split(":")
     try:
         if parts[0] in PAPER and len(parts) <= 2:
@@ -120,11 +132,10 @@ def workload_set(name):
     ``BENCH_TOKENS``), ``all`` (both) or ``quick`` (a few, for a smoke run).
 
     Example:
-        >>> from fuser.bench import workload_set
+        >>> from fuser.tools.bench import workload_set
         >>> len(workload_set("paper")), len(workload_set("models")), len(workload_set("all"))
         (18, 30, 48)
     """
-    from fuser.workloads import MODELS, PAPER
     if name == "paper":
         return [parse_workload(n) for n in PAPER]
     if name == "models":
@@ -134,22 +145,6 @@ def workload_set(name):
     if name == "quick":
         return [parse_workload(t) for t in ("G4", "S8", "gpt2:128", "llama3-8b:16", "llama3-8b:2048")]
     raise ValueError(f"workload set {name!r}: expected paper, models, all or quick")
-
-
-def hopper_reason():
-    """None when a Hopper GPU (sm_90) is present for timing, else why not.
-
-    Example:
-        >>> import torch, fuser.bench
-        >>> hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-        >>> (fuser.bench.hopper_reason() is None) == hopper
-        True
-    """
-    import torch
-    if not torch.cuda.is_available():
-        return "no CUDA GPU on this machine"
-    cc = torch.cuda.get_device_capability()
-    return None if cc == (9, 0) else f"the GPU is sm_{cc[0]}{cc[1]}, not Hopper (sm_90)"
 
 
 class Clocks:
@@ -178,53 +173,16 @@ class Clocks:
                     watts=mw.value / 1000 if ok_p else None)
 
 
-def _median_event_us(fn, reps, per=1):
-    import torch
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / per)
-    return statistics.median(ts)
-
-
-def round_orders(names, rounds, seed=0):
-    """The order of the variants in each round: a fresh seeded permutation per round.
-
-    NOTE: a rotation (A B C, B C A, ...) keeps every variant's predecessor the same in all rounds but one.
-    In the first H200 runs eager_graph always followed the host-bound per-call FusedFFN (GPU mostly
-    idle) and read up to 1.3x slower than fuser_graph, the same ops after another graph; captured and
-    timed alone, E F E F in rotation, both agreed within 2% (docs/gpu-results.md).
-
-    Example:
-        >>> from fuser.bench import round_orders
-        >>> [sorted(o) for o in round_orders("abc", 2)]
-        [['a', 'b', 'c'], ['a', 'b', 'c']]
-    """
-    import random
-    rng = random.Random(str(seed))
-    out = []
-    for _ in range(rounds):
-        order = list(names)
-        rng.shuffle(order)
-        out.append(order)
-    return out
-
-
 def measure_ceilings(reps=15):
     """The rates the floor uses, measured now: dict(matmul_tflops: bf16 8192^3 torch.matmul,
     copy_tbps: device-to-device copy of 1 GiB, bytes read + written).
 
     Example:
-        >>> import fuser.bench
-        >>> c = fuser.bench.measure_ceilings()  # doctest: +SKIP
+        >>> from fuser.tools import bench
+        >>> c = bench.measure_ceilings()  # doctest: +SKIP
         >>> 300 < c["matmul_tflops"] < 1200 and 2 < c["copy_tbps"] < 6  # doctest: +SKIP
         True
     """
-    import torch
     a = torch.randn(8192, 8192, device="cuda").bfloat16()
     b = torch.randn(8192, 8192, device="cuda").bfloat16()
     src = torch.empty(1 << 29, device="cuda", dtype=torch.bfloat16)
@@ -234,8 +192,8 @@ def measure_ceilings(reps=15):
         dst.copy_(src)
     # four calls between the events: a lone call's time would include the host's submission latency
     # (the GPU idles between the first event and the kernel), 1-2% on these ~0.5-1.5 ms kernels
-    mm_us = _median_event_us(lambda: [a @ b for _ in range(4)], reps, per=4)
-    cp_us = _median_event_us(lambda: [dst.copy_(src) for _ in range(4)], reps, per=4)
+    mm_us = median_event_us(lambda: [a @ b for _ in range(4)], reps, per=4)
+    cp_us = median_event_us(lambda: [dst.copy_(src) for _ in range(4)], reps, per=4)
     return dict(matmul_tflops=2 * 8192 ** 3 / (mm_us * 1e6), copy_tbps=2 * (1 << 30) / (cp_us * 1e6))
 
 
@@ -291,12 +249,11 @@ class Result:
 
 # ---- the variants of one workload ---------------------------------------------------------------------
 
-class _Sets:
+class Sets:
     """Rotating input and weight sets for one workload (enough that the L2 cannot hold the next call's
     weights), and a ``turn()`` that hands out the next one."""
 
     def __init__(self, w, max_sets=24):
-        import torch
         per_set = w.min_bytes
         self.n = max(2, min(max_sets, math.ceil(4 * L2_BYTES / per_set))) if per_set < 4 * L2_BYTES else 1
         g = torch.Generator(device="cuda").manual_seed(0)
@@ -318,25 +275,16 @@ class _Sets:
 
 
 def _eager_fn(activation):
-    import torch.nn.functional as F
-    from fuser.reference import ACTIVATIONS
     act = ACTIVATIONS[activation]
 
     def ffn(x, w_gate, w_up, w_down):
-        h = F.linear(x, w_up)
-        h = act(F.linear(x, w_gate)) * h if w_gate is not None else act(h)
-        return F.linear(h, w_down)
+        return eager(x, w_up, w_down, w_gate, None, None, None, act)
     return ffn
 
 
 def _module_of(w, s):
     """A ``FusedFFN`` over one set's tensors (no copy): a gate/up linear holding [gate; up] and a down
     linear, as fuser.optimize would leave a gated or plain FFN."""
-    import torch
-    from torch import nn
-
-    from fuser.module import FusedFFN
-    from fuser.recognize import FFNSpec, WeightRef
     gu, down = nn.Linear(1, 1, bias=False), nn.Linear(1, 1, bias=False)
     gu.weight = nn.Parameter(s["w_gu"], requires_grad=False)
     down.weight = nn.Parameter(s["w_down"], requires_grad=False)
@@ -348,30 +296,9 @@ def _module_of(w, s):
         return FusedFFN(spec, {"gate_up": gu, "down": down}).eval()
 
 
-def _graphed(fn, calls):
-    """(a replay function, calls per replay): `calls` calls of fn captured in one CUDA graph after a
-    warm-up on a side stream."""
-    import torch
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    return g.replay, calls
-
-
 def _variants(w, sets, want, autotune, log):
     """name -> (function, calls per invocation), compile seconds, the plans, notes."""
-    import torch
-
-    import fuser
-    eager = _eager_fn(w.activation)
+    eager_ops = _eager_fn(w.activation)
     compile_s, notes = {}, []
 
     def per_call(f):
@@ -380,15 +307,15 @@ def _variants(w, sets, want, autotune, log):
             return f(s["x"], s["w_gate"], s["w_up"], s["w_down"])
         return call
 
-    fns = {"eager": per_call(eager)}
+    fns = {"eager": per_call(eager_ops)}
     torch._dynamo.reset()       # each workload compiles from scratch (compile times are cold)
     for v, mode in (("compile", "default"), ("autotune", "max-autotune-no-cudagraphs")):
         if v not in want or (v == "autotune" and not autotune):
             continue
         # a code object of its own: dynamo caches compiled code per code object, and the two modes must
         # not evict or reuse each other's
-        own = types.FunctionType(eager.__code__.replace(co_name=f"ffn_{v}"), eager.__globals__, f"ffn_{v}",
-                                 eager.__defaults__, eager.__closure__)
+        own = types.FunctionType(eager_ops.__code__.replace(co_name=f"ffn_{v}"), eager_ops.__globals__,
+                                 f"ffn_{v}", eager_ops.__defaults__, eager_ops.__closure__)
         cf = torch.compile(own, mode=mode, dynamic=False, fullgraph=True)
         t0 = time.perf_counter()
         s = sets.sets[0]
@@ -415,9 +342,9 @@ def _variants(w, sets, want, autotune, log):
     fns["fuser"] = user()
     if "fusedffn" in want:
         mods = [_module_of(w, s) for s in sets.sets]
-        for m, s in zip(mods, sets.sets):     # each module's first calls validate and plan (timed: the
-            for _ in range(3):                # first runs' FusedFFN column was mostly those), then it
-                m(s["x"])                     # remembers its route
+        for m, s in zip(mods, sets.sets):     # each module's first call routes its shape (validation and
+            for _ in range(3):                # planning, not what is timed); later calls take the kept
+                m(s["x"])                     # route
 
         def module():
             sets.turn()
@@ -427,18 +354,17 @@ def _variants(w, sets, want, autotune, log):
                 "autotune_graph": fns.get("autotune"), "cublas_graph": cublas, "fuser_graph": fns["fuser"],
                 "fused_graph": user(fplan)}
     out = {k: (f, 1) for k, f in fns.items() if k in want}
-    probe = _median_event_us(fns["eager"], 3)
+    probe = median_event_us(fns["eager"], 3)
     calls = max(1, min(sets.n, int(GRAPH_SHORT_US // max(probe, 1.0)))) if probe < GRAPH_SHORT_US else 1
-    # NOTE: in the first runs (benchmarks/RESULTS.md) the graph captured first (eager's) ran 1-17% slower
-    # than a later capture of the very same ops (fuser_graph on its eager route); suspected: state set
-    # up by the first capture in the process (cuBLAS workspace of the capture stream). A throwaway
-    # capture first puts every timed graph in the same conditions.
-    _graphed(fns["eager"], calls)
+    # NOTE: the first graph captured in a process runs slower than later captures of the same ops
+    # (state set up by the first capture, such as cuBLAS's workspace for the capture stream): a
+    # throwaway capture first puts every timed graph in the same conditions (benchmarks/RESULTS.md)
+    graphed(fns["eager"], calls)
     for k, f in graph_of.items():
         if k not in want or f is None:
             continue
         try:
-            out[k] = _graphed(f, calls)
+            out[k] = graphed(f, calls)
         except Exception as e:  # noqa: BLE001 (a baseline that cannot be captured is reported, not fatal)
             notes.append(f"{k}: capture failed ({type(e).__name__}: {str(e).splitlines()[0][:80]})")
             log(f"  {k}: capture failed: {e}")
@@ -454,16 +380,14 @@ def run(workloads, *, variants=VARIANTS, autotune="subset", reps=None, log=print
     seconds skip the torch.compile variants (noted in the result).
 
     Example:
-        >>> from fuser.bench import parse_workload, run
+        >>> from fuser.tools.bench import parse_workload, run
         >>> results, meta = run([parse_workload("G4")], autotune="none", reps=5)  # doctest: +SKIP
         >>> r = results[0]; r.times["fuser_graph"] > 0 and r.speedup("eager_graph") > 0  # doctest: +SKIP
         True
     """
-    import torch
     why = hopper_reason()
     if why is not None:
         raise RuntimeError(f"fuser bench times kernels on a Hopper GPU: {why}")
-    from fuser.workloads import MODELS
     t_start = time.perf_counter()
     clocks = Clocks(torch.cuda.current_device())
     ceil = ceilings or measure_ceilings()
@@ -477,7 +401,7 @@ def run(workloads, *, variants=VARIANTS, autotune="subset", reps=None, log=print
         if over:
             want -= {"compile", "compile_graph", "autotune", "autotune_graph"}
         tune = autotune == "all" or (autotune == "subset" and w.name in MODELS and w.m in AUTOTUNE_SUBSET)
-        sets = _Sets(w)
+        sets = Sets(w)
         c0 = clocks.read()
         fns, compile_s, plan, fplan, notes = _variants(w, sets, want, tune, log)
         if over:
@@ -485,20 +409,16 @@ def run(workloads, *, variants=VARIANTS, autotune="subset", reps=None, log=print
         names = list(fns)
         for f, _ in fns.values():      # warm-up, interleaved
             f()
-        probe = sum(_median_event_us(f, 1, per) for f, per in fns.values())
+        probe = sum(median_event_us(f, 1, per) for f, per in fns.values())
         # at least 15 rounds: per-call times move with the host, and medians of fewer moved by >5% run to run
         n = reps or max(15, min(60, int(4e5 / max(probe, 1.0))))
-        samples = {k: [] for k in names}
         mhz = [c0["sm_mhz"]]
-        for i, order in enumerate(round_orders(names, n, seed=w.label)):
-            for k in order:
-                f, per = fns[k]
-                samples[k].append(_median_event_us(f, 1, per))
-            mhz.append(clocks.read()["sm_mhz"])
+        times = time_interleaved(list(fns.values()), n, warmup=0, seed=w.label,
+                                 on_round=lambda: mhz.append(clocks.read()["sm_mhz"]))
         c1 = clocks.read()
         floor, bound = w.floor_us(ceil["matmul_tflops"], ceil["copy_tbps"])
         seen = [v for v in mhz if v is not None]
-        r = Result(w, floor, bound, {k: statistics.median(v) for k, v in samples.items()}, compile_s,
+        r = Result(w, floor, bound, dict(zip(names, times)), compile_s,
                    plan.summary(), plan.fused, fplan.summary(), fplan.predicted_us,
                    dict(sm_mhz_min=min(seen) if seen else None, sm_mhz_max=max(seen) if seen else None,
                         reasons=c1["reasons"]), sets.n, n, notes)
@@ -519,22 +439,16 @@ def host_costs(workload=None, calls=300):
     jit_s: first compile of a fused kernel with an empty kernel cache (NVRTC),
     cache_load_s: the same compile answered from the disk cache (a new process's first call),
     module_load_ms: loading that CUBIN onto the GPU (cuModuleLoadData and attributes),
-    call_us: fuser.ffn's host time per call outside graphs (launches queued behind a GPU sleep, so the
-    loop is host time alone), bare_launch_us: the same for a bare _C.ffn_launch of the kernel).
+    call_us: fuser.ffn's host time per call outside graphs with the plan given, so validated at every
+    call (launches queued behind a GPU sleep, so the loop is host time alone), bare_launch_us: the same
+    for the bare launch of the kernel). ``benchmarks/host_overhead.py`` times every entry point.
 
     Example:
-        >>> import fuser.bench
-        >>> h = fuser.bench.host_costs()  # doctest: +SKIP
+        >>> from fuser.tools import bench
+        >>> h = bench.host_costs()  # doctest: +SKIP
         >>> h["jit_s"] > h["cache_load_s"]  # doctest: +SKIP
         True
     """
-    import os
-    import tempfile
-
-    import torch
-
-    import fuser
-    from fuser import _C, runtime
     w = workload or parse_workload("llama3-8b:16")
     plan = fuser.plan(w.m, w.d_model, w.d_ff, d_out=w.d_out, gated=w.gated, activation=w.activation, fused=True)
     old = os.environ.get("FUSER_CACHE_DIR")
@@ -553,23 +467,21 @@ def host_costs(workload=None, calls=300):
                 os.environ["FUSER_CACHE_DIR"] = old
     dev = torch.cuda.current_device()
     t3 = time.perf_counter()
-    _C.load_kernel(plan._d, plan.target or "h200", k.cubin, dev)
+    runtime.load_module(k, dev)
     t4 = time.perf_counter()
-    sets = _Sets(w, max_sets=1)
-    s = sets.sets[0]
+    s = Sets(w, max_sets=1).sets[0]
     y = torch.empty(w.m, w.d_out, device="cuda", dtype=torch.bfloat16)
-    args = (s["x"], s["w_up"], s["w_down"], s["w_gate"], None, None, None)
     call = lambda: fuser.ffn(s["x"], s["w_up"], s["w_down"], w_gate=s["w_gate"], activation=w.activation,  # noqa: E731
                              plan=plan)
     call()
-    cap = torch._C._to_dlpack_versioned
-    stream = torch.cuda.current_stream().cuda_stream
-    kern = runtime.load(runtime.kernel_for(plan), dev)
-    scratch = runtime._scratch_for(plan, w.m, dev, stream)
+    launch = runtime.launch_for(plan, dev)
+    stream = interop.raw_stream(dev)
+    scratch = launch.scratch(w.m, stream)
+    cap = interop.export
 
     def bare():
-        _C.ffn_launch(kern, *(t if t is None else cap(t) for t in args), w.activation, cap(y), scratch.capsule,
-                      stream)
+        launch(cap(s["x"]), (cap(s["w_up"]), cap(s["w_down"]), cap(s["w_gate"]), None, None, None), w.activation,
+               cap(y), scratch, stream)
     res = {}
     for name, fn in (("bare_launch_us", bare), ("call_us", call)):
         fn()

@@ -1,4 +1,4 @@
-"""Writing out benchmark results (``fuser.bench``): the CSV (one row per workload, every number), the
+"""Writing out benchmark results (``fuser.tools.bench``): the CSV (one row per workload, every number), the
 Markdown tables (one per workload group, each time with its ratio to the floor), and the PNG plot of
 speedup against tokens per model shape (matplotlib, optional). The plot and tables are made from the
 CSV's rows, so they can be redrawn from a saved CSV on any machine."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 import csv
 import io
 
-from fuser.bench import BASELINES, VARIANTS
+from fuser.tools.bench import BASELINES, VARIANTS
 
 #: Column titles of the Markdown tables.
 TITLES = {"eager": "eager", "eager_graph": "eager graph", "compile": "compile", "compile_graph": "compile graph",

@@ -1,0 +1,96 @@
+"""What fuser asks of torch on every call, each in its cheapest form: DLPack capsules of tensors, the
+current CUDA device and stream, tensors made ready for the kernels, and the ``FUSER_DISABLE`` switch.
+
+The fast forms are torch's own C entry points (what Inductor's generated code calls), taken when this
+torch has them: a capsule in ~0.2 us where ``Tensor.__dlpack__`` takes ~1.7 us, the raw stream in
+~0.1 us where ``torch.cuda.current_stream(d).cuda_stream`` builds a Stream object.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+__all__ = ["export", "ready", "placement", "disabled"]
+
+#: torch's exporter behind ``Tensor.__dlpack__`` (None in torch builds without it). fuser always names
+#: the tensor's current stream, so skipping ``__dlpack__``'s stream handshake changes nothing.
+to_capsule = getattr(torch._C, "_to_dlpack_versioned", None)
+#: torch's current raw stream (a cudaStream_t as an int) of a device index
+raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+    lambda device: torch.cuda.current_stream(device).cuda_stream)
+#: the current CUDA device's index
+current_device = getattr(torch._C, "_cuda_getDevice", None) or (lambda: torch.cuda.current_device())
+
+_NO_GUARD = contextlib.nullcontext()
+
+
+def export(t):
+    """What ``fuser._C`` takes for a torch tensor: a DLPack capsule, or where this torch cannot export one
+    that way a detached view (C then calls its ``__dlpack__``, which refuses tensors that require grad).
+
+    Example:
+        >>> import torch
+        >>> from fuser.interop import export
+        >>> type(export(torch.zeros(2))).__name__ in ("PyCapsule", "Tensor")
+        True
+    """
+    if to_capsule is not None:
+        return to_capsule(t)
+    return t.detach()
+
+
+def ready(t):
+    """``t`` as the fused kernels take it: contiguous and 16-byte aligned (copied only when it is not).
+
+    Example:
+        >>> import torch
+        >>> from fuser.interop import ready
+        >>> x = torch.randn(4, 3).t()
+        >>> ready(x).is_contiguous(), torch.equal(ready(x), x)
+        (True, True)
+    """
+    t = t.contiguous()
+    return t.clone() if t.data_ptr() % 16 else t
+
+
+def placement(x):
+    """(x's CUDA device index, the caller's current stream on it, a guard making that device current)
+    for a CUDA torch tensor; (None, None, a no-op guard) for anything else. The guard switches devices
+    only when x is not on the current one (``torch.cuda.device`` costs ~2 us even when it need not).
+
+    Example:
+        >>> import torch
+        >>> from fuser.interop import placement
+        >>> placement(torch.zeros(1))[:2]
+        (None, None)
+    """
+    if isinstance(x, torch.Tensor) and x.is_cuda:
+        dev = x.get_device()
+        return dev, raw_stream(dev), (_NO_GUARD if dev == current_device() else torch.cuda.device(dev))
+    return None, None, _NO_GUARD
+
+
+# FUSER_DISABLE is read at every call (it may be set mid-session), from os.environ's own store: ~0.05 us
+# where os.environ.get encodes and decodes (~0.5 us)
+try:
+    _ENV, _DISABLE_KEY = os.environ._data, os.environ.encodekey("FUSER_DISABLE")
+    _NOT_DISABLED = (os.environ.encodevalue(""), os.environ.encodevalue("0"))
+except AttributeError:  # not CPython's os._Environ
+    _ENV = None
+
+
+def disabled():
+    """True when ``FUSER_DISABLE`` asks for the PyTorch ops everywhere.
+
+    Example:
+        >>> import os
+        >>> from fuser.interop import disabled
+        >>> disabled() == (os.environ.get("FUSER_DISABLE", "") not in ("", "0"))
+        True
+    """
+    if _ENV is not None:
+        v = _ENV.get(_DISABLE_KEY)
+        return v is not None and v not in _NOT_DISABLED
+    return os.environ.get("FUSER_DISABLE", "") not in ("", "0")

@@ -1,0 +1,146 @@
+"""One route per FFN shape: the fused launch of a plan, or the PyTorch eager ops.
+
+The decision is made once per chain and device (``route_for``: CUDA, 16-bit, tokens, a fused path on
+the device, and the plan the chain runs) and kept in a ``Route``, which ``fuser.ffn``, the operator
+``fuser::ffn`` and ``FusedFFN`` all hold and run. What may change from one call to the next is checked
+when a route runs: a fused route computes with the eager ops instead when autograd has to record the
+call or ``FUSER_DISABLE`` is set, and launches on the caller's current stream.
+
+``forget()`` (after ``fuser.tune`` or ``python -m fuser calibrate`` changed what is best) drops the
+routes and plans cached here and marks the routes handed out ``stale``, so their holders decide again.
+"""
+from __future__ import annotations
+
+import torch
+
+from fuser import interop, runtime
+from fuser.planner import CHAIN_FIELDS
+from fuser.reference import ACTIVATIONS, eager
+
+__all__ = ["Route", "FusedRoute", "route_for", "forget"]
+
+_FUSED_DTYPES = ("bfloat16", "float16")
+_grad_enabled = torch.is_grad_enabled
+_export = interop.export
+
+
+class Route:
+    """The eager route: the FFN in PyTorch ops (``fuser.reference.eager``). Taken where the tensors are
+    not on a CUDA device, not 16-bit, hold no tokens, where the device has no fused path, and where the
+    planner's plan (``plan``; None where nothing was planned) is unfused."""
+
+    fused = False
+    __slots__ = ("plan", "stale")
+
+    def __init__(self, plan=None):
+        self.plan, self.stale = plan, False
+
+    def run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out=None):
+        """The output for these (validated) tensors; written into `out` when given.
+
+        Example:
+            >>> import torch
+            >>> from fuser.route import Route
+            >>> x, w1, w2 = torch.randn(3, 8), torch.randn(16, 8), torch.randn(8, 16)
+            >>> Route().run(x, w1, w2, None, None, None, None, "relu").shape
+            torch.Size([3, 8])
+        """
+        y = eager(x, w_up, w_down, w_gate, b_up, b_gate, b_down, ACTIVATIONS[activation])
+        if out is None:
+            return y
+        if y.requires_grad:
+            raise ValueError("out: out= does not support autograd (an input requires grad); "
+                             "drop out= or run under torch.no_grad()")
+        out.copy_(y)
+        return out
+
+    def __repr__(self):
+        return f"<fuser route: {'eager ops' if self.plan is None else self.plan.summary()}>"
+
+
+class FusedRoute(Route):
+    """The fused route: ``plan`` launched on CUDA device ``device`` (``launch``, a ``runtime.Launch``).
+    A call that needs autograd, or made while ``FUSER_DISABLE`` is set, runs the eager ops instead."""
+
+    fused = True
+    __slots__ = ("device", "launch")
+
+    def __init__(self, plan, device):
+        super().__init__(plan)
+        self.device = device
+        self.launch = runtime.launch_for(plan, device)
+
+    def run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out=None):
+        if interop.disabled() or (_grad_enabled() and (
+                x.requires_grad or w_up.requires_grad or w_down.requires_grad
+                or any(t is not None and t.requires_grad for t in (w_gate, b_up, b_gate, b_down)))):
+            return Route.run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out)
+        device = self.device
+        stream = interop.raw_stream(device)
+        y = x.new_empty((*x.shape[:-1], w_down.shape[0])) if out is None else out
+        weights = (_export(w_up), _export(w_down), None if w_gate is None else _export(w_gate),
+                   None if b_up is None else _export(b_up), None if b_gate is None else _export(b_gate),
+                   None if b_down is None else _export(b_down))
+        m = x.numel() // x.shape[-1]
+        if device == interop.current_device():
+            self.launch(_export(x), weights, activation, _export(y), self.launch.scratch(m, stream), stream)
+        else:
+            with torch.cuda.device(device):
+                self.launch(_export(x), weights, activation, _export(y), self.launch.scratch(m, stream), stream)
+        return y
+
+
+_EAGER = Route()                   # for tensors that are never fused; never stale
+_by_chain = {}                     # chain values + device -> Route
+_MAX_ROUTES = 4096
+
+
+def route_for(chain, plan=None):
+    """The route of a validated chain (the dict ``_C.ffn_check`` returns: ``CHAIN_FIELDS`` and where the
+    tensors are): decided once per chain and device and kept, or for an explicit `plan` (a
+    :class:`fuser.Plan` for this chain) its fused launch where it can run, the eager ops elsewhere.
+
+    Example:
+        >>> import torch, fuser
+        >>> from fuser import _C
+        >>> from fuser.route import route_for
+        >>> chain = _C.ffn_check(torch.randn(4, 8), torch.randn(16, 8), torch.randn(8, 16).bfloat16().float())
+        >>> route_for(chain).fused
+        False
+    """
+    if chain["device"] != "cuda" or chain["dtype"] not in _FUSED_DTYPES or chain["m"] == 0:
+        return _EAGER
+    device = chain["device_id"]
+    if plan is not None:
+        return FusedRoute(plan, device) if plan.fused and runtime.fused_available(device)[0] else _EAGER
+    key = (*(chain[k] for k in CHAIN_FIELDS), device)
+    r = _by_chain.get(key)
+    if r is None:
+        if not runtime.fused_available(device)[0]:
+            r = Route()
+        else:
+            p = runtime.plan_for(chain, device)
+            r = FusedRoute(p, device) if p.fused else Route(p)
+        if len(_by_chain) >= _MAX_ROUTES:
+            forget_routes()
+        r = _by_chain.setdefault(key, r)
+    return r
+
+
+def forget_routes():
+    """Drop the routes cached here and mark them stale (their holders decide again on their next call)."""
+    for r in list(_by_chain.values()):
+        r.stale = True
+    _by_chain.clear()
+
+
+def forget():
+    """Drop every route and plan this process keeps (after a calibration or a tuning changed what is
+    best): the next call of each shape plans again.
+
+    Example:
+        >>> from fuser import route
+        >>> route.forget()
+    """
+    forget_routes()
+    runtime.forget_plans()
