@@ -134,6 +134,34 @@ static int r_stream_geometry(const fuser_plan *p, const fuser_target *t)
     return p->kind == FUSER_KIND_STREAM && fuser_plan_derive(&q, NULL) != FUSER_OK;
 }
 
+/* CHOICE (splits left free): a stream phase with fewer units than 3/4 of the SMs leaves SMs idle while
+ * it runs, and its units stream from fewer SMs than HBM needs (measured on the H200: LLaMA-3-8B's phase
+ * 2 with 64 units took 108-119 us where 128 units took 94-96; the cost model misses much of that):
+ * a phase must have units for 3/4 of the SMs, or as many as any split of the search gives it. */
+/* The most units a phase of `tiles` tiles reaches with a split of the search's set that leaves no split
+ * empty (at most `cap` splits). */
+static int64_t most_units(int64_t tiles, int64_t steps, int cap)
+{
+    int64_t best = tiles;
+    for (int i = 0; i < fuser_num_stream_splits; i++) {
+        const int s = fuser_stream_splits[i];
+        if (s <= cap && s <= steps && (s - 1) * ((steps + s - 1) / s) < steps && tiles * s > best)
+            best = tiles * s;
+    }
+    return best;
+}
+
+static int r_stream_fill(const fuser_plan *p, const fuser_target *t)
+{
+    if (p->kind != FUSER_KIND_STREAM)
+        return 0;
+    const int64_t want = 3 * (int64_t)t->sm_count / 4;
+    const int64_t kt2 = (p->chain.n + FUSER_BK - 1) / FUSER_BK;
+    const int64_t u1 = (int64_t)p->nt1 * p->s1, u2 = (int64_t)p->lt2 * p->s2;
+    return u1 < fuser_min64(want, most_units(p->nt1, p->kt, 16 / p->parts)) ||
+           u2 < fuser_min64(want, most_units(p->lt2, kt2, 16));
+}
+
 /* FULL: shared memory (pipeline stages, exchange buffer, H slices) must fit one block's opt-in limit. */
 static int r_smem_capacity(const fuser_plan *p, const fuser_target *t)
 {
@@ -182,6 +210,8 @@ const fuser_rule fuser_rules[] = {
     {"stages", "at least two pipeline stages", FUSER_LEVEL_FULL, r_stages},
     {"stream_geometry", "stream kernel: m <= bm, wgmma tile widths, accumulators fit, no empty split",
      FUSER_LEVEL_FULL, r_stream_geometry},
+    {"stream_fill", "stream kernel: each phase has units for 3/4 of the SMs (or the most any split gives)",
+     FUSER_LEVEL_CHOICE, r_stream_fill},
     {"smem_capacity", "shared memory within the per-block limit", FUSER_LEVEL_FULL, r_smem_capacity},
     {"registers", "estimated registers within the per-thread budget", FUSER_LEVEL_FULL, r_registers},
     {"workspace_limit", "exact workspace within the budget", FUSER_LEVEL_FULL, r_workspace_limit},

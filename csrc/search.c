@@ -20,7 +20,9 @@ static const int grid_n_targets[] = {1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20,
 /* the stream family (m <= 128): token rows, tiles, K splits of either phase; stages: the most that fit */
 static const int stream_bm_set[] = {16, 32, 64, 128};
 static const int stream_tile_set[] = {64, 128, 256};
-static const int stream_split_set[] = {1, 2, 3, 4, 6, 8, 12, 16};
+const int fuser_stream_splits[] = {1, 2, 3, 4, 6, 8, 12, 16};
+const int fuser_num_stream_splits = (int)(sizeof fuser_stream_splits / sizeof fuser_stream_splits[0]);
+#define stream_split_set fuser_stream_splits
 #define STREAM_MAX_M 128
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 #define N_ORDER_BL (1 + COUNT(bl_set))     /* n_outer: 1 bl, l_outer: bl_set */
@@ -174,6 +176,8 @@ static void search_stream(const fuser_chain *c, const fuser_target *t, const fus
             q.stages = cons->stages > 0 ? cons->stages : 2;
         }
         if (pruned(&q, t, FUSER_LEVEL_FULL, 1, st))
+            continue;
+        if (cons->s1 <= 0 && cons->s2 <= 0 && pruned(&q, t, FUSER_LEVEL_CHOICE, 1, st))
             continue;
         if ((q.dataflows & cons->dataflows_none) != 0) {
             st->constrained++;

@@ -79,7 +79,7 @@ static const fuser_target builtin[] = {
          * fed at ~100 of shared memory's 127 B/clk (so N <= 32 is operand-bound); ~3 us per unit of
          * epilogue and ring restart; ~2 us per launch of fill and hand-off; 1.2x the modelled rest. */
         .stream_mma_eff = 0.80, .stream_fixed_us = 2.0, .stream_time_scale = 1.2,
-        .stream_operand_bytes_per_clk = 100.0, .stream_unit_us = 3.0,
+        .stream_operand_bytes_per_clk = 100.0, .stream_unit_us = 3.0, .stream_sm_gbs = 60.0,
         .fusion_margin = 0.10,      /* policy: the calibrated model's typical error is ~20% (log error
                                        0.037 leave-one-shape-out), so gains under 10% are not trusted */
         .stream_margin = 0.05,      /* policy: the stream model predicts its measured decode plans within
@@ -111,7 +111,7 @@ static const fuser_target builtin[] = {
         .fused_scale_smem = 1, .fused_scale_sync = 1, .fused_scale_tail = 1,
         .small_gemm_eff = 0.80,   /* the H200's, until measured here */
         .stream_mma_eff = 0.80, .stream_fixed_us = 2.0, .stream_time_scale = 1.2, /* the H200's */
-        .stream_operand_bytes_per_clk = 100.0, .stream_unit_us = 3.0,
+        .stream_operand_bytes_per_clk = 100.0, .stream_unit_us = 3.0, .stream_sm_gbs = 60.0,
         .fusion_margin = 0.10,
         .stream_margin = 0.05,
         .max_workspace = (int64_t)256 << 20,
@@ -176,6 +176,7 @@ int fuser_target_check(const fuser_target *t, fuser_err *err)
         {"fused_scale_tail", t->fused_scale_tail}, {"small_gemm_eff", t->small_gemm_eff},
         {"stream_mma_eff", t->stream_mma_eff}, {"stream_fixed_us", t->stream_fixed_us},
         {"stream_time_scale", t->stream_time_scale}, {"stream_operand_bytes_per_clk", t->stream_operand_bytes_per_clk},
+        {"stream_sm_gbs", t->stream_sm_gbs},
     };
     for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
         if (!(pos[i].v > 0) || !isfinite(pos[i].v))

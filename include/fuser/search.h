@@ -22,6 +22,7 @@ typedef enum {
     FUSER_LEVEL_NITERS,    /* + n_iters */
     FUSER_LEVEL_BL,        /* + order and bl */
     FUSER_LEVEL_FULL,      /* + stages: the plan is derived */
+    FUSER_LEVEL_CHOICE,    /* derived, and the searched field it judges was left free by the caller */
     FUSER_NUM_LEVELS
 } fuser_level;
 
@@ -34,6 +35,10 @@ typedef struct {
 } fuser_rule;
 
 extern const fuser_rule fuser_rules[];
+
+/* The K splits the search tries for each phase of a stream plan. */
+extern const int fuser_stream_splits[];
+extern const int fuser_num_stream_splits;
 extern const int fuser_num_rules;
 
 /* Optional restrictions (0 / -1 = free), for tests, tuning and forcing a dataflow. */

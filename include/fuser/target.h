@@ -53,6 +53,9 @@ typedef struct fuser_target {
     /* shared-memory bytes per clock the stream kernel's SS wgmma sustain (operand-bound below N = 128),
      * and the fixed cost of one work unit (its epilogue and the ring's restart) */
     double stream_operand_bytes_per_clk, stream_unit_us;
+    /* bytes per second one SM of the stream kernel pulls (TMA into its ring; measured 26-50 GB/s in
+     * unit traces): what a phase with fewer units than SMs is limited by */
+    double stream_sm_gbs;
     double stream_margin;        /* the same for stream plans (their model's own error) */
     double fusion_margin;        /* a fused plan is chosen over the unfused path only when predicted at
                                     least this much faster (0.1: 10%): the model's error is larger than
