@@ -31,7 +31,7 @@ torch.cuda.synchronize()
 print("ok", p.summary())
 PY
 for tool in memcheck racecheck synccheck; do
-    timeout 120 compute-sanitizer --tool $tool --kernel-name regex:fuser_ffn python3 /tmp/one_stream.py \
+    timeout 120 compute-sanitizer --tool $tool --kernel-name regex=fuser_ffn python3 /tmp/one_stream.py \
         > "$OUT/sanitizer_$tool.txt" 2>&1
     echo "sanitizer $tool rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.txt" | head -1)" | tee -a "$OUT/gpu.txt"
 done
