@@ -20,9 +20,9 @@ __all__ = ["MEASURED", "FRACTIONS", "default_target", "apply", "chain_key", "tun
 #: The target fields ``python -m fuser calibrate`` measures (and the only ones a calibration file sets).
 MEASURED = ("hbm_gbs", "mma_tflops", "small_gemm_eff", "launch_us", "dsm_bytes_per_clk", "barrier_cycles",
             "fused_mma_eff", "fused_time_scale", "fused_scale_compute", "fused_scale_hbm", "fused_scale_l2",
-            "fused_scale_dsm", "fused_scale_smem", "fused_scale_sync", "fused_scale_tail")
+            "fused_scale_dsm", "fused_scale_smem", "fused_scale_sync", "fused_scale_tail", "stream_mma_eff")
 #: Fields that are at most 1 (efficiencies).
-FRACTIONS = ("small_gemm_eff", "fused_mma_eff")
+FRACTIONS = ("small_gemm_eff", "fused_mma_eff", "stream_mma_eff")
 
 _calibration = {}   # device key -> stored fields
 _tuned = {}         # device key -> {chain key: plan dict}

@@ -79,6 +79,7 @@ def test_measured_hardware_constants_drive_their_cost_terms():
     ("barrier_cycles", -390.0),
     ("barrier_cycles", float("nan")),
     ("fused_mma_eff", 1.5),                               # an efficiency above 1
+    ("stream_mma_eff", 1.2),
     ("launch_us", True),
 ])
 def test_unusable_calibration_values_keep_the_table(cache, field, value):
@@ -89,6 +90,19 @@ def test_unusable_calibration_values_keep_the_table(cache, field, value):
         got = target.apply(t, "Fake H200", 132)
     assert got[field] == t[field]
     fuser.plan(128, 768, 3072, activation="gelu", target=got)   # still a valid target
+
+
+def test_stored_stream_mma_eff_sets_the_stream_kernels_compute(cache):
+    """calibrate stores the wgmma GEMM probe's rate as stream_mma_eff; laid over the table it sets the
+    stream kernel's MMA rate: half of it doubles a compute-bound stream plan's compute term."""
+    t = fuser._C.targets()["h200"]
+    store.save("calibration", store.device_key("Fake H200", 132),
+               {"fields": {"stream_mma_eff": t["stream_mma_eff"] / 2}})
+    got = target.apply(t, "Fake H200", 132)
+    assert got["stream_mma_eff"] == t["stream_mma_eff"] / 2
+    kw = dict(gated=True, activation="silu", fused=True, kind="stream", bm=128, bn=128, bl=128, s1=1, s2=4)
+    p, q = fuser.plan(128, 4096, 14336, target=t, **kw), fuser.plan(128, 4096, 14336, target=got, **kw)
+    assert abs(q.breakdown["compute"] / p.breakdown["compute"] - 2) < 1e-9
 
 
 def test_hardware_fields_from_probe_results():

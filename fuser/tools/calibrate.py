@@ -16,6 +16,8 @@ Measured (``fuser.target.MEASURED``):
                     the median over cluster sizes 2-16 (``fuser.tools.probes``)
   fused_mma_eff     the fused main loop's tensor-core rate from shared memory (ldmatrix + mma.sync, the
                     best of a few warp tiles, ``fuser.tools.probes``) over mma_tflops
+  stream_mma_eff    the stream kernel's wgmma main loop alone, as a GEMM (``fuser.tools.probes.gemm`` at
+                    8192^3: TMA ring, producer warp, two consumer warpgroups) over mma_tflops
   fused_time_scale  fuser's fused kernels against the cost model: the best `k` predicted candidates of
                     a few shapes timed in CUDA graphs; median of measured / modelled (launch excluded),
                     the model using every constant above as just measured
@@ -225,12 +227,19 @@ def measure(log=print, k=8, reps=10):
     g, _ = graphed(lambda: [tiny.add_(1) for _ in range(n)], 1)
     launch = statistics.median(median_event_us(g, 1) for _ in range(20)) / n
     log(f"tiny kernels in a graph: {launch:.2f} us each -> launch_us")
+    wg = probes.gemm(8192, 8192, 8192, probes.GEMM_VARIANTS[0], sets=2, iters=10)
+    if wg["rel_error"] > 1e-2:
+        raise RuntimeError(f"fuser calibrate: the wgmma GEMM probe computed a wrong product (relative error "
+                           f"{wg['rel_error']:.2e}); not storing its rate")
+    stream_eff = min(1.0, wg["tflops"] / ceil["matmul_tflops"])
+    log(f"wgmma main loop (GEMM probe, 8192^3): {wg['tflops']:.0f} TFLOP/s, {wg['ratio']:.3f}x torch.mm -> "
+        f"stream_mma_eff {stream_eff:.3f}")
     hw = hardware_fields(probes.measure_all(log), ceil["matmul_tflops"])
     log(f"-> dsm_bytes_per_clk {', '.join(f'{v:.1f}' for v in hw['dsm_bytes_per_clk'][1:])} (cluster 2/4/8/16); "
         f"barrier_cycles {hw['barrier_cycles']:.0f}; fused_mma_eff {hw['fused_mma_eff']:.3f}")
     fields = dict(hbm_gbs=hbm, mma_tflops=ceil["matmul_tflops"], small_gemm_eff=min(1.0, stream_gbs / hbm),
                   launch_us=launch, dsm_bytes_per_clk=hw["dsm_bytes_per_clk"], barrier_cycles=hw["barrier_cycles"],
-                  fused_mma_eff=hw["fused_mma_eff"])
+                  fused_mma_eff=hw["fused_mma_eff"], stream_mma_eff=stream_eff)
     # the fused kernels are fitted against the model with the constants just measured
     base = target.default_target()
     base = dict(_C.targets()["h200"] if isinstance(base, str) else base, **fields)
@@ -242,7 +251,7 @@ def measure(log=print, k=8, reps=10):
     return dict(
         fields=dict(fields, fused_time_scale=fit["fused_time_scale"],
                     **{f"fused_scale_{t}": v for t, v in fit["factors"].items()}),
-        details=dict(copy_tbps=ceil["copy_tbps"], stream_gbs=stream_gbs, gemv_us=gemv_us, fit=fit,
+        details=dict(copy_tbps=ceil["copy_tbps"], stream_gbs=stream_gbs, gemv_us=gemv_us, fit=fit, wgmma_gemm=wg,
                      shapes=list(SHAPES), k=k, reps=reps, probes=hw["probes"]),
         gpu=e.gpu_name, sm_count=e.sm_count, torch=torch.__version__,
         measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
