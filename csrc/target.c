@@ -82,8 +82,9 @@ static const fuser_target builtin[] = {
         .stream_operand_bytes_per_clk = 100.0, .stream_unit_us = 3.0, .stream_sm_gbs = 60.0,
         .fusion_margin = 0.10,      /* policy: the calibrated model's typical error is ~20% (log error
                                        0.037 leave-one-shape-out), so gains under 10% are not trusted */
-        .stream_margin = 0.05,      /* policy: the stream model predicts its measured decode plans within
-                                       0-6% (log error 0.012 over 164 plans) */
+        .stream_margin = 0.06,      /* policy: the stream model's picks among measured decode plans beat
+                                       eager wherever it predicts more than 6% (LLaMA-70B, predicted 5%
+                                       faster because the eager model overrates its time, measured 0.96-1.01x) */
         .max_workspace = (int64_t)256 << 20,
     },
     {
@@ -113,7 +114,7 @@ static const fuser_target builtin[] = {
         .stream_mma_eff = 0.80, .stream_fixed_us = 2.0, .stream_time_scale = 1.2, /* the H200's */
         .stream_operand_bytes_per_clk = 100.0, .stream_unit_us = 3.0, .stream_sm_gbs = 60.0,
         .fusion_margin = 0.10,
-        .stream_margin = 0.05,
+        .stream_margin = 0.06,
         .max_workspace = (int64_t)256 << 20,
     },
 };

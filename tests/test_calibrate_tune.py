@@ -250,7 +250,7 @@ def test_fusion_margin_keeps_small_predicted_gains_unfused():
 
 def test_stream_margin_is_the_stream_familys_own():
     """Stream plans answer to stream_margin: a decode FFN the stream model predicts ~6% faster than eager is
-    fused with the H200's 5% and not with 10%; explain() names the margin that kept fusion out."""
+    fused with the H200's 6% and not with 10%; explain() names the margin that kept fusion out."""
     h200 = dict(fuser._C.targets()["h200"])
     args = dict(gated=True, activation="silu", target=h200)
     assert fuser.plan(1, 4096, 14336, **args).kind == "stream"
