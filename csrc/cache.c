@@ -1,16 +1,15 @@
-/* cache.c: the kernel cache on disk (layout, atomic writes, verified reads; see include/fuser/cache.h)
- * and fuser_compile_cached, which the rest of fuser calls to turn source into a module. No global
- * state: the directory comes from the environment on each call. */
-#define _POSIX_C_SOURCE 200809L /* mkstemp, fsync, fchmod, strerror_r, O_DIRECTORY */
+/* cache.c: the kernel cache's entries on disk (paths, verified reads, atomic stores with their alias;
+ * see include/fuser/cache.h) and fuser_compile_cached, which the rest of fuser calls to turn source
+ * into a module. How files and directories are handled safely is cache_fs.c's. No global state: the
+ * directory comes from the environment on each call. */
+#define _POSIX_C_SOURCE 200809L
 #include "fuser/cache.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include "fuser/cuda.h"
 
@@ -18,145 +17,10 @@
 #define MAX_ENTRY_BYTES (1u << 30) /* NOTE: fused-FFN CUBINs are a few MB; anything near 1 GiB is not ours */
 #define KEY_HEX (FUSER_SHA256_HEX - 1)
 
-int fuser_cache_disabled(void)
-{
-    const char *v = getenv("FUSER_CACHE_DISABLE");
-    return v && *v && strcmp(v, "0") != 0;
-}
-
 int fuser_cache_path(const char *root, const char *key, const char *ext, char *buf, size_t n)
 {
     int len = snprintf(buf, n, "%s/v%d/%.2s/%s%s", root, FUSER_CACHE_FORMAT, key, key, ext);
     return len >= 0 && (size_t)len < n ? 0 : -1;
-}
-
-static const char *errtext(int e, char *buf, size_t n)
-{
-    if (strerror_r(e, buf, n))
-        snprintf(buf, n, "errno %d", e);
-    return buf;
-}
-
-/* ---- files ---- */
-
-/* mkdir -p for the directory part of `file` (mode 0755; another process making it first is fine). */
-static int make_parent_dirs(const char *file, fuser_err *err)
-{
-    char dir[PATH_BYTES], why[128];
-    fuser_strlcpy(dir, file, sizeof dir);
-    char *end = strrchr(dir, '/');
-    if (!end || end == dir)
-        return FUSER_OK;
-    *end = '\0';
-    for (char *p = dir + 1;; p++) {
-        if (*p != '/' && *p != '\0')
-            continue;
-        char saved = *p;
-        *p = '\0';
-        if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-            return fuser_fail(err, FUSER_E_CACHE, "cannot create the cache directory %s: %s", dir,
-                              errtext(errno, why, sizeof why));
-        *p = saved;
-        if (!saved)
-            return FUSER_OK;
-    }
-}
-
-/* Read the whole file into *buf (malloc). Returns 0, or errno (ENOENT: absent; EFBIG: too large). */
-static int read_file(const char *path, unsigned char **buf, size_t *n, struct stat *st)
-{
-    *buf = NULL;
-    *n = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return errno;
-    int e = 0;
-    if (fstat(fd, st) != 0)
-        e = errno;
-    else if (!S_ISREG(st->st_mode) || (unsigned long long)st->st_size > MAX_ENTRY_BYTES)
-        e = EFBIG;
-    else if (!(*buf = malloc((size_t)st->st_size + 1)))
-        e = ENOMEM;
-    while (!e && *n < (size_t)st->st_size) {
-        ssize_t got = read(fd, *buf + *n, (size_t)st->st_size - *n);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0) { /* shrank while we read it: report what we have, the checks will reject it */
-            e = got < 0 ? errno : 0;
-            break;
-        }
-        *n += (size_t)got;
-    }
-    close(fd);
-    if (e) {
-        free(*buf);
-        *buf = NULL;
-    }
-    return e;
-}
-
-/* Delete an invalid file, unless another process has meanwhile renamed a new one over its name. */
-static void drop_invalid(const char *path, const struct stat *seen)
-{
-    struct stat now;
-    if (stat(path, &now) == 0 && now.st_ino == seen->st_ino && now.st_dev == seen->st_dev)
-        unlink(path); /* ENOENT (someone else deleted it) is fine */
-}
-
-static int write_all(int fd, const unsigned char *p, size_t n)
-{
-    while (n) {
-        ssize_t put = write(fd, p, n);
-        if (put < 0 && errno == EINTR)
-            continue;
-        if (put <= 0)
-            return put < 0 ? errno : EIO;
-        p += put;
-        n -= (size_t)put;
-    }
-    return 0;
-}
-
-/* Write `path` atomically: a unique temporary file beside it, fsync, rename over. The temporary file is
- * removed on every failure. */
-static int write_atomic(const char *path, const void *data, size_t n, fuser_err *err)
-{
-    char tmp[PATH_BYTES + 16], why[128];
-    const char *base = strrchr(path, '/');
-    base = base ? base + 1 : path;
-    if (snprintf(tmp, sizeof tmp, "%.*s.%s.XXXXXX", (int)(base - path), path, base) >= (int)sizeof tmp)
-        return fuser_fail(err, FUSER_E_CACHE, "cache path too long: %s", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0)
-        return fuser_fail(err, FUSER_E_CACHE, "cannot create a file in the cache directory of %s: %s", path,
-                          errtext(errno, why, sizeof why));
-    fchmod(fd, 0644); /* mkstemp makes 0600; entries are as readable as the directories (0755) */
-    const char *step = "write";
-    int e = write_all(fd, data, n);
-    if (!e && fsync(fd) != 0) {
-        e = errno;
-        step = "fsync";
-    }
-    if (close(fd) != 0 && !e) {
-        e = errno;
-        step = "close";
-    }
-    if (!e && rename(tmp, path) != 0) {
-        e = errno;
-        step = "rename";
-    }
-    if (e) {
-        unlink(tmp);
-        return fuser_fail(err, FUSER_E_CACHE, "cannot store %s (%s: %s)", path, step, errtext(e, why, sizeof why));
-    }
-    char dir[PATH_BYTES]; /* make the rename itself durable; best effort */
-    snprintf(dir, sizeof dir, "%.*s", (int)(base - path), path);
-    int dfd = open(dir[0] ? dir : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
-    }
-    return FUSER_OK;
 }
 
 /* ---- entries ---- */
@@ -172,17 +36,16 @@ static int is_key(const unsigned char *s, size_t n)
 }
 
 /* Read the file of `key` (with extension `ext`) under root into *buf; its path goes to path[PATH_BYTES].
- * FUSER_OK, or FUSER_E_CACHE ("no entry <path>" when absent). */
+ * FUSER_OK, or FUSER_E_CACHE ("no entry <path>" when absent, "cannot use <path>: why" otherwise). */
 static int read_cached(const char *root, const char *key, const char *ext, char *path, unsigned char **buf,
                        size_t *n, struct stat *st, fuser_err *err)
 {
     char why[128];
     if (fuser_cache_path(root, key, ext, path, PATH_BYTES))
         return fuser_fail(err, FUSER_E_CACHE, "cache path too long under %s", root);
-    int e = read_file(path, buf, n, st);
+    int e = fuser_cache_read_file(path, MAX_ENTRY_BYTES, buf, n, st, why, sizeof why);
     if (e)
-        return fuser_fail(err, FUSER_E_CACHE, e == ENOENT ? "no entry %s" : "cannot read %s: %s", path,
-                          errtext(e, why, sizeof why));
+        return fuser_fail(err, FUSER_E_CACHE, e == ENOENT ? "no entry %s" : "cannot use %s: %s", path, why);
     return FUSER_OK;
 }
 
@@ -205,7 +68,7 @@ static int follow_alias(const char *root, const char *any_key, char key[FUSER_SH
     }
     free(buf);
     if (!ok) {
-        drop_invalid(path, &st);
+        fuser_cache_drop(path, &st);
         return fuser_fail(err, FUSER_E_CACHE, "invalid alias %s (not a key); deleted", path);
     }
     return FUSER_OK;
@@ -215,7 +78,7 @@ int fuser_cache_load(const char *root, const char *key, int by_alias, fuser_cubi
                      fuser_err *err)
 {
     char path[PATH_BYTES], entry_key[FUSER_SHA256_HEX];
-    unsigned char *buf;
+    unsigned char *buf, secret[FUSER_CACHE_SECRET_BYTES];
     size_t n;
     struct stat st;
     memset(out, 0, sizeof *out);
@@ -228,7 +91,11 @@ int fuser_cache_load(const char *root, const char *key, int by_alias, fuser_cubi
         return rc;
     fuser_err derr;
     fuser_err_clear(&derr);
-    rc = fuser_cache_decode(buf, n, out, m, &derr);
+    if ((rc = fuser_cache_secret(root, 0, secret, err)) != FUSER_OK) { /* a miss: a store makes the secret */
+        free(buf);
+        return rc;
+    }
+    rc = fuser_cache_decode(buf, n, secret, out, m, &derr);
     free(buf);
     if (rc == FUSER_OK && strcmp(m->key, entry_key) != 0)
         rc = fuser_fail(&derr, FUSER_E_CACHE, "it holds the entry of another key");
@@ -236,7 +103,7 @@ int fuser_cache_load(const char *root, const char *key, int by_alias, fuser_cubi
         rc = fuser_fail(&derr, FUSER_E_CACHE, "its alias key does not match");
     if (rc == FUSER_E_CACHE) {
         fuser_cubin_free(out);
-        drop_invalid(path, &st);
+        fuser_cache_drop(path, &st);
         return fuser_fail(err, FUSER_E_CACHE, "invalid entry %s (%s); deleted", path, derr.msg);
     }
     if (rc && err)
@@ -250,23 +117,47 @@ int fuser_cache_store(const char *root, const fuser_cache_meta *m, const fuser_c
     if (fuser_cache_path(root, m->key, ".fzk", path, sizeof path) ||
         fuser_cache_path(root, m->any_key, ".fza", alias, sizeof alias))
         return fuser_fail(err, FUSER_E_CACHE, "cache path too long under %s", root);
-    unsigned char *buf;
+    unsigned char *buf, secret[FUSER_CACHE_SECRET_BYTES];
     size_t n;
-    int rc = make_parent_dirs(path, err);
-    if (rc == FUSER_OK && (rc = fuser_cache_encode(c, m, &buf, &n, err)) == FUSER_OK) {
-        rc = write_atomic(path, buf, n, err);
+    int rc = fuser_cache_make_dirs(path, 0, err);
+    if (rc == FUSER_OK)
+        rc = fuser_cache_secret(root, 1, secret, err);
+    if (rc == FUSER_OK && (rc = fuser_cache_encode(c, m, secret, &buf, &n, err)) == FUSER_OK) {
+        rc = fuser_cache_write_file(path, buf, n, err);
         free(buf);
     }
     if (rc != FUSER_OK)
         return rc;
     char line[FUSER_SHA256_HEX + 1]; /* the alias goes second: it never names an entry not yet written */
     snprintf(line, sizeof line, "%s\n", m->key);
-    if ((rc = make_parent_dirs(alias, err)) == FUSER_OK)
-        rc = write_atomic(alias, line, strlen(line), err);
+    if ((rc = fuser_cache_make_dirs(alias, 0, err)) == FUSER_OK)
+        rc = fuser_cache_write_file(alias, line, strlen(line), err);
     return rc;
 }
 
 /* ---- what fuser calls ---- */
+
+/* Whether the disk cache is off for this call, into *off: FUSER_CACHE_DISABLED or FUSER_CACHE_REFUSED
+ * with the reason in note, or 0 with the root to use. FUSER_E_VALUE when $FUSER_CACHE_DISABLE is not a
+ * boolean. */
+static int cache_off(char root[FUSER_CACHE_DIR_MAX], char *note, size_t n, int *off, fuser_err *err)
+{
+    int disabled;
+    int rc = fuser_env_flag("FUSER_CACHE_DISABLE", &disabled, err);
+    fuser_err rerr;
+    fuser_err_clear(&rerr);
+    *off = 0;
+    if (rc != FUSER_OK)
+        return rc;
+    if (disabled) {
+        *off = FUSER_CACHE_DISABLED;
+        fuser_strlcpy(note, "the disk cache is disabled by $FUSER_CACHE_DISABLE", n);
+    } else if (fuser_cache_root(root, 1, &rerr) != FUSER_OK) {
+        *off = FUSER_CACHE_REFUSED;
+        fuser_strlcpy(note, rerr.msg, n);
+    }
+    return FUSER_OK;
+}
 
 int fuser_compile_cached(const char *source, const char *name, const char *const *opts, int nopts,
                          const char *const *nvrtc_dirs, int ndirs, fuser_cubin *out, int *cache_hit,
@@ -275,23 +166,24 @@ int fuser_compile_cached(const char *source, const char *name, const char *const
     memset(out, 0, sizeof *out);
     if (cache_hit)
         *cache_hit = 0;
-    char root[1024], note[sizeof out->cache.note] = "";
-    fuser_cache_dir(root, sizeof root);
-    int disabled = fuser_cache_disabled();
+    char root[FUSER_CACHE_DIR_MAX], note[sizeof out->cache.note] = "";
+    int off, rc = cache_off(root, note, sizeof note, &off, err);
+    if (rc)
+        return rc;
     fuser_err nerr, lerr;
     fuser_err_clear(&nerr);
     fuser_err_clear(&lerr);
     const fuser_nvrtc *rtc = fuser_nvrtc_get(nvrtc_dirs, ndirs, &nerr);
     fuser_cache_meta m = {.nvrtc_major = rtc ? rtc->major : 0, .nvrtc_minor = rtc ? rtc->minor : 0};
-    int rc = fuser_cache_key(source, name, opts, nopts, fuser_embedded_headers, fuser_embedded_header_count,
-                             FUSER_CACHE_ANY_NVRTC, 0, m.any_key, err);
+    rc = fuser_cache_key(source, name, opts, nopts, fuser_embedded_headers, fuser_embedded_header_count,
+                         FUSER_CACHE_ANY_NVRTC, 0, m.any_key, err);
     if (rc == FUSER_OK && rtc)
         rc = fuser_cache_key(source, name, opts, nopts, fuser_embedded_headers, fuser_embedded_header_count,
                              rtc->major, rtc->minor, m.key, err);
     if (rc)
         return rc;
 
-    if (!disabled) {
+    if (!off) {
         fuser_cache_meta found;
         if (fuser_cache_load(root, rtc ? m.key : m.any_key, !rtc, out, &found, &lerr) == FUSER_OK) {
             out->cache.state = FUSER_CACHE_HIT;
@@ -306,6 +198,10 @@ int fuser_compile_cached(const char *source, const char *name, const char *const
         fuser_strlcpy(note, lerr.msg, sizeof note);
     }
     if (!rtc) {
+        if (off == FUSER_CACHE_REFUSED) { /* the cache that could have served it was not consulted: say why */
+            fuser_strlcat(nerr.msg, "; no disk cache was consulted: ", sizeof nerr.msg);
+            fuser_strlcat(nerr.msg, note, sizeof nerr.msg);
+        }
         if (err)
             *err = nerr;
         return nerr.code;
@@ -316,9 +212,8 @@ int fuser_compile_cached(const char *source, const char *name, const char *const
         return rc;
     fuser_err serr;
     fuser_err_clear(&serr);
-    if (disabled) {
-        out->cache.state = FUSER_CACHE_DISABLED;
-        fuser_strlcpy(note, "the disk cache is disabled by $FUSER_CACHE_DISABLE", sizeof note);
+    if (off) {
+        out->cache.state = off;
     } else if (fuser_cache_store(root, &m, out, &serr) != FUSER_OK) {
         out->cache.state = FUSER_CACHE_NOT_STORED;
         fuser_strlcpy(note, serr.msg, sizeof note);

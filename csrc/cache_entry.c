@@ -1,5 +1,6 @@
-/* cache_entry.c: the kernel cache's key recipe and entry format (see include/fuser/cache.h). Pure
- * functions over memory: no files, no environment, no global state. The disk side is cache.c. */
+/* cache_entry.c: the kernel cache's key recipe and entry format, MAC included (see
+ * include/fuser/cache.h). Pure functions over memory: no files, no environment, no global state. The
+ * disk side is cache.c and cache_fs.c. */
 #include "fuser/cache.h"
 
 #include <stdint.h>
@@ -108,19 +109,37 @@ static uint64_t get_le(const unsigned char *p, int bytes)
     return v;
 }
 
-/* The checksum: header bytes [0, OFF_SUM), then the payload. */
-static void checksum(const unsigned char *header, const void *cubin, size_t ncubin, const void *log, size_t nlog,
-                     unsigned char out[FUSER_SHA256_BYTES])
+/* The MAC: HMAC-SHA256 (RFC 2104) under the cache's secret of header bytes [0, OFF_SUM), then the
+ * payload. Unlike a plain checksum, which anyone can recompute after editing an entry (for instance
+ * relabelling it with another key), it can only be made by whoever holds the secret. */
+static void entry_mac(const unsigned char secret[FUSER_CACHE_SECRET_BYTES], const unsigned char *header,
+                      const void *cubin, size_t ncubin, const void *log, size_t nlog,
+                      unsigned char out[FUSER_SHA256_BYTES])
 {
+    enum { BLOCK = 64 }; /* SHA-256's block size; the 32-byte secret is zero-padded to it */
+    _Static_assert(FUSER_CACHE_SECRET_BYTES <= BLOCK, "the secret fits one block");
+    unsigned char ipad[BLOCK], opad[BLOCK], inner[FUSER_SHA256_BYTES];
+    memset(ipad, 0x36, sizeof ipad);
+    memset(opad, 0x5c, sizeof opad);
+    for (int i = 0; i < FUSER_CACHE_SECRET_BYTES; i++) {
+        ipad[i] ^= secret[i];
+        opad[i] ^= secret[i];
+    }
     fuser_sha256_ctx s;
     fuser_sha256_init(&s);
+    fuser_sha256_update(&s, ipad, sizeof ipad);
     fuser_sha256_update(&s, header, OFF_SUM);
     fuser_sha256_update(&s, cubin, ncubin);
     fuser_sha256_update(&s, log, nlog);
+    fuser_sha256_final(&s, inner);
+    fuser_sha256_init(&s);
+    fuser_sha256_update(&s, opad, sizeof opad);
+    fuser_sha256_update(&s, inner, sizeof inner);
     fuser_sha256_final(&s, out);
 }
 
-int fuser_cache_encode(const fuser_cubin *c, const fuser_cache_meta *m, unsigned char **buf, size_t *n,
+int fuser_cache_encode(const fuser_cubin *c, const fuser_cache_meta *m,
+                       const unsigned char secret[FUSER_CACHE_SECRET_BYTES], unsigned char **buf, size_t *n,
                        fuser_err *err)
 {
     size_t nlog = c->log ? c->log_size : 0;
@@ -143,12 +162,14 @@ int fuser_cache_encode(const fuser_cubin *c, const fuser_cache_meta *m, unsigned
         memcpy(b + FUSER_CACHE_HEADER_BYTES, c->data, c->size);
     if (nlog)
         memcpy(b + FUSER_CACHE_HEADER_BYTES + c->size, c->log, nlog);
-    checksum(b, b + FUSER_CACHE_HEADER_BYTES, c->size, b + FUSER_CACHE_HEADER_BYTES + c->size, nlog, b + OFF_SUM);
+    entry_mac(secret, b, b + FUSER_CACHE_HEADER_BYTES, c->size, b + FUSER_CACHE_HEADER_BYTES + c->size, nlog,
+              b + OFF_SUM);
     return FUSER_OK;
 }
 
 /* Why the header at b (n bytes of file) is not valid, or NULL when it is. */
-static const char *check_header(const unsigned char *b, size_t n, char *why, size_t nwhy)
+static const char *check_header(const unsigned char *b, size_t n, const unsigned char *secret, char *why,
+                                size_t nwhy)
 {
     if (n < FUSER_CACHE_HEADER_BYTES) {
         snprintf(why, nwhy, "truncated: %zu bytes, shorter than the %d-byte header", n, FUSER_CACHE_HEADER_BYTES);
@@ -171,18 +192,19 @@ static const char *check_header(const unsigned char *b, size_t n, char *why, siz
         return why;
     }
     unsigned char sum[FUSER_SHA256_BYTES];
-    checksum(b, b + FUSER_CACHE_HEADER_BYTES, ncubin, b + FUSER_CACHE_HEADER_BYTES + ncubin, nlog, sum);
+    entry_mac(secret, b, b + FUSER_CACHE_HEADER_BYTES, ncubin, b + FUSER_CACHE_HEADER_BYTES + ncubin, nlog, sum);
     if (memcmp(sum, b + OFF_SUM, sizeof sum))
-        return "checksum mismatch: the file is corrupted";
+        return "MAC mismatch: the file is corrupted, or was not written by a fuser holding this cache's secret";
     return NULL;
 }
 
-int fuser_cache_decode(const unsigned char *b, size_t n, fuser_cubin *out, fuser_cache_meta *m, fuser_err *err)
+int fuser_cache_decode(const unsigned char *b, size_t n, const unsigned char secret[FUSER_CACHE_SECRET_BYTES],
+                       fuser_cubin *out, fuser_cache_meta *m, fuser_err *err)
 {
     char why[256];
     memset(out, 0, sizeof *out);
     memset(m, 0, sizeof *m);
-    const char *bad = check_header(b, n, why, sizeof why);
+    const char *bad = check_header(b, n, secret, why, sizeof why);
     if (bad)
         return fuser_fail(err, FUSER_E_CACHE, "%s", bad);
     size_t ncubin = (size_t)get_le(b + OFF_CUBIN_SIZE, 8), nlog = (size_t)get_le(b + OFF_LOG_SIZE, 8);

@@ -1,10 +1,15 @@
-/* env.c: what fuser.env() reports: driver, GPU, NVRTC, cache directory, and whether (or exactly why
- * not) the fused path is available. It records problems; it never fails. */
-#include "fuser/cuda.h"
+/* env.c: what fuser.env() reports (driver, GPU, NVRTC, cache directory, and whether, or exactly why
+ * not, the fused path is available), and the environment variables the core reads itself (env.h):
+ * the boolean parser and the choice of the cache directory. It records problems; it never fails. */
+#define _POSIX_C_SOURCE 200809L /* geteuid */
+#include "fuser/env.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include "fuser/cuda.h"
 
 /* NOTE: fused kernels use thread-block clusters, DSM and sm_90a instructions: Hopper only. */
 #define FUSER_FUSED_CC_MAJOR 9
@@ -15,17 +20,78 @@
 /* The fused kernels are part of this build (include/fuser/device/ffn.cuh). */
 #define FUSER_HAVE_FUSED_KERNELS 1
 
-void fuser_cache_dir(char *buf, size_t n)
+_Static_assert(sizeof ((fuser_env *)0)->cache_dir == FUSER_CACHE_DIR_MAX, "env.h and cuda.h agree");
+
+/* ---- boolean variables ---- */
+
+/* Every spelling a boolean variable takes (compared without case); FUSER_FLAG_SPELLINGS lists them. */
+static const struct { const char *word; int on; } flag_words[] = {
+    {"", 0}, {"0", 0}, {"false", 0}, {"no", 0}, {"off", 0}, {"1", 1}, {"true", 1}, {"yes", 1}, {"on", 1},
+};
+
+static int same_word(const char *value, const char *word)
 {
-    const char *dir = getenv("FUSER_CACHE_DIR");
-    const char *xdg = getenv("XDG_CACHE_HOME");
-    const char *home = getenv("HOME");
-    if (dir && *dir)
-        fuser_strlcpy(buf, dir, n);
-    else if (xdg && *xdg)
-        snprintf(buf, n, "%s/fuser", xdg);
-    else
-        snprintf(buf, n, "%s/.cache/fuser", home && *home ? home : "/tmp");
+    for (; *value && *word; value++, word++) {
+        char c = *value >= 'A' && *value <= 'Z' ? (char)(*value - 'A' + 'a') : *value;
+        if (c != *word)
+            return 0;
+    }
+    return *value == *word;
+}
+
+int fuser_parse_flag(const char *name, const char *value, int *on, fuser_err *err)
+{
+    *on = 0;
+    if (!value)
+        return FUSER_OK;
+    for (size_t i = 0; i < sizeof flag_words / sizeof flag_words[0]; i++)
+        if (same_word(value, flag_words[i].word)) {
+            *on = flag_words[i].on;
+            return FUSER_OK;
+        }
+    char shown[68]; /* the value as printable text, cut at 64 bytes: it goes into a one-line message */
+    size_t n = 0;
+    for (; value[n] && n < 64; n++)
+        shown[n] = value[n] >= ' ' && value[n] <= '~' ? value[n] : '?';
+    fuser_strlcpy(shown + n, value[n] ? "..." : "", sizeof shown - n);
+    return fuser_fail(err, FUSER_E_VALUE, "$%s='%s' is not a boolean: use %s", name, shown, FUSER_FLAG_SPELLINGS);
+}
+
+int fuser_env_flag(const char *name, int *on, fuser_err *err)
+{
+    return fuser_parse_flag(name, getenv(name), on, err);
+}
+
+/* ---- the cache directory ---- */
+
+int fuser_cache_dir(char buf[FUSER_CACHE_DIR_MAX], const char **from, fuser_err *err)
+{
+    const char *dir = getenv("FUSER_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    const char *tmp = getenv("TMPDIR"), *who;
+    int len;
+    if (dir && *dir) {
+        who = "$FUSER_CACHE_DIR";
+        len = snprintf(buf, FUSER_CACHE_DIR_MAX, "%s", dir);
+    } else if (xdg && xdg[0] == '/') {
+        who = "$XDG_CACHE_HOME/fuser";
+        len = snprintf(buf, FUSER_CACHE_DIR_MAX, "%s/fuser", xdg);
+    } else if (home && *home) {
+        who = "$HOME/.cache/fuser";
+        len = snprintf(buf, FUSER_CACHE_DIR_MAX, "%s/.cache/fuser", home);
+    } else {
+        int own_tmp = tmp && tmp[0] == '/';
+        who = own_tmp ? "$TMPDIR/fuser-<uid>" : "/tmp/fuser-<uid>";
+        len = snprintf(buf, FUSER_CACHE_DIR_MAX, "%s/fuser-%lu", own_tmp ? tmp : "/tmp", (unsigned long)geteuid());
+    }
+    if (from)
+        *from = who;
+    if (len >= 0 && len < FUSER_CACHE_DIR_MAX)
+        return FUSER_OK;
+    buf[0] = '\0';
+    return fuser_fail(err, FUSER_E_CACHE, "the kernel cache path from %s is %d bytes long; fuser takes paths of up "
+                      "to %d bytes and never cuts one, so it runs without a disk cache (kernels are compiled and "
+                      "kept in memory): set $FUSER_CACHE_DIR to a shorter path", who, len,
+                      FUSER_CACHE_DIR_MAX - 1);
 }
 
 static void query_device(const fuser_driver *drv, fuser_env *e)
@@ -54,7 +120,7 @@ void fuser_env_query(int device, const char *const *nvrtc_dirs, int ndirs, fuser
 {
     memset(e, 0, sizeof *e);
     e->device = device;
-    fuser_cache_dir(e->cache_dir, sizeof e->cache_dir);
+    fuser_cache_dir(e->cache_dir, NULL, NULL); /* "" when too long: the cache reports why */
 
     fuser_err derr, nerr;
     fuser_err_clear(&derr);

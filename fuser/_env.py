@@ -35,7 +35,9 @@ def nvrtc_wheel_dirs():
 
 @dataclasses.dataclass(frozen=True)
 class Env:
-    """What ``fuser.env()`` found. ``fused_available`` is False with ``why`` saying exactly why."""
+    """What ``fuser.env()`` found. ``fused_available`` is False with ``why`` saying exactly why.
+    ``cache_note`` is empty when the disk kernel cache at ``cache_dir`` is in use, else why it is not
+    (turned off, a directory fuser refuses, a path too long; ``cache_dir`` is then empty)."""
 
     fused_available: bool
     why: str
@@ -55,6 +57,7 @@ class Env:
     cache_dir: str
     torch_version: str
     fuser_version: str
+    cache_note: str = ""
 
     def as_dict(self):
         return dataclasses.asdict(self)
@@ -67,7 +70,8 @@ class Env:
                     f"{self.l2_bytes >> 20} MiB L2)" if self.gpu_name else "none"),
             ("CUDA driver", f"{self.driver_version} at {self.driver_path}" if self.driver_found else "not found"),
             ("NVRTC", f"{self.nvrtc_version} at {self.nvrtc_path}" if self.nvrtc_found else "not found"),
-            ("kernel cache", self.cache_dir),
+            ("kernel cache", f"{self.cache_dir or '-'}: off ({self.cache_note})" if self.cache_note
+             else self.cache_dir),
             ("torch", self.torch_version),
             ("fuser", self.fuser_version),
         ]
@@ -77,6 +81,17 @@ class Env:
 
 def _default_device():
     return torch.cuda.current_device() if torch.cuda.is_available() else 0
+
+
+def _cache_note():
+    """Why the disk kernel cache is not in use ("" when it is); asks the C core, changes nothing."""
+    try:
+        if _C.parse_flag("FUSER_CACHE_DISABLE", os.environ.get("FUSER_CACHE_DISABLE")):
+            return "disabled by $FUSER_CACHE_DISABLE"
+        _C.cache_root()
+    except (ValueError, _C.CacheError) as e:
+        return str(e)
+    return ""
 
 
 def env(device=None):
@@ -102,4 +117,5 @@ def env(device=None):
         nvrtc_path=d["nvrtc_path"],
         nvrtc_version="%d.%d" % tuple(d["nvrtc_version"]) if d["nvrtc_found"] else "",
         cache_dir=d["cache_dir"], torch_version=torch.__version__, fuser_version=__version__,
+        cache_note=_cache_note(),
     )

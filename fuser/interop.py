@@ -12,6 +12,8 @@ import os
 
 import torch
 
+from fuser import _C
+
 __all__ = ["export", "ready", "placement", "disabled"]
 
 #: torch's exporter behind ``Tensor.__dlpack__`` (None in torch builds without it). fuser always names
@@ -73,24 +75,37 @@ def placement(x):
 
 
 # FUSER_DISABLE is read at every call (it may be set mid-session), from os.environ's own store: ~0.05 us
-# where os.environ.get encodes and decodes (~0.5 us)
+# where os.environ.get encodes and decodes (~0.5 us). Each raw value seen is parsed once, by the C core's
+# parser of boolean variables (the one FUSER_CACHE_DISABLE uses), and remembered.
 try:
     _ENV, _DISABLE_KEY = os.environ._data, os.environ.encodekey("FUSER_DISABLE")
-    _NOT_DISABLED = (os.environ.encodevalue(""), os.environ.encodevalue("0"))
+    _decode = os.environ.decodevalue
 except AttributeError:  # not CPython's os._Environ
     _ENV = None
+_parsed = {}  # raw value -> bool; a value that is not a boolean is not kept (it raises every time)
 
 
 def disabled():
-    """True when ``FUSER_DISABLE`` asks for the PyTorch ops everywhere.
+    """True when ``FUSER_DISABLE`` asks for the PyTorch ops everywhere: 1, true, yes or on (any case).
+    0, false, no, off, empty or unset leave fuser on; any other value raises ``ValueError`` naming the
+    variable, the value and these spellings.
 
     Example:
         >>> import os
         >>> from fuser.interop import disabled
-        >>> disabled() == (os.environ.get("FUSER_DISABLE", "") not in ("", "0"))
+        >>> os.environ["FUSER_DISABLE"] = "false"; disabled()
+        False
+        >>> os.environ["FUSER_DISABLE"] = "On"; disabled()
         True
+        >>> del os.environ["FUSER_DISABLE"]; disabled()
+        False
     """
-    if _ENV is not None:
-        v = _ENV.get(_DISABLE_KEY)
-        return v is not None and v not in _NOT_DISABLED
-    return os.environ.get("FUSER_DISABLE", "") not in ("", "0")
+    if _ENV is None:
+        return _C.parse_flag("FUSER_DISABLE", os.environ.get("FUSER_DISABLE"))
+    v = _ENV.get(_DISABLE_KEY)
+    if v is None:
+        return False
+    on = _parsed.get(v)
+    if on is None:
+        on = _parsed[v] = _C.parse_flag("FUSER_DISABLE", _decode(v))
+    return on

@@ -78,6 +78,8 @@ PyObject *fuser_py_codegen(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fuser_py_jit_compile(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fuser_py_cache_key(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fuser_py_cache_dir(PyObject *module, PyObject *noargs);
+PyObject *fuser_py_cache_root(PyObject *module, PyObject *args, PyObject *kwargs);
+PyObject *fuser_py_parse_flag(PyObject *module, PyObject *args);
 PyObject *fuser_py_probe_load(PyObject *module, PyObject *args);
 PyObject *fuser_py_probe_launch(PyObject *module, PyObject *args);
 PyObject *fuser_py_probe_clusters(PyObject *module, PyObject *args);

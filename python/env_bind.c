@@ -1,9 +1,11 @@
-/* env_bind.c: _C.env (driver, GPU, NVRTC, cache, fused-path availability) and _C.embedded_headers, and the
- * str-sequence helper the bindings share. */
+/* env_bind.c: _C.env (driver, GPU, NVRTC, cache, fused-path availability), _C.parse_flag (the one parser
+ * of boolean environment variables, env.h) and _C.embedded_headers, and the str-sequence helper the
+ * bindings share. */
 #include "binding.h"
 
 #include "fuser/cuda.h"
 #include "fuser/embedded.h"
+#include "fuser/env.h"
 
 int fuser_str_list(PyObject *seq, const char *what, PyObject **keep, const char ***out, int *n)
 {
@@ -67,6 +69,19 @@ done:
     PyMem_Free(dirs);
     Py_XDECREF(keep);
     return res;
+}
+
+PyObject *fuser_py_parse_flag(PyObject *module, PyObject *args)
+{
+    const char *name, *value;
+    int on;
+    fuser_err err;
+    fuser_err_clear(&err);
+    if (!PyArg_ParseTuple(args, "sz:parse_flag", &name, &value))
+        return NULL;
+    if (fuser_parse_flag(name, value, &on, &err) != FUSER_OK)
+        return fuser_raise(fuser_get_state(module), &err);
+    return PyBool_FromLong(on);
 }
 
 PyObject *fuser_py_embedded_headers(PyObject *module, PyObject *noargs)

@@ -1,6 +1,6 @@
 /* jit_bind.c: _C.jit_compile (source -> CUBIN through the disk cache, NVRTC run without the GIL),
- * _C.cache_key and _C.cache_dir. A compile error raises fuser.CompileError with the full NVRTC log as
- * its .log attribute. */
+ * _C.cache_key, _C.cache_dir and _C.cache_root. A compile error raises fuser.CompileError with the full
+ * NVRTC log as its .log attribute; a cache directory fuser must not use raises fuser.CacheError. */
 #include "binding.h"
 
 #include "fuser/cache.h"
@@ -9,7 +9,7 @@
 static const char *const cache_states[] = {
     [FUSER_CACHE_NONE] = "none",         [FUSER_CACHE_STORED] = "stored",
     [FUSER_CACHE_HIT] = "hit",           [FUSER_CACHE_DISABLED] = "disabled",
-    [FUSER_CACHE_NOT_STORED] = "not_stored",
+    [FUSER_CACHE_NOT_STORED] = "not_stored", [FUSER_CACHE_REFUSED] = "refused",
 };
 
 static PyObject *log_str(const fuser_cubin *c)
@@ -165,11 +165,31 @@ done:
     return res;
 }
 
+/* The directory as a str (the file system's encoding), or NULL with CacheError raised for err. */
+static PyObject *dir_or_raise(PyObject *module, int rc, const char *dir, const fuser_err *err)
+{
+    return rc == FUSER_OK ? PyUnicode_DecodeFSDefault(dir) : fuser_raise(fuser_get_state(module), err);
+}
+
 PyObject *fuser_py_cache_dir(PyObject *module, PyObject *noargs)
 {
-    (void)module;
     (void)noargs;
-    char dir[1024];
-    fuser_cache_dir(dir, sizeof dir);
-    return PyUnicode_DecodeFSDefault(dir);
+    char dir[FUSER_CACHE_DIR_MAX];
+    fuser_err err;
+    fuser_err_clear(&err);
+    int rc = fuser_cache_dir(dir, NULL, &err);
+    return dir_or_raise(module, rc, dir, &err);
+}
+
+PyObject *fuser_py_cache_root(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"create", NULL};
+    int create = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|p:cache_root", kwlist, &create))
+        return NULL;
+    char dir[FUSER_CACHE_DIR_MAX];
+    fuser_err err;
+    fuser_err_clear(&err);
+    int rc = fuser_cache_root(dir, create, &err);
+    return dir_or_raise(module, rc, dir, &err);
 }

@@ -68,7 +68,16 @@ PyDoc_STRVAR(cache_key_doc,
              "cache_key(source, name, options=(), nvrtc_version=(13, 0), headers=None) -> str\n\n"
              "The kernel-cache key of a compile (nvrtc_version=None: the any-NVRTC alias key; headers: a\n"
              "{name: bytes} dict in place of the embedded kernel templates).");
-PyDoc_STRVAR(cache_dir_doc, "cache_dir() -> str\n\nThe kernel cache directory (entries live under its v1/).");
+PyDoc_STRVAR(cache_dir_doc, "cache_dir() -> str\n\nThe kernel cache directory chosen by the environment (entries live\n"
+             "under its v2/). A path too long to use raises CacheError naming the variable and the length.");
+PyDoc_STRVAR(cache_root_doc,
+             "cache_root(create=False) -> str\n\nThe kernel cache directory if fuser may read and write it (with\n"
+             "create, a missing one is made, mode 0700). CacheError says why not: its path is too long, or it is\n"
+             "not a directory, belongs to another user, or group or others may write it.");
+PyDoc_STRVAR(parse_flag_doc,
+             "parse_flag(name, value) -> bool\n\nThe value of boolean environment variable `name` (None: unset):\n"
+             "1/0, true/false, yes/no, on/off in any case, empty = off. Anything else raises ValueError naming\n"
+             "the variable, the value and the spellings.");
 
 static PyMethodDef module_methods[] = {
     {"dlpack_info", (PyCFunction)(void (*)(void))fuser_py_dlpack_info, METH_VARARGS | METH_KEYWORDS,
@@ -104,6 +113,8 @@ static PyMethodDef module_methods[] = {
      jit_compile_doc},
     {"cache_key", (PyCFunction)(void (*)(void))fuser_py_cache_key, METH_VARARGS | METH_KEYWORDS, cache_key_doc},
     {"cache_dir", fuser_py_cache_dir, METH_NOARGS, cache_dir_doc},
+    {"cache_root", (PyCFunction)(void (*)(void))fuser_py_cache_root, METH_VARARGS | METH_KEYWORDS, cache_root_doc},
+    {"parse_flag", fuser_py_parse_flag, METH_VARARGS, parse_flag_doc},
     {"probe_load", fuser_py_probe_load, METH_VARARGS,
      "probe_load(cubin, name, device) -> probe: a microbenchmark kernel of fuser/device/probes.cuh."},
     {"probe_launch", fuser_py_probe_launch, METH_VARARGS,

@@ -1,10 +1,28 @@
-"""Shared test helpers: the Hopper-GPU gate and fresh random inputs."""
+"""Shared test helpers: a kernel cache of the test run's own, the Hopper-GPU gate and fresh random
+inputs."""
 import functools
+import os
+import shutil
+import tempfile
 
-import pytest
-import torch
+# The kernel cache of this test run: a temporary directory, set before fuser is imported, so that the
+# suite never writes kernels into the user's own ~/.cache/fuser. Subprocesses inherit it; tests that
+# need a cache of their own set FUSER_CACHE_DIR themselves. A FUSER_CACHE_DIR already set (a GPU
+# session keeping warm kernels between runs) is kept.
+if not os.environ.get("FUSER_CACHE_DIR"):
+    os.environ["FUSER_CACHE_DIR"] = TEST_CACHE = tempfile.mkdtemp(prefix="fuser-test-cache-")
+else:
+    TEST_CACHE = None
 
-from fuser.tools import timing
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from fuser.tools import timing  # noqa: E402
+
+
+def pytest_unconfigure(config):
+    if TEST_CACHE:
+        shutil.rmtree(TEST_CACHE, ignore_errors=True)
 
 
 @functools.lru_cache(maxsize=None)

@@ -73,7 +73,7 @@ def cache(tmp_path, monkeypatch):
 
 
 def entry_path(cache_root, key):
-    return os.path.join(str(cache_root), "v1", key[:2], key + ".fzk")
+    return os.path.join(str(cache_root), "v2", key[:2], key + ".fzk")
 
 
 def files_under(root):
@@ -162,7 +162,7 @@ def test_threads_compile_concurrently(nvrtc, monkeypatch):
 
 def recipe_key(source, name, options, version, headers):
     """The key recipe of include/fuser/cache.h, written again in Python."""
-    parts = [b"fuser kernel cache", b"format=1", b"arch=sm_90a",
+    parts = [b"fuser kernel cache", b"format=2", b"arch=sm_90a",
              b"nvrtc=%d.%d" % version if version else b"nvrtc=any", b"name=" + name.encode(), source.encode()]
     opts = BASE_OPTIONS + list(options)
     parts += [b"options=%d" % len(opts)] + [o.encode() for o in opts] + [b"headers=%d" % len(headers)]
@@ -276,7 +276,7 @@ def test_concurrent_processes_write_safely(nvrtc, cache):
     keys = {g[1] for g in got}
     assert len(keys) == 5
     names = files_under(cache)
-    assert sorted(n for n in names if n.endswith(".fzk")) == sorted(f"v1/{k[:2]}/{k}.fzk" for k in keys)
+    assert sorted(n for n in names if n.endswith(".fzk")) == sorted(f"v2/{k[:2]}/{k}.fzk" for k in keys)
     assert not [n for n in names if os.path.basename(n).startswith(".")], names  # no temporary files
     for source, name in jobs:  # every entry left behind is valid
         assert jit.compile_source(source, name).cache_hit

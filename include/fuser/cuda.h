@@ -159,16 +159,13 @@ typedef struct fuser_env {
     int nvrtc_found;
     char nvrtc_path[1024];
     int nvrtc_major, nvrtc_minor;
-    char cache_dir[1024];
+    char cache_dir[1024];        /* fuser_cache_dir (env.h); "" when that path is too long */
     int fused_available;         /* 1: fuser.ffn runs fused kernels on this device */
     char why[2048];              /* when not available: exactly why */
 } fuser_env;
 
 /** Fill `env` for device ordinal `device`. Never fails: what could not be found is recorded in it. */
 void fuser_env_query(int device, const char *const *nvrtc_dirs, int ndirs, fuser_env *env);
-
-/** The kernel cache directory: $FUSER_CACHE_DIR, else $XDG_CACHE_HOME/fuser, else $HOME/.cache/fuser. */
-void fuser_cache_dir(char *buf, size_t n);
 
 #ifdef __cplusplus
 }

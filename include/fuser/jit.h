@@ -46,6 +46,8 @@ enum {
     FUSER_CACHE_HIT,            /* read from the disk cache: NVRTC was not called */
     FUSER_CACHE_DISABLED,       /* compiled now; $FUSER_CACHE_DISABLE turned the disk cache off */
     FUSER_CACHE_NOT_STORED,     /* compiled now and valid, but writing the entry failed (see note) */
+    FUSER_CACHE_REFUSED,        /* compiled now; the cache directory is unsafe or its path too long, so
+                                 * nothing was read or written there (the note says why) */
 };
 
 /** A compiled module. Owns every pointer in it (malloc); release with fuser_cubin_free, after

@@ -17,6 +17,12 @@ void test_sha256_splits(void);
 void test_cache_key(void);
 void test_cache_entry_format(void);
 void test_cache_disk(void);
+void test_cache_special_files(void);
+void test_cache_relabelled_entry(void);
+void test_cache_secret(void);
+void test_cache_root_checks(void);
+void test_cache_dir_choice(void);
+void test_env_flags(void);
 void test_launch_config(void);
 void test_launch_driver(void);
 
@@ -32,6 +38,12 @@ static const struct { const char *name; void (*fn)(void); } tests[] = {
     {"cache_key", test_cache_key},
     {"cache_entry_format", test_cache_entry_format},
     {"cache_disk", test_cache_disk},
+    {"cache_special_files", test_cache_special_files},
+    {"cache_relabelled_entry", test_cache_relabelled_entry},
+    {"cache_secret", test_cache_secret},
+    {"cache_root_checks", test_cache_root_checks},
+    {"cache_dir_choice", test_cache_dir_choice},
+    {"env_flags", test_env_flags},
     {"launch_config", test_launch_config},
     {"launch_driver", test_launch_driver},
 };

@@ -1,6 +1,7 @@
 /* test_cache.c: the kernel cache without NVRTC: key recipe, entry encode/decode, and the disk side
  * (round trip, truncated, byte-flipped, wrong magic/version/key, bad alias, unwritable directory, a
- * full disk) in a temporary $FUSER_CACHE_DIR. Every rejected file must be deleted, never loaded. */
+ * full disk) in a temporary $FUSER_CACHE_DIR. Every rejected file must be deleted, never loaded.
+ * test_cache_safety.c covers what an attacker or an odd file system could put in the cache's way. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp, setenv, truncate */
 #include <dirent.h>
 #include <signal.h>
@@ -12,6 +13,10 @@
 #include "ctest.h"
 #include "fuser/cache.h"
 #include "fuser/cuda.h"
+#include "test_cache.h"
+
+/* The secret entries are MAC'd under in the tests that need no directory. */
+static const unsigned char test_secret[FUSER_CACHE_SECRET_BYTES] = "0123456789abcdef0123456789abcdef";
 
 static const char *const log_text =
     "ptxas info    : 0 bytes gmem\n"
@@ -21,7 +26,7 @@ static const char *const log_text =
     "ptxas info    : Used 10 registers, used 1 barriers, 512 bytes smem\n";
 
 /* A module as fuser_jit_compile would return it (the bytes are not a real CUBIN: nothing here loads it). */
-static void make_cubin(fuser_cubin *c, size_t size)
+void make_cubin(fuser_cubin *c, size_t size)
 {
     memset(c, 0, sizeof *c);
     c->data = malloc(size);
@@ -34,7 +39,7 @@ static void make_cubin(fuser_cubin *c, size_t size)
     fuser_jit_parse_log(c->log, c, NULL);
 }
 
-static void make_meta(fuser_cache_meta *m, const char *source)
+void make_meta(fuser_cache_meta *m, const char *source)
 {
     memset(m, 0, sizeof *m);
     m->nvrtc_major = 13;
@@ -99,9 +104,9 @@ void test_cache_entry_format(void)
     make_cubin(&c, 1000);
     make_meta(&m, "entry");
     CHECK(c.registers == 10 && c.smem_bytes == 512 && c.n_kernels == 1);
-    CHECK(fuser_cache_encode(&c, &m, &buf, &n, &err) == FUSER_OK);
+    CHECK(fuser_cache_encode(&c, &m, test_secret, &buf, &n, &err) == FUSER_OK);
     CHECK(n == FUSER_CACHE_HEADER_BYTES + 1000 + strlen(log_text) && !memcmp(buf, "FUSERKC", 8));
-    CHECK(fuser_cache_decode(buf, n, &back, &mb, &err) == FUSER_OK);
+    CHECK(fuser_cache_decode(buf, n, test_secret, &back, &mb, &err) == FUSER_OK);
     CHECK(back.size == 1000 && !memcmp(back.data, c.data, 1000) && !strcmp(back.log, log_text));
     CHECK(back.registers == 10 && back.smem_bytes == 512 && back.spill_store_bytes == 0);
     CHECK(back.n_kernels == 1 && !strcmp(back.kernels[0].name, "probe"));
@@ -111,29 +116,37 @@ void test_cache_entry_format(void)
     /* every truncation and every single-byte flip is rejected */
     int rejected = 0, total = 0;
     for (size_t len = 0; len < n; len += len < 300 ? 1 : 97, total++)
-        rejected += fuser_cache_decode(buf, len, &back, &mb, &err) == FUSER_E_CACHE;
+        rejected += fuser_cache_decode(buf, len, test_secret, &back, &mb, &err) == FUSER_E_CACHE;
     CHECK(rejected == total);
     rejected = total = 0;
     for (size_t at = 0; at < n; at += at < 300 ? 1 : 89, total++) {
         buf[at] ^= 0x20;
-        rejected += fuser_cache_decode(buf, n, &back, &mb, &err) == FUSER_E_CACHE;
+        rejected += fuser_cache_decode(buf, n, test_secret, &back, &mb, &err) == FUSER_E_CACHE;
         buf[at] ^= 0x20;
     }
     CHECK(rejected == total);
     CHECK(back.data == NULL && back.log == NULL); /* a rejected entry leaves nothing behind */
+    unsigned char other_secret[FUSER_CACHE_SECRET_BYTES];
+    memcpy(other_secret, test_secret, sizeof other_secret);
+    other_secret[31] ^= 1; /* an intact entry under another cache's secret */
+    CHECK(fuser_cache_decode(buf, n, other_secret, &back, &mb, &err) == FUSER_E_CACHE);
+    CHECK_ERR(&err, FUSER_E_CACHE, "MAC mismatch");
     buf[0] = 'X';
-    CHECK(fuser_cache_decode(buf, n, &back, &mb, &err) == FUSER_E_CACHE);
+    CHECK(fuser_cache_decode(buf, n, test_secret, &back, &mb, &err) == FUSER_E_CACHE);
     CHECK_ERR(&err, FUSER_E_CACHE, "bad magic");
     buf[0] = 'F';
-    buf[8] = 2; /* a future format */
-    CHECK(fuser_cache_decode(buf, n, &back, &mb, &err) == FUSER_E_CACHE);
-    CHECK_ERR(&err, FUSER_E_CACHE, "format 2");
-    buf[8] = 1;
-    CHECK(fuser_cache_decode(buf, n - 1, &back, &mb, &err) == FUSER_E_CACHE);
+    buf[8] = 1; /* format 1: checksummed, not MAC'd */
+    CHECK(fuser_cache_decode(buf, n, test_secret, &back, &mb, &err) == FUSER_E_CACHE);
+    CHECK_ERR(&err, FUSER_E_CACHE, "format 1");
+    buf[8] = 3; /* a future format */
+    CHECK(fuser_cache_decode(buf, n, test_secret, &back, &mb, &err) == FUSER_E_CACHE);
+    CHECK_ERR(&err, FUSER_E_CACHE, "format 3");
+    buf[8] = FUSER_CACHE_FORMAT;
+    CHECK(fuser_cache_decode(buf, n - 1, test_secret, &back, &mb, &err) == FUSER_E_CACHE);
     CHECK_ERR(&err, FUSER_E_CACHE, "sizes do not add up");
     buf[n - 1] ^= 1;
-    CHECK(fuser_cache_decode(buf, n, &back, &mb, &err) == FUSER_E_CACHE);
-    CHECK_ERR(&err, FUSER_E_CACHE, "checksum mismatch");
+    CHECK(fuser_cache_decode(buf, n, test_secret, &back, &mb, &err) == FUSER_E_CACHE);
+    CHECK_ERR(&err, FUSER_E_CACHE, "MAC mismatch");
     free(buf);
     fuser_cubin_free(&c);
 }
@@ -141,7 +154,7 @@ void test_cache_entry_format(void)
 /* ---- on disk ---- */
 
 /* Count the files under dir (recursively) whose name contains `part`; remove them all when `rm`. */
-static int walk(const char *dir, const char *part, int rm)
+int walk(const char *dir, const char *part, int rm)
 {
     DIR *d = opendir(dir);
     int count = 0;
@@ -167,7 +180,7 @@ static int walk(const char *dir, const char *part, int rm)
     return count;
 }
 
-static void write_bytes(const char *path, const unsigned char *b, size_t n)
+void write_bytes(const char *path, const unsigned char *b, size_t n)
 {
     FILE *f = fopen(path, "wb");
     if (f) {
@@ -176,7 +189,7 @@ static void write_bytes(const char *path, const unsigned char *b, size_t n)
     }
 }
 
-static int load_rejects(const char *root, const char *key, const char *path, const char *why)
+int load_rejects(const char *root, const char *key, const char *path, const char *why)
 {
     fuser_cubin out;
     fuser_cache_meta m;
@@ -195,9 +208,8 @@ void test_cache_disk(void)
     char root[] = "/tmp/fuser-ctest-XXXXXX", path[2048], alias[2048];
     CHECK(mkdtemp(root) != NULL);
     setenv("FUSER_CACHE_DIR", root, 1);
-    char dir[1024];
-    fuser_cache_dir(dir, sizeof dir);
-    CHECK(!strcmp(dir, root));
+    char dir[FUSER_CACHE_DIR_MAX];
+    CHECK(fuser_cache_dir(dir, NULL, NULL) == FUSER_OK && !strcmp(dir, root));
 
     fuser_cubin c, out;
     fuser_cache_meta m, got;
@@ -211,7 +223,7 @@ void test_cache_disk(void)
     fuser_cache_path(root, m.key, ".fzk", path, sizeof path);
     fuser_cache_path(root, m.any_key, ".fza", alias, sizeof alias);
     char want[2048];
-    snprintf(want, sizeof want, "%s/v1/%.2s/%s.fzk", root, m.key, m.key);
+    snprintf(want, sizeof want, "%s/v2/%.2s/%s.fzk", root, m.key, m.key);
     CHECK(!strcmp(path, want) && access(path, R_OK) == 0 && access(alias, R_OK) == 0);
     CHECK(fuser_cache_load(root, m.key, 0, &out, &got, &err) == FUSER_OK);
     CHECK(out.size == 4096 && !memcmp(out.data, c.data, 4096) && out.registers == 10 && !strcmp(got.key, m.key));
@@ -219,16 +231,17 @@ void test_cache_disk(void)
     CHECK(fuser_cache_load(root, m.any_key, 1, &out, &got, &err) == FUSER_OK && !strcmp(got.key, m.key));
     fuser_cubin_free(&out);
 
-    unsigned char *buf;
+    unsigned char *buf, secret[FUSER_CACHE_SECRET_BYTES];
     size_t n;
-    fuser_cache_encode(&c, &m, &buf, &n, &err);
+    CHECK(fuser_cache_secret(root, 0, secret, &err) == FUSER_OK); /* made by the first store */
+    fuser_cache_encode(&c, &m, secret, &buf, &n, &err);
     write_bytes(path, buf, n / 2); /* truncated */
     CHECK(load_rejects(root, m.key, path, "sizes do not add up"));
     write_bytes(path, buf, 100); /* shorter than the header */
     CHECK(load_rejects(root, m.key, path, "truncated"));
     buf[FUSER_CACHE_HEADER_BYTES + 2000] ^= 0x10; /* a flipped byte in the CUBIN */
     write_bytes(path, buf, n);
-    CHECK(load_rejects(root, m.key, path, "checksum mismatch"));
+    CHECK(load_rejects(root, m.key, path, "MAC mismatch"));
     buf[FUSER_CACHE_HEADER_BYTES + 2000] ^= 0x10;
     buf[1] = 'u'; /* wrong magic */
     write_bytes(path, buf, n);
@@ -246,14 +259,6 @@ void test_cache_disk(void)
     CHECK_ERR(&err, FUSER_E_CACHE, "invalid alias");
     CHECK(walk(root, ".fzk.", 0) == 0); /* no temporary files */
     free(buf);
-
-    /* the disk cache switch */
-    setenv("FUSER_CACHE_DISABLE", "1", 1);
-    CHECK(fuser_cache_disabled());
-    setenv("FUSER_CACHE_DISABLE", "0", 1);
-    CHECK(!fuser_cache_disabled());
-    unsetenv("FUSER_CACHE_DISABLE");
-    CHECK(!fuser_cache_disabled());
 
     /* an unusable directory: a regular file where a directory should be */
     char blocked[2048];
@@ -273,7 +278,7 @@ void test_cache_disk(void)
         CHECK(fuser_cache_store(root, &m, &c, &err) == FUSER_E_CACHE);
         CHECK_ERR(&err, FUSER_E_CACHE, "(write: File too large)");
         setrlimit(RLIMIT_FSIZE, &old);
-        CHECK(walk(root, "", 0) == 0);
+        CHECK(walk(root, "", 0) == 1 && walk(root, "secret", 0) == 1); /* the (small) secret only */
     }
     fuser_cubin_free(&c);
     walk(root, "", 1);
