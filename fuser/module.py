@@ -21,7 +21,7 @@ from torch import nn
 
 import fuser.custom_op  # noqa: F401  (registers torch.ops.fuser.ffn)
 from fuser import interop, ops, planner, runtime
-from fuser.recognize import FFNSpec, Unsupported, recognise
+from fuser.recognize import FFNSpec, NearMiss, Unsupported, recognise
 from fuser.reference import ACTIVATIONS, eager
 
 __all__ = ["FusedFFN", "FusedInto", "PLAN_TOKENS"]
@@ -93,8 +93,13 @@ class FusedFFN(nn.Module):
         ``linked`` maps owner names living outside this module to the modules holding them (their
         parameters stay registered there); ``source`` is the module replaced (kept for ``revert``)."""
         super().__init__()
+        if spec.train_source and source is None:
+            raise ValueError("source: the module replaced is needed: in training mode its own forward runs "
+                             "(spec.train_source)")
         for name, child in children.items():
             self.add_module(name, child)
+        if source is not None:
+            self.training = source.training   # the children keep their own flags
         self.spec = spec
         self.__dict__["_linked"] = dict(linked or {})   # not registered: their state_dict keys stay put
         self.__dict__["_source"] = source
@@ -126,6 +131,8 @@ class FusedFFN(nn.Module):
         if found is None:
             raise ValueError(f"module: {type(module).__name__} is not an FFN fuser recognises")
         kind, spec, linked = found
+        if isinstance(spec, NearMiss):
+            raise ValueError(f"module: {kind} is not an FFN fuser recognises: {spec}")
         if isinstance(spec, Unsupported):
             raise ValueError(f"module: {kind} cannot be fused: {spec}")
         if spec.linked:
@@ -151,6 +158,7 @@ class FusedFFN(nn.Module):
         _transpose_weights(self, self.spec.transposed)
         for name, child in self.named_children():
             setattr(source, name, child)
+        source.training = self.training
         self.__dict__.pop("_kept", None)
         return source
 
@@ -203,7 +211,7 @@ class FusedFFN(nn.Module):
         """The dropout between the GEMMs when it is active (training, p > 0), else None."""
         name = self.spec.mid_dropout
         d = self._modules.get(name) if name else None
-        return d if d is not None and d.training and d.p > 0 else None
+        return d if d is not None and d.training and getattr(d, "p", 0) > 0 else None
 
     def _eager(self, x, w, mid=None):
         """The same FFN in PyTorch ops, with the dropout between the GEMMs when it is active."""
@@ -211,6 +219,10 @@ class FusedFFN(nn.Module):
                      ACTIVATIONS[self.spec.activation], mid)
 
     def forward(self, x):
+        if self.training and self.spec.train_source:   # the module's forward differs in training: run it
+            source = self.__dict__["_source"]
+            source.training = True
+            return source(x)
         y = None
         if not (_is_compiling() or _is_tracing()):   # compiled and traced graphs keep the op
             kept = self.__dict__.get("_kept")

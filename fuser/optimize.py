@@ -1,7 +1,8 @@
 """``fuser.optimize``, ``fuser.report`` and ``fuser.revert``: swapping FFNs in a model for ``FusedFFN``.
 
 The walk is top-down over the module tree; a module recognised as an FFN (fuser/recognize.py) is
-swapped in place (or, when it cannot be fused, listed with the reason) and its insides are not walked.
+swapped in place (or, when it cannot be fused, listed with the reason) and its insides are not walked;
+a module shaped like an FFN that is not one fuser matches is listed as a near miss, with what differs.
 Everything else is left exactly as it was.
 """
 from __future__ import annotations
@@ -11,7 +12,7 @@ import dataclasses
 from torch import nn
 
 from fuser.module import FusedFFN, FusedInto
-from fuser.recognize import Unsupported, recognise
+from fuser.recognize import NearMiss, Unsupported, recognise
 
 __all__ = ["optimize", "report", "revert", "Report", "Entry"]
 
@@ -19,8 +20,8 @@ __all__ = ["optimize", "report", "revert", "Report", "Entry"]
 @dataclasses.dataclass(frozen=True)
 class Entry:
     """One FFN found: where (``path``, ``""`` for the model itself), what class (``kind``), its
-    ``status`` ("fused", "fusible" before optimizing, or "skipped") and ``detail`` (the plan summary,
-    or why it was skipped)."""
+    ``status`` ("fused", "fusible" before optimizing, "skipped", or "missed" for a near miss) and
+    ``detail`` (the plan summary, or why it was skipped or missed)."""
     path: str
     kind: str
     status: str
@@ -31,7 +32,8 @@ class Entry:
 
 
 class Report(list):
-    """The FFNs of a model, one ``Entry`` each; prints as a table.
+    """The FFNs of a model, one ``Entry`` each, and its near misses (``missed``: modules shaped like an
+    FFN that fuser does not match, each with what differs); prints as a table.
 
     Example:
         >>> import fuser
@@ -39,7 +41,13 @@ class Report(list):
         >>> r = fuser.report(nn.Sequential(nn.Linear(8, 32), nn.Mish(), nn.Linear(32, 8)))
         >>> [e.status for e in r], r.skipped[0].detail
         (['skipped'], 'activation Mish is not one fuser supports (relu, gelu, gelu_tanh, silu)')
+        >>> fuser.report(nn.Sequential(nn.Linear(8, 32), nn.LayerNorm(32), nn.GELU(), nn.Linear(32, 8))).missed[0].detail
+        "a norm (LayerNorm '1') between the two Linears"
     """
+
+    def __init__(self, entries=(), missed=()):
+        super().__init__(entries)
+        self.missed = list(missed)
 
     def _with(self, status):
         return [e for e in self if e.status == status]
@@ -62,7 +70,9 @@ class Report(list):
     def __str__(self):
         head = (f"fuser: {len(self)} FFN(s) found: {len(self.fused)} fused, {len(self.fusible)} fusible, "
                 f"{len(self.skipped)} skipped")
-        return "\n".join([head] + ["  " + str(e) for e in self])
+        if self.missed:
+            head += f"; {len(self.missed)} near miss(es), not recognised as FFNs"
+        return "\n".join([head] + ["  " + str(e) for e in self + self.missed])
 
     def __repr__(self):
         return str(self)
@@ -82,7 +92,9 @@ def _visit(module, parent, name, path, entries, swap):
     if isinstance(module, FusedInto):
         return module
     found = recognise(module, parent)
-    if found is not None:
+    if found is not None and isinstance(found[1], NearMiss):   # listed; its insides are walked
+        entries.missed.append(Entry(path, found[0], "missed", str(found[1])))
+    elif found is not None:
         kind, spec, linked = found
         if isinstance(spec, Unsupported):
             entries.append(Entry(path, kind, "skipped", str(spec)))
@@ -120,7 +132,7 @@ def optimize(model):
     FFNs are recognised by structure (``nn.Sequential(Linear, act, [Dropout], Linear)``, a module whose
     forward is ``down(act(gate(x)) * up(x))`` or ``down(act(up(x)))``) and by known class (Hugging Face
     LLaMA, Mistral, Qwen2/3, Gemma, Phi-3, GPT-2, GPT-NeoX, Falcon, BERT, T5; timm Mlp, GluMlp, SwiGLU).
-    An FFN whose activation, dtype, layout or extras fuser does not support is left as it is;
+    An FFN whose activation, dtype, layout, weights or hooks fuser does not support is left as it is;
     ``fuser.report(model)`` lists what was fused and what was skipped, with the reason. The swapped
     modules hold the original parameters under the original state_dict keys. Calling it twice is
     harmless. When ``model`` is itself one FFN, its replacement is returned.
@@ -141,7 +153,9 @@ def optimize(model):
 
 def report(model):
     """Every FFN of ``model``: fused (already swapped), fusible (``optimize`` would swap it) or skipped
-    (with the reason). Returns a ``Report`` (a list of ``Entry``) that prints as a table.
+    (with the reason); and the near misses, modules shaped like an FFN that fuser does not match, with
+    what differs. Returns a ``Report`` (a list of ``Entry``, near misses in ``.missed``) that prints as a
+    table.
 
     Example:
         >>> import fuser

@@ -75,6 +75,17 @@ def hf(name, **over):
     return model.eval(), inputs
 
 
+class Holder(torch.nn.Module):
+    """A model holding one module (an FFN) as its child ``ffn``, which its forward calls."""
+
+    def __init__(self, ffn):
+        super().__init__()
+        self.ffn = ffn
+
+    def forward(self, x):
+        return self.ffn(x)
+
+
 def output(model, inputs):
     """The main output tensor of an HF model call."""
     out = model(**inputs)
