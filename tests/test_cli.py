@@ -31,7 +31,7 @@ def run_cli(*args, env=None):
 def test_demo_optimizes_and_checks_a_llama(capsys):
     assert cli.main(["demo", "--hidden", "128", "--intermediate", "352", "--heads", "4", "--seq", "16"]) == 0
     out = capsys.readouterr().out
-    assert "fuser: 2 FFN(s) found: 2 fused, 0 fusible, 0 skipped" in out
+    assert "fuser: 2 FFN(s) found: 2 swapped, 0 fusible, 0 skipped" in out
     assert "model.layers.1.mlp  [LlamaMLP]  FFN 128 -> 352 -> 128, gated, activation=silu" in out
     assert "result      : OK" in out
 
@@ -64,7 +64,7 @@ def test_explain_prints_report_and_plans():
     r = run_cli("explain", *SMALL, "--tokens", "16")
     assert r.returncode == 0, r.stderr
     out = r.stdout
-    assert "fuser: 2 FFN(s) found: 2 fused, 0 fusible, 0 skipped" in out
+    assert "fuser: 2 FFN(s) found: 2 swapped, 0 fusible, 0 skipped" in out
     want = fuser.plan(128, 128, 352, gated=True, activation="silu", dtype="bfloat16")
     assert f"dtype=bfloat16, bias=none; plan @128 tokens: {want.summary()}" in out
     head = "== FFN 128 -> 352 -> 128, gated silu, bfloat16, no bias (2 FFN(s): model.layers.0.mlp, model.layers.1.mlp) at 16 tokens =="

@@ -56,7 +56,7 @@ def test_ffn_with_a_dropout_function_is_fused_at_inference_and_exact_in_training
         y = model(x)
         torch.manual_seed(seed)
         torch.testing.assert_close(y, ref(x), rtol=1e-5, atol=1e-5)
-    assert op_calls == ["gelu"]
+    assert op_calls == ["gelu"] and "own forward" in model.ffn.running()
     y.sum().backward()                                   # gradients reach the same Parameters
     assert model.ffn.fc1.weight.grad is not None
     model.eval()
@@ -166,7 +166,7 @@ def test_report_names_the_reason_of_each_near_miss(make, kind, reason):
         ("a", kind, "missed")], str(r)
     assert r.missed[0].detail.startswith(reason), r.missed[0].detail
     text = str(r)
-    assert text.splitlines()[0] == "fuser: 1 FFN(s) found: 0 fused, 1 fusible, 0 skipped; 1 near miss(es), " \
+    assert text.splitlines()[0] == "fuser: 1 FFN(s) found: 0 swapped, 1 fusible, 0 skipped; 1 near miss(es), " \
                                    "not recognised as FFNs"
     assert f"  missed   a  [{kind}]  {reason}" in text
     fuser.optimize(model)
