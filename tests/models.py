@@ -5,9 +5,9 @@ their classes, all with random weights (nothing is downloaded), plus their input
 """
 import torch
 
-import torchvision_cpu
+from fuser.tools.compat import importable_torchvision
 
-torchvision_cpu.make_importable()   # before transformers/timm import anything (see its docstring)
+importable_torchvision()   # before transformers/timm import anything (see its docstring)
 
 import transformers as T  # noqa: E402
 

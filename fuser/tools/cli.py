@@ -29,7 +29,7 @@ import torch
 import fuser
 from fuser import _C
 from fuser.planner import DATAFLOWS
-from fuser.tools import bench, bench_report, calibrate, warm
+from fuser.tools import bench, bench_report, calibrate, compat, warm
 from fuser.tools.timing import hopper_reason, time_interleaved
 
 
@@ -135,8 +135,9 @@ def _llama(args, device, dtype):
     if args.hidden % args.heads:
         raise UsageError(f"--hidden {args.hidden} must be a multiple of --heads {args.heads}")
     try:
+        compat.importable_torchvision()   # a torchvision built for another torch would break transformers
         from transformers import LlamaConfig, LlamaForCausalLM
-    except ImportError as e:
+    except (ImportError, RuntimeError) as e:
         print(_transformers_missing(e), file=sys.stderr)
         return None
     cfg = LlamaConfig(hidden_size=args.hidden, intermediate_size=args.intermediate, num_hidden_layers=args.layers,
