@@ -74,6 +74,7 @@ def test_explain_prints_report_and_plans():
     assert f"dtype=bfloat16, bias=none; plan @128 tokens: {want.summary()}" in out
     head = "== FFN 128 -> 352 -> 128, gated silu, bfloat16, no bias (2 FFN(s): model.layers.0.mlp, model.layers.1.mlp) at 16 tokens =="
     assert out.count("== FFN ") == 1 and head in out
+    assert head + "\non this machine: runs PyTorch ops here (weights on cpu)\n" in out
     explained = fuser.plan(16, 128, 352, gated=True, activation="silu", dtype="bfloat16").explain()
     first_lines = explained.splitlines()[:3]            # the search timing line differs from run to run
     assert all(line in out for line in first_lines), first_lines

@@ -5,8 +5,8 @@ Commands:
     plan    plan one FFN shape and explain the choice (or print the top plans, or the JSON)
     demo    build a small random LLaMA (transformers config, no download), fuser.optimize it, print the
             report, check its logits against the unoptimized model, and on Hopper time both
-    explain optimize the same LLaMA, print the report and the planner's explanation for each distinct
-            FFN shape at a token count
+    explain optimize the same LLaMA, print the report and, for each distinct FFN shape at a token count,
+            what runs it on this machine and the planner's explanation
     warmup  compile ahead of time every fused kernel the LLaMA's FFNs could need at some token counts
             (needs NVRTC)
     bench   time fuser against PyTorch eager, CUDA graphs, torch.compile, cuBLAS and the floor (Hopper GPU)
@@ -211,6 +211,7 @@ def _cmd_explain(args):
     print(fuser.report(model))
     for plan_args, paths in warm.ffn_shapes(model):
         print(f"\n== {warm.describe(plan_args)} ({len(paths)} FFN(s): {', '.join(paths)}) at {args.tokens} tokens ==")
+        print("on this machine: " + model.get_submodule(paths[0]).running(args.tokens))
         print(_planned(fuser.plan, args.tokens, target=args.target, **plan_args).explain())
     return 0
 
