@@ -16,12 +16,14 @@ call) and ``load_state_dict`` transposes what it loads. ``fuser.revert`` restore
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
 import fuser.custom_op  # noqa: F401  (registers torch.ops.fuser.ffn)
 from fuser import interop, ops, planner, runtime
-from fuser.recognize import FFNSpec, Unsupported, recognise
+from fuser.recognize import FFNSpec, NearMiss, Unsupported, recognise
 from fuser.reference import ACTIVATIONS, eager
 
 __all__ = ["FusedFFN", "FusedInto", "PLAN_TOKENS"]
@@ -93,8 +95,13 @@ class FusedFFN(nn.Module):
         ``linked`` maps owner names living outside this module to the modules holding them (their
         parameters stay registered there); ``source`` is the module replaced (kept for ``revert``)."""
         super().__init__()
+        if spec.train_source and source is None:
+            raise ValueError("source: the module replaced is needed: in training mode its own forward runs "
+                             "(spec.train_source)")
         for name, child in children.items():
             self.add_module(name, child)
+        if source is not None:
+            self.training = source.training   # the children keep their own flags
         self.spec = spec
         self.__dict__["_linked"] = dict(linked or {})   # not registered: their state_dict keys stay put
         self.__dict__["_source"] = source
@@ -126,6 +133,8 @@ class FusedFFN(nn.Module):
         if found is None:
             raise ValueError(f"module: {type(module).__name__} is not an FFN fuser recognises")
         kind, spec, linked = found
+        if isinstance(spec, NearMiss):
+            raise ValueError(f"module: {kind} is not an FFN fuser recognises: {spec}")
         if isinstance(spec, Unsupported):
             raise ValueError(f"module: {kind} cannot be fused: {spec}")
         if spec.linked:
@@ -146,11 +155,16 @@ class FusedFFN(nn.Module):
 
     def restore(self):
         """Hand the children back to the module this one replaced, with GPT-2 Conv1D weights in their
-        original layout again, and return that module (what ``fuser.revert`` puts back)."""
+        original layout again, and return that module (what ``fuser.revert`` puts back). Once done, doing
+        it again only returns that module."""
         source = self.source
+        if self.__dict__.get("_restored"):
+            return source
+        self.__dict__["_restored"] = True
         _transpose_weights(self, self.spec.transposed)
         for name, child in self.named_children():
             setattr(source, name, child)
+        source.training = self.training
         self.__dict__.pop("_kept", None)
         return source
 
@@ -203,7 +217,7 @@ class FusedFFN(nn.Module):
         """The dropout between the GEMMs when it is active (training, p > 0), else None."""
         name = self.spec.mid_dropout
         d = self._modules.get(name) if name else None
-        return d if d is not None and d.training and d.p > 0 else None
+        return d if d is not None and d.training and getattr(d, "p", 0) > 0 else None
 
     def _eager(self, x, w, mid=None):
         """The same FFN in PyTorch ops, with the dropout between the GEMMs when it is active."""
@@ -211,6 +225,10 @@ class FusedFFN(nn.Module):
                      ACTIVATIONS[self.spec.activation], mid)
 
     def forward(self, x):
+        if self.training and self.spec.train_source:   # the module's forward differs in training: run it
+            source = self.__dict__["_source"]
+            source.training = True
+            return source(x)
         y = None
         if not (_is_compiling() or _is_tracing()):   # compiled and traced graphs keep the op
             kept = self.__dict__.get("_kept")
@@ -307,6 +325,43 @@ class FusedFFN(nn.Module):
             return f"{head}; plan @{PLAN_TOKENS} tokens: {self.plan(PLAN_TOKENS).summary()}"
         except ValueError as e:   # nothing the planner can run (it always offers the unfused path)
             return f"{head}; plan @{PLAN_TOKENS} tokens: none ({e})"
+
+    def running(self, tokens=PLAN_TOKENS):
+        """What computes this FFN here, as far as is known: PyTorch ops and why (float32, weights not on a
+        CUDA device, no fused path on their GPU, ``FUSER_DISABLE``), or what a call of ``tokens`` tokens
+        runs on the weights' GPU: the fused kernel, or PyTorch ops where the planner predicts them faster;
+        then, when the module kept the route of its last input shape, what that call ran.
+
+        Example:
+            >>> import fuser
+            >>> from torch import nn
+            >>> f = fuser.FusedFFN.from_module(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8)).bfloat16())
+            >>> f.running()
+            'runs PyTorch ops here (weights on cpu)'
+        """
+        w = self.weights()["up"]
+        dtype = str(w.dtype).replace("torch.", "")
+        if self.training and self.spec.train_source:
+            now = "runs the module's own forward (training mode, where it differs from the FFN)"
+        elif dtype not in ("bfloat16", "float16"):
+            now = f"runs PyTorch ops ({dtype} is never fused)"
+        elif _disabled():
+            now = "runs PyTorch ops (FUSER_DISABLE is set)"
+        elif w.device.type != "cuda":
+            now = f"runs PyTorch ops here (weights on {w.device.type})"
+        else:
+            ok, why = runtime.fused_available(w.device.index)
+            if not ok:
+                now = f"runs PyTorch ops here (no fused path on {w.device}: {why})"
+            elif runtime.plan_for(self.plan(tokens).chain, w.device.index).fused:
+                now = f"runs the fused kernel @{tokens} tokens"
+            else:
+                now = f"runs PyTorch ops @{tokens} tokens (planner: eager)"
+        kept = self.__dict__.get("_kept")
+        if kept is not None and not kept.route.stale:
+            m = math.prod(kept.shape[:-1])
+            now += f"; last call ({m} tokens): {'the fused kernel' if kept.route.fused else 'PyTorch ops'}"
+        return now
 
     def extra_repr(self):
         return self.plan_summary()

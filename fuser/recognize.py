@@ -8,10 +8,16 @@ Three ways in, each a table or a pattern, never a guess:
 - ``PAIRS``: FFNs split over two sibling modules (BERT's ``intermediate`` + ``output``); only the
   GEMM -> activation -> GEMM part is fused, the dropout, residual and LayerNorm stay in the sibling.
 - structure: ``nn.Sequential(Linear, act, [Dropout], Linear, [Dropout])``, and any other module whose
-  ``forward`` traces (torch.fx) to ``down(act(up(x)))`` or ``down(act(gate(x)) * up(x))``.
+  ``forward`` traces (torch.fx, in eval mode, dropout functions that do nothing left out) to
+  ``down(act(up(x)))`` or ``down(act(gate(x)) * up(x))``; traced in training mode too, to know whether
+  it computes the same there (else the module's own forward runs in training: ``FFNSpec.train_source``).
+  A module shaped like one (two or three projections) that does not match is a ``NearMiss``, whose
+  message says what differs (a norm between the Linears, 1x1 convolutions, more than the FFN).
 
 The activation is read from the module object (``ACT_CLASSES``, ``ACT_FUNCTIONS``): an activation, a
-dtype, a layout or a feature fuser does not support makes the FFN a skip, with the reason.
+dtype, a layout or a feature fuser does not support makes the FFN a skip, with the reason. So do what a
+swap would silently change: hooks on the FFN's modules (``check_hooks``), and linear layers that are not
+plain ``nn.Linear`` ones (quantized, parametrized, subclasses; weights that are tensor subclasses).
 
 What a recogniser produces is an ``FFNSpec``: where each weight lives (owner child, parameter name,
 row range for fused gate/up weights), the activation and the dimensions. ``FusedFFN`` computes from it.
@@ -27,6 +33,7 @@ from typing import Callable, Optional, Union
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import parametrize
 
 #: dtypes fuser computes in
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -110,12 +117,33 @@ LINEAR_CLASSES = {
 }
 
 
+def _layout(m):
+    """The ``LINEAR_CLASSES`` layout of `m`'s exact class, or None. torch.ao's quantized, QAT and reference
+    linear layers are classes named ``Linear`` under torch too: of those only ``nn.Linear`` is plain."""
+    key = _key(m)
+    if key == ("torch", "Linear") and type(m) is not nn.Linear:
+        return None
+    return LINEAR_CLASSES.get(key)
+
+
+def _not_plain(m):
+    """What a linear layer fuser cannot read is, for the reason it gives."""
+    cls = type(m)
+    if parametrize.is_parametrized(m):
+        names = ", ".join(m.parametrizations)
+        return (f"a {cls.__mro__[1].__name__} with a parametrization of {names} (torch.nn.utils.parametrize; "
+                "its weight is computed at every call)")
+    if cls.__module__.startswith("torch.ao."):
+        return f"{cls.__module__}.{cls.__name__}, a quantized linear layer"
+    return f"{cls.__name__}, " + ("a subclass of nn.Linear (adapter, ...)" if isinstance(m, nn.Linear)
+                                  else "not a linear layer")
+
+
 def linear_layout(m, role):
     """'linear' or 'conv1d' for a linear layer fuser can read; raises ``Unsupported`` otherwise."""
-    layout = LINEAR_CLASSES.get(_key(m))
+    layout = _layout(m)
     if layout is None:
-        kind = "a subclass of nn.Linear (quantised, adapter, ...)" if isinstance(m, nn.Linear) else "not a linear layer"
-        raise Unsupported(f"{role} is {type(m).__name__}, {kind}; fuser reads plain nn.Linear weights")
+        raise Unsupported(f"{role} is {_not_plain(m)}; fuser reads plain nn.Linear weights")
     return layout
 
 
@@ -152,6 +180,8 @@ class FFNSpec:
     post_dropout: Optional[str] = None    # a dropout on the output
     transposed: tuple[str, ...] = ()      # owners whose [in, out] Conv1D weight is relaid out at swap
     linked: tuple[str, ...] = ()          # owners living outside the module (a sibling's linear)
+    train_source: bool = False            # in training the replaced module's own forward runs: it differs
+                                          # there (a dropout function, a branch on self.training)
 
     @property
     def gated(self):
@@ -233,9 +263,52 @@ def _child(module, name, role):
 
 
 def _check_dropout(d, name):
-    if d is not None and d.training and d.p > 0:
+    if d is not None and d.training and getattr(d, "p", 0) > 0:
         raise Unsupported(f"dropout {name!r} (p={d.p}) between the GEMMs is active in training mode; "
                           "call model.eval() first (or set p=0)")
+
+
+def _plain(t, what):
+    """Raise ``Unsupported`` unless `t` is a weight fuser can hand to a kernel as it is: a dense tensor (or
+    Parameter) of torch's own class."""
+    if not isinstance(t, torch.Tensor):
+        raise Unsupported(f"{what} is a {type(t).__name__}, not a tensor")
+    if type(t) not in (torch.Tensor, nn.Parameter):
+        raise Unsupported(f"{what} is a {type(t).__name__}, a tensor subclass (quantized or sharded weights, say)")
+    if t.layout is not torch.strided:
+        raise Unsupported(f"{what} is {t.layout}, not a dense tensor")
+
+
+#: the hooks torch calls around a module's forward and backward, by attribute
+_HOOKS = (("_forward_pre_hooks", "forward pre-hook"), ("_forward_hooks", "forward hook"),
+          ("_backward_pre_hooks", "backward pre-hook"), ("_backward_hooks", "backward hook"))
+
+
+def check_hooks(modules):
+    """Raise ``Unsupported`` naming the first hook found on `modules` (``(name, module)`` pairs, ``""``
+    for the FFN itself): a FusedFFN computes the FFN without calling those modules, so their hooks would
+    stop firing.
+
+    Example:
+        >>> from torch import nn
+        >>> from fuser.recognize import Unsupported, check_hooks
+        >>> lin = nn.Linear(4, 4)
+        >>> _ = lin.register_forward_hook(lambda m, i, o: o * 2)
+        >>> try:
+        ...     check_hooks([("up", lin)])
+        ... except Unsupported as e:
+        ...     print(e)
+        a forward hook on module 'up' would stop firing (fuser computes the FFN without calling its modules)
+    """
+    for name, m in modules:
+        where = f"module {name!r}" if name else "the FFN module"
+        for attr, what in _HOOKS:
+            if getattr(m, attr, None):
+                raise Unsupported(f"a {what} on {where} would stop firing (fuser computes the FFN without "
+                                  "calling its modules)")
+        if "forward" in m.__dict__:
+            raise Unsupported(f"the forward of {where} is replaced on the instance (accelerate's offloading "
+                              "hooks, say), and fuser would bypass it")
 
 
 def _tensor_ok(t, what):
@@ -249,11 +322,12 @@ def _tensor_ok(t, what):
 
 
 def build_spec(kind, owners, *, up, down, act_obj, gate=None, gate_up=None, gate_first=True,
-               mid_dropout=None, post_dropout=None, linked=()):
+               mid_dropout=None, post_dropout=None, linked=(), train_source=False):
     """Check the parts of one FFN and return its ``FFNSpec``; raises ``Unsupported`` with the reason.
 
     ``owners`` maps child names to modules; ``up``/``down``/``gate``/``gate_up`` name linear children;
-    ``mid_dropout``/``post_dropout`` name dropout children (or are None).
+    ``mid_dropout``/``post_dropout`` name dropout children (or are None); ``train_source`` says that in
+    training mode the module's own forward computes something else (``FFNSpec.train_source``).
 
     Example:
         >>> from torch import nn
@@ -265,6 +339,10 @@ def build_spec(kind, owners, *, up, down, act_obj, gate=None, gate_up=None, gate
     activation = activation_of(act_obj)
     roles = {"up": up, "down": down, "gate": gate, "gate_up": gate_up}
     layouts = {r: linear_layout(owners[n], f"{r} projection {n!r}") for r, n in roles.items() if n}
+    for n in filter(None, roles.values()):
+        _plain(getattr(owners[n], "weight", None), f"{n}.weight")
+        if getattr(owners[n], "bias", None) is not None:
+            _plain(owners[n].bias, f"{n}.bias")
     if len(set(layouts.values())) > 1:
         raise Unsupported("linear layers of mixed layouts (Linear and Conv1D)")
     conv1d = "conv1d" in layouts.values()
@@ -316,7 +394,7 @@ def build_spec(kind, owners, *, up, down, act_obj, gate=None, gate_up=None, gate
     transposed = tuple(sorted({n for n in (up, down, gate, gate_up) if n})) if conv1d else ()
     return FFNSpec(kind=kind, activation=activation, d_model=d_model, d_ff=d_ff, d_out=d_out,
                    mid_dropout=mid_dropout, post_dropout=post_dropout, transposed=transposed,
-                   linked=tuple(linked), **refs)
+                   linked=tuple(linked), train_source=train_source, **refs)
 
 
 def _own_state(module):
@@ -356,26 +434,89 @@ def from_pair(first, sibling, recipe):
 
 # ---- structure ----------------------------------------------------------------------------------------
 
+class NearMiss(Exception):
+    """A module shaped like an FFN (two or three projections) that fuser does not match as one; the message
+    says what differs. ``fuser.report`` lists it with that reason."""
+
+
+#: dropout modules: the identity at inference; in training a FusedFFN calls them as they are
+DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+#: dropout functions -> the default of their ``training`` argument (None: a required argument)
+DROPOUT_FUNCTIONS = {F.dropout: True, F.dropout1d: True, F.dropout2d: True, F.dropout3d: True,
+                     F.alpha_dropout: False, F.feature_alpha_dropout: False, torch.dropout: None,
+                     torch.alpha_dropout: None, torch.feature_alpha_dropout: None}
+
+
 def _dropout_like(m):
-    return isinstance(m, (nn.Dropout, nn.Identity))
+    return isinstance(m, (*DROPOUTS, nn.Identity))
+
+
+def _is_norm(m):
+    return isinstance(m, (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.LocalResponseNorm, nn.modules.batchnorm._NormBase)) \
+        or "Norm" in type(m).__name__
+
+
+def _is_conv1x1(m):
+    return isinstance(m, (nn.Conv1d, nn.Conv2d)) and all(k == 1 for k in m.kernel_size)
+
+
+def _describe(name, m):
+    """A child as a near miss's reason names it."""
+    what = f"{type(m).__name__} {name!r}"
+    return f"a norm ({what})" if _is_norm(m) else what
+
+
+def _projections(named):
+    """Which children the FFN's projections would be: linear layers when there are two or three, else
+    1x1 convolutions when there are two or three of those and no linear layer (a near miss at best); None
+    when neither."""
+    for is_proj in (_is_linear, _is_conv1x1):
+        n = sum(is_proj(m) for _, m in named)
+        if 2 <= n <= 3:
+            return is_proj
+        if n:
+            return None
+    return None
+
+
+def _conv_miss(named):
+    convs = [n for n, m in named if _is_conv1x1(m)]
+    return NearMiss(f"1x1 convolutions ({type(dict(named)[convs[0]]).__name__} {', '.join(map(repr, convs))}) "
+                    "where fuser reads nn.Linear layers (a convolution's channels-first layout is not the "
+                    "[tokens, features] one)")
 
 
 def from_sequential(seq):
-    """``Sequential(Linear, act, [Dropout], Linear, [Dropout])`` -> ``FFNSpec``; None if not that shape."""
+    """``Sequential(Linear, act, [Dropout], Linear, [Dropout])`` -> ``FFNSpec``; None if it is not two
+    projections; raises ``NearMiss`` when it is two projections with something else around them, or two
+    1x1 convolutions around an activation."""
     items = list(seq.named_children())
-    if not 3 <= len(items) <= 5 or not _is_linear(items[0][1]):
+    is_proj = _projections(items) if len(items) <= 6 else None
+    lin = [i for i, (_, m) in enumerate(items) if is_proj and is_proj(m)]
+    if len(lin) != 2:
         return None
-    names = [n for n, _ in items]
-    mods = [m for _, m in items]
-    i_down = next((i for i in (2, 3) if i < len(mods) and _is_linear(mods[i])), None)
-    if i_down is None or any(True for _ in mods[1].parameters()) or any(not _dropout_like(m) for m in mods[2:i_down]) \
-            or any(not isinstance(m, nn.Dropout) for m in mods[i_down + 1:]) or _own_state(seq):
-        return None
-    owners = dict(items)
-    mid = names[2] if i_down == 3 else None
-    post = names[i_down + 1] if i_down + 1 < len(mods) else None
-    return build_spec("Sequential", owners, up=names[0], down=names[i_down], act_obj=mods[1],
-                      mid_dropout=mid, post_dropout=post)
+    (i_up, i_down), names, mods = lin, [n for n, _ in items], [m for _, m in items]
+    between, after = items[i_up + 1:i_down], items[i_down + 1:]
+    norm = next((c for c in between if _is_norm(c[1])), None)
+    if i_up:
+        miss = f"{_describe(*items[0])} before the up projection"
+    elif norm or not between:
+        miss = f"{_describe(*norm)} between the two Linears" if norm else "no activation between the two Linears"
+    elif len(between) > 2 or not all(_dropout_like(m) for _, m in between[1:]):
+        miss = f"{', '.join(_describe(*c) for c in between[1:])} between the two Linears besides the activation"
+    elif len(after) > 1 or not all(_dropout_like(m) for _, m in after):
+        miss = f"{', '.join(_describe(*c) for c in after)} after the down projection"
+    else:
+        miss = _own_state(seq) and f"the module holds tensors of its own ({', '.join(_own_state(seq))})"
+    if is_proj is _is_conv1x1:   # convolutions: a near miss only where Linears would make an FFN
+        if miss:
+            return None
+        raise _conv_miss(items)
+    if miss:
+        raise NearMiss(miss)
+    return build_spec("Sequential", dict(items), up=names[0], down=names[i_down], act_obj=mods[1],
+                      mid_dropout=between[1][0] if len(between) == 2 else None,
+                      post_dropout=after[0][0] if after else None)
 
 
 class _LeafTracer(torch.fx.Tracer):
@@ -385,37 +526,77 @@ class _LeafTracer(torch.fx.Tracer):
         return True
 
 
-def _traced_pattern(module):
-    """Trace ``module.forward`` and match ``down([drop](act(up(x)) | act(gate(x)) * up(x)))[drop]``.
+def _inference_noop(n):
+    """Whether graph node `n` is a dropout function that is the identity as traced (training off, or p=0)."""
+    if n.op != "call_function" or n.target not in DROPOUT_FUNCTIONS or not n.args:
+        return False
+    args = dict(zip(("p", "training"), n.args[1:3]), **n.kwargs)
+    p, training = args.get("p", 0.5), args.get("training", args.get("train", DROPOUT_FUNCTIONS[n.target]))
+    return isinstance(p, (int, float)) and isinstance(training, bool) and (not training or p == 0)
 
-    Returns keyword arguments for ``build_spec`` or None when the forward is not exactly that."""
-    graph = _LeafTracer().trace(module)
+
+def _trace(module, training):
+    """The graph of ``module.forward`` traced with ``module.training`` set to `training` (children are
+    leaves, so only the module's own flag matters), dropout functions that do nothing left out."""
+    was = module.training
+    module.training = training
+    try:
+        graph = _LeafTracer().trace(module)
+    finally:
+        module.training = was
+    for n in list(graph.nodes):
+        if _inference_noop(n):
+            n.replace_all_uses_with(n.args[0])
+            graph.erase_node(n)
+    return graph
+
+
+def _traced_pattern(module, graph, is_proj=_is_linear):
+    """Match ``down([drop](act(up(x)) | act(gate(x)) * up(x)))[drop]`` in `graph` (``_trace``'s), where
+    ``is_proj`` says which children are projections.
+
+    Returns keyword arguments for ``build_spec``; raises ``NearMiss`` saying where the forward differs."""
     nodes = list(graph.nodes)
     ph = [n for n in nodes if n.op == "placeholder"]
     out = [n for n in nodes if n.op == "output"]
     if len(ph) != 1 or len(out) != 1 or not isinstance(out[0].args[0], torch.fx.Node):
-        return None
+        raise NearMiss("its forward does not return one tensor")
     x, used = ph[0], set(ph + out)
 
     def child(n):
         return getattr(module, n.target) if n.op == "call_module" and "." not in n.target else None
 
+    def what(n):
+        m = child(n) if isinstance(n, torch.fx.Node) else None
+        if m is not None:
+            return _describe(n.target, m)
+        if isinstance(n, torch.fx.Node) and n.op in ("call_function", "call_method"):
+            return getattr(n.target, "__name__", str(n.target)) + "()"
+        return "the input" if n is x else repr(n)
+
     def single(n):
         return isinstance(n, torch.fx.Node) and len(n.users) == 1 and not n.kwargs
 
-    def linear_of(n):   # a linear child applied to x
-        if isinstance(n, torch.fx.Node) and n.op == "call_module" and _is_linear(child(n)) \
-                and n.args == (x,) and not n.kwargs:
+    def proj(n):
+        return isinstance(n, torch.fx.Node) and n.op == "call_module" and is_proj(child(n))
+
+    def linear_of(n):   # a projection applied to x
+        if proj(n) and n.args == (x,) and not n.kwargs:
             used.add(n)
             return n.target
+        if proj(n) and len(n.args) == 1:
+            raise NearMiss(f"{what(n.args[0])} before the up projection")
         return None
 
-    def act_of(n):      # an activation (a child, or a function) applied to one node
+    def act_of(n):      # an activation (a parameter-free child, or a function) applied to one node
         if not isinstance(n, torch.fx.Node) or len(n.args) != 1 or len(n.users) != 1:
             return None
-        if n.op == "call_module" and not n.kwargs and child(n) is not None and not _is_linear(child(n)):
+        m = child(n)
+        if m is not None and not is_proj(m) and (_is_norm(m) or any(True for _ in m.parameters())):
+            raise NearMiss(f"{what(n)} between the two Linears")
+        if n.op == "call_module" and not n.kwargs and m is not None and not is_proj(m):
             used.add(n)
-            return n.args[0], child(n)
+            return n.args[0], m
         if n.op == "call_function" and set(n.kwargs) <= {"inplace", "approximate"}:
             # any one-input function: activation_of says whether fuser supports it
             used.add(n)
@@ -433,9 +614,8 @@ def _traced_pattern(module):
         return n, None
 
     h, post = drop_of(out[0].args[0])
-    if not (isinstance(h, torch.fx.Node) and h.op == "call_module" and _is_linear(child(h)) and single(h)
-            and len(h.args) == 1):
-        return None
+    if not (proj(h) and single(h) and len(h.args) == 1):
+        raise NearMiss(f"its output comes from {what(h)}, not from a Linear")
     down = h.target
     used.add(h)
     h, mid = drop_of(h.args[0])
@@ -449,14 +629,18 @@ def _traced_pattern(module):
                 spec.update(gate=got[0].target, act_obj=got[1], up=b.target)
                 break
         else:
-            return None
+            raise NearMiss(f"the product before {down!r} is not act(Linear(x)) * Linear(x)")
     else:
         got = act_of(h)
-        if not got or not linear_of(got[0]):
-            return None
+        if not got:
+            raise NearMiss(f"{what(h)} between the two Linears, where fuser expects an activation")
+        if not linear_of(got[0]):
+            raise NearMiss(f"{what(got[0])} between the two Linears")
         spec.update(up=got[0].target, act_obj=got[1])
-    if used != set(nodes):
-        return None    # the forward does more than the FFN
+    extra = [n for n in nodes if n not in used]
+    if extra:
+        raise NearMiss(f"its forward does more than the FFN ({', '.join(what(n) for n in extra[:3])}"
+                       f"{', ...' if len(extra) > 3 else ''})")
     return spec
 
 
@@ -472,31 +656,63 @@ def _one_input(module):
     return len(required) == 1 and not extra
 
 
+def _same(a, b):
+    """Whether two matches name the same FFN (activation functions compared by what they compute)."""
+    def key(d):
+        act = d["act_obj"]
+        return {**d, "act_obj": (act.func, act.keywords) if isinstance(act, functools.partial) else act}
+    return key(a) == key(b)
+
+
+#: what mixes tokens or reshapes: a forward calling any of these is not an FFN (attention, say)
+_NOT_FFN = {"matmul", "bmm", "baddbmm", "einsum", "softmax", "scaled_dot_product_attention", "reshape", "view",
+            "transpose", "permute", "flatten", "unflatten"}
+
+
 def from_structure(module):
-    """``FFNSpec`` of a module whose forward is an FFN of its children; None if it is not one."""
-    if not _one_input(module):
-        return None
-    linears = [n for n, m in module.named_children() if _is_linear(m)]
-    others = [m for m in module.children() if not _is_linear(m)]
-    if not 2 <= len(linears) <= 3 or any(any(True for _ in m.parameters()) for m in others) or _own_state(module):
+    """``FFNSpec`` of a module whose forward (at inference) is an FFN of its children; None if it is not
+    shaped like one; raises ``NearMiss`` when it is, and its forward differs from an FFN of them."""
+    named = list(module.named_children())
+    is_proj = _projections(named)
+    if is_proj is None or not _one_input(module):
         return None
     try:
-        found = _traced_pattern(module)
-    except Exception:   # noqa: BLE001 - a forward FX cannot trace is simply not a recognised FFN
+        graph = _trace(module, False)
+    except Exception as e:   # noqa: BLE001 - a forward FX cannot trace is not a recognised FFN
+        if is_proj is _is_conv1x1:
+            return None
+        raise NearMiss(f"torch.fx cannot trace its forward ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
+    if any(getattr(n.target, "__name__", n.target) in _NOT_FFN for n in graph.nodes):
         return None
-    if found is None:
-        return None
-    owners = dict(module.named_children())
-    return build_spec(type(module).__name__, owners, **found)
+    if is_proj is _is_conv1x1:   # convolutions: a near miss only where Linears would make an FFN
+        try:
+            _traced_pattern(module, graph, is_proj)
+        except NearMiss:
+            return None
+        raise _conv_miss(named)
+    found = _traced_pattern(module, graph)
+    own = _own_state(module)
+    if own:
+        raise NearMiss(f"the module holds tensors of its own ({', '.join(own)})")
+    try:     # in training mode, does the forward compute the same FFN?
+        same = _same(found, _traced_pattern(module, _trace(module, True)))
+    except Exception:   # noqa: BLE001 - it differs there: a dropout function, a branch on self.training
+        same = False
+    spec = build_spec(type(module).__name__, dict(named), train_source=not same, **found)
+    if spec.transposed and spec.train_source:
+        raise Unsupported("its forward differs in training mode, where it must run itself, and fuser would "
+                          "relay its Conv1D weights out")
+    return spec
 
 
 # ---- one entry point ----------------------------------------------------------------------------------
 
 def recognise(module, parent=None):
     """What ``module`` is: ``(kind, spec, linked)`` for a fusible FFN, ``(kind, Unsupported, None)`` for
-    an FFN that cannot be fused, or None when it is not an FFN. ``linked`` is None, or for an FFN split
-    over siblings (BERT) maps the owner name ``"down"`` to ``(sibling module, attribute name)`` of the
-    down projection, which lives outside the module.
+    an FFN that cannot be fused, ``(kind, NearMiss, None)`` for a module shaped like an FFN that is not
+    one fuser matches, or None when it is not an FFN. ``linked`` is None, or for an FFN split over
+    siblings (BERT) maps the owner name ``"down"`` to ``(sibling module, attribute name)`` of the down
+    projection, which lives outside the module.
 
     Example:
         >>> from torch import nn
@@ -508,18 +724,22 @@ def recognise(module, parent=None):
     key = _key(module)
     try:
         if key in KNOWN:
-            return key[1], from_recipe(module, KNOWN[key]), None
+            spec = from_recipe(module, KNOWN[key])
+            check_hooks(module.named_modules())
+            return key[1], spec, None
         if key in PAIRS:
             recipe = PAIRS[key]
             sibling = getattr(parent, recipe.sibling, None) if parent is not None else None
             if sibling is None or _key(sibling) != recipe.sibling_kind:
                 return None
             spec = from_pair(module, sibling, recipe)
+            down = f"{recipe.sibling}.{recipe.down}"
+            check_hooks([*module.named_modules(), (recipe.sibling, sibling), (down, getattr(sibling, recipe.down))])
             return f"{key[1]}+{recipe.sibling_kind[1]}", spec, {"down": (sibling, recipe.down)}
-        if type(module) is nn.Sequential:
-            spec = from_sequential(module)
-            return (("Sequential", spec, None) if spec else None)
-        spec = from_structure(module)
-        return (type(module).__name__, spec, None) if spec else None
-    except Unsupported as e:
+        spec = from_sequential(module) if type(module) is nn.Sequential else from_structure(module)
+        if spec is None:
+            return None
+        check_hooks(module.named_modules())
+        return ("Sequential" if type(module) is nn.Sequential else type(module).__name__), spec, None
+    except (Unsupported, NearMiss) as e:
         return key[1], e, None

@@ -5,9 +5,9 @@ their classes, all with random weights (nothing is downloaded), plus their input
 """
 import torch
 
-import torchvision_cpu
+from fuser.tools.compat import importable_torchvision
 
-torchvision_cpu.make_importable()   # before transformers/timm import anything (see its docstring)
+importable_torchvision()   # before transformers/timm import anything (see its docstring)
 
 import transformers as T  # noqa: E402
 
@@ -73,6 +73,17 @@ def hf(name, **over):
     torch.manual_seed(0)
     model, inputs = HF[name][0](**over)
     return model.eval(), inputs
+
+
+class Holder(torch.nn.Module):
+    """A model holding one module (an FFN) as its child ``ffn``, which its forward calls."""
+
+    def __init__(self, ffn):
+        super().__init__()
+        self.ffn = ffn
+
+    def forward(self, x):
+        return self.ffn(x)
 
 
 def output(model, inputs):

@@ -23,7 +23,7 @@ def test_report_finds_and_optimize_swaps(name, op_calls):
     ref = copy.deepcopy(model)
     assert fuser.optimize(model) is model
     after = fuser.report(model)
-    assert [e.status for e in after] == ["fused"] * count, str(after)
+    assert [e.status for e in after] == ["swapped"] * count, str(after)
     assert [e.path for e in after] == [e.path for e in before]
     fused = [m for m in model.modules() if isinstance(m, FusedFFN)]
     assert len(fused) == count and {f.spec.activation for f in fused} == {activation}

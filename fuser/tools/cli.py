@@ -5,12 +5,15 @@ Commands:
     plan    plan one FFN shape and explain the choice (or print the top plans, or the JSON)
     demo    build a small random LLaMA (transformers config, no download), fuser.optimize it, print the
             report, check its logits against the unoptimized model, and on Hopper time both
-    explain optimize the same LLaMA, print the report and the planner's explanation for each distinct
-            FFN shape at a token count
+    explain optimize the same LLaMA, print the report and, for each distinct FFN shape at a token count,
+            what runs it on this machine and the planner's explanation
     warmup  compile ahead of time every fused kernel the LLaMA's FFNs could need at some token counts
             (needs NVRTC)
     bench   time fuser against PyTorch eager, CUDA graphs, torch.compile, cuBLAS and the floor (Hopper GPU)
     calibrate  measure this GPU's cost-model constants and store them where the planner picks them up
+
+A value no command can take (``--tokens 0``, ``--dataflow bogus``, ``--target a100``, a plan no search
+can satisfy) is a usage error: one line on stderr after the usage, exit status 2, as argparse answers.
 """
 from __future__ import annotations
 
@@ -24,8 +27,65 @@ import sys
 import torch
 
 import fuser
-from fuser.tools import bench, bench_report, calibrate, warm
+from fuser import _C
+from fuser.planner import DATAFLOWS
+from fuser.tools import bench, bench_report, calibrate, compat, warm
 from fuser.tools.timing import hopper_reason, time_interleaved
+
+
+class UsageError(Exception):
+    """A combination of option values the command cannot take; ``main`` reports it as argparse does."""
+
+
+#: the largest count an option takes (tokens, widths): the planner's products of two stay within int64
+_MAX_COUNT = 2**31 - 1
+
+
+def _integer(lo):
+    """An option type: an integer from `lo` to ``_MAX_COUNT``."""
+    def parse(text):
+        try:
+            n = int(text)
+        except ValueError:
+            n = lo - 1
+        if not lo <= n <= _MAX_COUNT:
+            raise argparse.ArgumentTypeError(f"expected an integer from {lo} to {_MAX_COUNT}, got {text!r}")
+        return n
+    return parse
+
+
+_count = _integer(1)   # tokens, widths, layers, repetitions
+_index = _integer(0)   # a device ordinal, a seed
+
+
+def _seconds(text):
+    """A positive, finite number of seconds."""
+    try:
+        t = float(text)
+    except ValueError:
+        t = 0.0
+    if not t > 0 or t == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return t
+
+
+def _token_counts(text):
+    """Comma-separated positive token counts, such as 1,16,128."""
+    try:
+        counts = tuple(_count(t) for t in text.split(",") if t.strip())
+    except argparse.ArgumentTypeError:
+        counts = ()
+    if counts:
+        return counts
+    raise argparse.ArgumentTypeError(f"expected comma-separated positive token counts such as 1,16,128, got {text!r}")
+
+
+def _planned(fn, *args, **kw):
+    """``fuser.plan``/``fuser.plans`` with the command's values: what they refuse is a usage error."""
+    try:
+        return fn(*args, **kw)
+    except (ValueError, OverflowError) as e:
+        raise UsageError(str(e)) from None
 
 
 def _cmd_env(args):
@@ -41,10 +101,10 @@ def _cmd_plan(args):
     if args.dataflow:
         kw["dataflows"] = args.dataflow
     if args.top > 1:
-        for i, p in enumerate(fuser.plans(args.tokens, args.d_model, args.d_ff, k=args.top, **kw)):
+        for i, p in enumerate(_planned(fuser.plans, args.tokens, args.d_model, args.d_ff, k=args.top, **kw)):
             print(f"{i + 1:3d}. {p.summary()}")
         return 0
-    p = fuser.plan(args.tokens, args.d_model, args.d_ff, **kw)
+    p = _planned(fuser.plan, args.tokens, args.d_model, args.d_ff, **kw)
     print(json.dumps(p.to_dict(), indent=2) if args.json else p.explain())
     return 0
 
@@ -72,9 +132,12 @@ def _transformers_missing(e):
 
 def _llama(args, device, dtype):
     """A small random LLaMA (no download) from a transformers config; None if transformers is missing."""
+    if args.hidden % args.heads:
+        raise UsageError(f"--hidden {args.hidden} must be a multiple of --heads {args.heads}")
     try:
+        compat.importable_torchvision()   # a torchvision built for another torch would break transformers
         from transformers import LlamaConfig, LlamaForCausalLM
-    except ImportError as e:
+    except (ImportError, RuntimeError) as e:
         print(_transformers_missing(e), file=sys.stderr)
         return None
     cfg = LlamaConfig(hidden_size=args.hidden, intermediate_size=args.intermediate, num_hidden_layers=args.layers,
@@ -148,7 +211,8 @@ def _cmd_explain(args):
     print(fuser.report(model))
     for plan_args, paths in warm.ffn_shapes(model):
         print(f"\n== {warm.describe(plan_args)} ({len(paths)} FFN(s): {', '.join(paths)}) at {args.tokens} tokens ==")
-        print(fuser.plan(args.tokens, target=args.target, **plan_args).explain())
+        print("on this machine: " + model.get_submodule(paths[0]).running(args.tokens))
+        print(_planned(fuser.plan, args.tokens, target=args.target, **plan_args).explain())
     return 0
 
 
@@ -158,11 +222,7 @@ def _cmd_warmup(args):
         print("fuser warmup compiles kernels with NVRTC, which was not found; install it (python -m pip install "
               "nvidia-cuda-nvrtc) or set $FUSER_NVRTC", file=sys.stderr)
         return 2
-    try:
-        tokens = tuple(int(t) for t in args.tokens.split(",") if t.strip())
-    except ValueError:
-        print(f"--tokens: expected comma-separated token counts such as 1,16,128, got {args.tokens!r}", file=sys.stderr)
-        return 2
+    tokens = args.tokens
     model = _optimized_llama(args)
     if model is None:
         return 2
@@ -188,8 +248,7 @@ def _cmd_bench(args):
     try:
         workloads = [bench.parse_workload(t) for t in args.shape] if args.shape else bench.workload_set(args.set)
     except ValueError as e:
-        print(f"--shape: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(f"argument --shape: {e}") from None
     os.makedirs(args.out, exist_ok=True)
     meta = {}
     if not args.no_host:
@@ -253,54 +312,60 @@ def _cmd_calibrate(args):
 def _model_options(p, planned=False):
     """The LLaMA options of demo, explain and warmup; `planned` adds the planner's dtype and target (the
     model is built on the CPU in that dtype, bfloat16 by default: float32 FFNs never fuse)."""
-    p.add_argument("--hidden", type=int, default=512)
-    p.add_argument("--intermediate", type=int, default=1376)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--vocab", type=int, default=1000)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hidden", type=_count, default=512)
+    p.add_argument("--intermediate", type=_count, default=1376)
+    p.add_argument("--layers", type=_count, default=2)
+    p.add_argument("--heads", type=_count, default=8)
+    p.add_argument("--vocab", type=_count, default=1000)
+    p.add_argument("--seed", type=_index, default=0)
     if planned:
         p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
-        p.add_argument("--target", default=None, help="h200 or h100 (default: this machine's GPU, else h200)")
+        _target_option(p)
         p.set_defaults(seq=64)
+
+
+def _target_option(p):
+    p.add_argument("--target", default=None, choices=sorted(_C.targets()),
+                   help="the GPU to plan for (default: this machine's GPU, else h200)")
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m fuser", description="fuser: fused FFN kernels for Hopper GPUs")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("env", help="show what fuser found and whether the fused path is available")
-    p.add_argument("--device", type=int, default=None, help="CUDA device ordinal (default: current)")
+    p.add_argument("--device", type=_index, default=None, help="CUDA device ordinal (default: current)")
     p.set_defaults(func=_cmd_env)
     p = sub.add_parser("plan", help="plan one FFN shape and explain the choice")
-    p.add_argument("--tokens", "-m", type=int, required=True, help="tokens (M)")
-    p.add_argument("--d-model", type=int, required=True)
-    p.add_argument("--d-ff", type=int, required=True)
-    p.add_argument("--d-out", type=int, default=None, help="output width (default: d_model)")
+    p.add_argument("--tokens", "-m", type=_count, required=True, help="tokens (M)")
+    p.add_argument("--d-model", type=_count, required=True)
+    p.add_argument("--d-ff", type=_count, required=True)
+    p.add_argument("--d-out", type=_count, default=None, help="output width (default: d_model)")
     p.add_argument("--gated", action="store_true", help="gated FFN (SwiGLU with silu, GeGLU with gelu)")
     p.add_argument("--activation", default="gelu", choices=["relu", "gelu", "gelu_tanh", "silu"])
     p.add_argument("--bias", action="store_true")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    p.add_argument("--target", default=None, help="h200 or h100 (default: this machine's GPU, else h200)")
+    _target_option(p)
     p.add_argument("--fused", choices=["yes", "no"], default=None, help="force or forbid fusion")
-    p.add_argument("--dataflow", action="append", help="require a dataflow (repeatable)")
-    p.add_argument("--top", type=int, default=1, help="list the best N plans instead of explaining one")
+    p.add_argument("--dataflow", action="append", choices=DATAFLOWS, help="require a dataflow (repeatable)")
+    p.add_argument("--top", type=_count, default=1, help="list the best N plans instead of explaining one")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=_cmd_plan)
     p = sub.add_parser("demo", help="optimize a small random LLaMA, check it, and time it on Hopper")
     _model_options(p)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--batch", type=_count, default=4)
+    p.add_argument("--seq", type=_count, default=64)
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto",
                    help="auto: bfloat16 on CUDA, float32 on CPU")
-    p.add_argument("--iters", type=int, default=50, help="timed forwards per model (Hopper only)")
+    p.add_argument("--iters", type=_count, default=50, help="timed forwards per model (Hopper only)")
     p.set_defaults(func=_cmd_demo)
     p = sub.add_parser("explain", help="optimize the demo's LLaMA and explain the plan of each FFN shape")
     _model_options(p, planned=True)
-    p.add_argument("--tokens", "-m", type=int, default=128, help="tokens to plan for (default 128)")
+    p.add_argument("--tokens", "-m", type=_count, default=128, help="tokens to plan for (default 128)")
     p.set_defaults(func=_cmd_explain)
     p = sub.add_parser("warmup", help="compile ahead of time every fused kernel the demo's LLaMA could need")
     _model_options(p, planned=True)
-    p.add_argument("--tokens", default="1,16,128", help="comma-separated token counts (default 1,16,128)")
+    p.add_argument("--tokens", type=_token_counts, default=(1, 16, 128),
+                   help="comma-separated token counts (default 1,16,128)")
     p.set_defaults(func=_cmd_warmup)
     p = sub.add_parser("bench", help="time fuser against eager, CUDA graphs, torch.compile and the floor (Hopper only)")
     p.add_argument("--set", default="quick", choices=["quick", "paper", "models", "all"],
@@ -309,8 +374,8 @@ def main(argv=None):
                    help="G3, S1[:TOKENS], NAME:TOKENS (a model) or DxF:ACT[-gated]:TOKENS; repeatable (replaces --set)")
     p.add_argument("--autotune", default="subset", choices=["subset", "all", "none"],
                    help="where torch.compile max-autotune runs (subset: models at 16, 128, 2048 tokens)")
-    p.add_argument("--reps", type=int, default=None, help="interleaved rounds per workload (default: ~0.3 s of timing)")
-    p.add_argument("--budget-s", type=float, default=None,
+    p.add_argument("--reps", type=_count, default=None, help="interleaved rounds per workload (default: ~0.3 s of timing)")
+    p.add_argument("--budget-s", type=_seconds, default=None,
                    help="skip torch.compile for workloads starting after this many seconds")
     p.add_argument("--out", default="bench-out", help="folder for results.csv, results.md, meta.json, speedup.png")
     p.add_argument("--no-host", action="store_true", help="skip the host-cost measurements (JIT, load, per call)")
@@ -319,11 +384,14 @@ def main(argv=None):
                    help="only report how far the speedup ratios of two saved runs differ (run-to-run noise)")
     p.set_defaults(func=_cmd_bench)
     p = sub.add_parser("calibrate", help="measure this GPU's cost-model constants and store them for the planner")
-    p.add_argument("--k", type=int, default=8, help="fused candidates timed per shape (default 8)")
-    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--k", type=_count, default=8, help="fused candidates timed per shape (default 8)")
+    p.add_argument("--reps", type=_count, default=10)
     p.set_defaults(func=_cmd_calibrate)
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except UsageError as e:
+        sub.choices[args.command].error(str(e))
 
 
 if __name__ == "__main__":

@@ -8,12 +8,13 @@ so later processes find them on disk and this one does not look again. Compiling
 """
 from __future__ import annotations
 
+import operator
 import time
 
 from fuser import planner, runtime
 from fuser.module import FusedFFN
 
-__all__ = ["ffn_shapes", "warmup"]
+__all__ = ["ffn_shapes", "token_counts", "warmup"]
 
 
 def ffn_shapes(model):
@@ -51,6 +52,31 @@ def describe(args):
             f"{'gated ' if args['gated'] else ''}{args['activation']}, {args['dtype']}, {bias}")
 
 
+def token_counts(tokens):
+    """`tokens` (a token count, or an iterable of them) as a tuple of ints, each at least 1.
+
+    Example:
+        >>> from fuser.tools.warm import token_counts
+        >>> token_counts(16), token_counts([1, 16, 128])
+        ((16,), (1, 16, 128))
+    """
+    if isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__iter__"):
+        tokens = (tokens,)
+    counts = []
+    for m in tokens:
+        try:
+            if isinstance(m, bool):
+                raise TypeError
+            counts.append(operator.index(m))
+        except TypeError:
+            raise TypeError(f"tokens: expected integer token counts, got {type(m).__name__} {m!r}") from None
+        if counts[-1] < 1:
+            raise ValueError(f"tokens: expected token counts of at least 1, got {counts[-1]}")
+    if not counts:
+        raise ValueError("tokens: expected at least one token count, got none")
+    return tuple(counts)
+
+
 def warmup(model, tokens=(1, 16, 128), *, target=None, log=None):
     """Compile every fused kernel the FFNs of ``model`` could need at ``tokens`` token counts.
 
@@ -60,7 +86,8 @@ def warmup(model, tokens=(1, 16, 128), *, target=None, log=None):
     Each distinct kernel is compiled once (NVRTC, sm_90a) into the on-disk cache and this process's
     kernel table. float32 FFNs always run PyTorch ops and need no kernel.
 
-    ``model`` must have been through ``fuser.optimize`` (a ``ValueError`` says so otherwise). ``log``, if
+    ``model`` must have been through ``fuser.optimize`` (a ``ValueError`` says so otherwise); ``tokens`` is
+    a positive token count or an iterable of them (a ``TypeError`` or ``ValueError`` names it). ``log``, if
     given, is called with one line per kernel: shape, tokens, which plan, its summary, registers,
     spill bytes, whether the disk cache had it, seconds. Returns the list of :class:`fuser.Kernel`
     compiled (``kernel.plan`` is the first plan that needed it). Needs NVRTC
@@ -74,6 +101,7 @@ def warmup(model, tokens=(1, 16, 128), *, target=None, log=None):
         >>> [k.spill_bytes for k in kernels]  # doctest: +SKIP
         [0, 0]
     """
+    tokens = token_counts(tokens)
     shapes = ffn_shapes(model)
     if not shapes:
         raise ValueError("model: no FusedFFN modules in it; call fuser.optimize(model) first")
