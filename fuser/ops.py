@@ -13,6 +13,7 @@ import torch
 from fuser import _C, interop
 from fuser.planner import Plan
 from fuser.route import route_for
+from fuser.target import default_target
 
 __all__ = ["ffn", "route"]
 
@@ -91,13 +92,22 @@ def _as_torch(obj):
 
 
 def _check_plan(plan, chain):
+    """Check `plan` for this call before anything is generated: made for this FFN, and valid on the GPU
+    of x (``default_target()`` for its device; the target a plan carries is not trusted) for the
+    call's tokens."""
     if not isinstance(plan, Plan):
         raise TypeError(f"plan: expected a fuser.Plan, got {type(plan).__name__}")
-    pc = plan.chain
+    if chain["device"] == "cuda":
+        with torch.cuda.device(chain["device_id"]):
+            target = default_target()
+    else:
+        target = default_target()
+    pc = plan.check(target)["chain"]
     diff = [k for k in _PLAN_KEYS if pc[k] != chain[k]]
     if diff:
         raise ValueError("plan: it was made for a different FFN (" + ", ".join(f"{k} {pc[k]!r} vs {chain[k]!r}"
                                                                             for k in diff) + ")")
+    plan.check(target, chain["m"])
 
 
 def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, activation="gelu", out=None,
@@ -116,7 +126,9 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
         activation: ``"relu"``, ``"gelu"`` (exact, erf), ``"gelu_tanh"`` or ``"silu"``.
         out: optional ``[..., d_out]`` tensor to write the result into (must not overlap an input).
         plan: optional :class:`fuser.Plan` for this chain to run instead of the planner's choice (a fused
-            plan runs where the fused path is available; see ``fuser.env()``).
+            plan runs where the fused path is available; see ``fuser.env()``). It is checked first
+            against the GPU of x and these tokens (:meth:`fuser.Plan.check`): a ValueError names the
+            limit a plan breaks, before any code is generated.
 
     All tensors share one dtype (bfloat16, float16 or float32) and one device, are contiguous and
     16-byte aligned. Bad arguments raise ``TypeError``/``ValueError`` naming the argument, what was
