@@ -38,7 +38,7 @@ PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs)
         if (!PyUnicode_Check(act_obj))
             return PyErr_Format(PyExc_TypeError, "activation: expected a str (one of %s), got %s",
                                 fuser_act_choices(), Py_TYPE(act_obj)->tp_name);
-        activation = PyUnicode_AsUTF8(act_obj);
+        activation = fuser_exact_str(act_obj, "activation", NULL);
         if (!activation)
             return NULL;
     }
