@@ -67,3 +67,5 @@ def test_activation_is_read_whole():
             call("relu\x00junk")
     with pytest.raises(ValueError, match="^activation is not valid Unicode text"):
         fuser.ffn(x, w1, w2, activation="relu\ud800")
+    with pytest.raises(TypeError, match="^activation: expected a str .*got NoneType"):
+        fuser.ffn(x, w1, w2, activation=None)
