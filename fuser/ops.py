@@ -109,16 +109,17 @@ def _check_plan(plan, chain):
     call's tokens."""
     if not isinstance(plan, Plan):
         raise TypeError(f"plan: expected a fuser.Plan, got {type(plan).__name__}")
+    pc = plan.raw.get("chain") if isinstance(plan.raw, dict) else None
+    if isinstance(pc, dict):
+        diff = [k for k in _PLAN_KEYS if pc.get(k) != chain[k]]
+        if diff:
+            raise ValueError("plan: it was made for a different FFN (" + ", ".join(
+                f"{k} {pc.get(k)!r} vs {chain[k]!r}" for k in diff) + ")")
     if chain["device"] == "cuda":
         with torch.cuda.device(chain["device_id"]):
             target = default_target()
     else:
         target = default_target()
-    pc = plan.check(target)["chain"]
-    diff = [k for k in _PLAN_KEYS if pc[k] != chain[k]]
-    if diff:
-        raise ValueError("plan: it was made for a different FFN (" + ", ".join(f"{k} {pc[k]!r} vs {chain[k]!r}"
-                                                                            for k in diff) + ")")
     plan.check(target, chain["m"])
 
 
