@@ -460,7 +460,7 @@ static int params_from_dict(PyObject *pd, fuser_plan *p)
         PyErr_Format(PyExc_TypeError, "plan: 'params' must be a dict, got %s", Py_TYPE(pd)->tp_name);
         return -1;
     }
-    /* the kernel family (absent: the cluster kernel, from before there were two) */
+    /* the kernel family (absent: the cluster kernel, as older plan files have it) */
     PyObject *v = PyDict_GetItemString(pd, "kind"), **items;
     int ki = v ? choice(v, what, "kind", kind_names, 2) : FUSER_KIND_CLUSTER;
     if (ki < 0)

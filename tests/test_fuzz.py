@@ -57,9 +57,9 @@ def test_fuzz_entry_points(tmp_path):
 #: Outcomes that fail the run: another exception type, an invalid call accepted, a wrong result or a
 #: broken invariant, a valid call refused, an error message naming no argument or field.
 FAILURES = ("leaks", "fooled", "wrong", "refused", "unnamed")
-#: Calls whose failures belong to another part of issue 15 still open on this branch (the command
-#: line's usage errors; optimize with hooks or quantized Linears): counted as ``open_elsewhere`` and
-#: listed, not failed on. FUSER_FUZZ_STRICT=1 fails on them too; empty this once those parts land.
+#: Calls whose fixes are being made in other files (the command line's usage errors; optimize with
+#: hooks or quantized Linears): their failures are counted as ``open_elsewhere`` and listed, not failed
+#: on. FUSER_FUZZ_STRICT=1 fails on them too; empty this once those fixes are in.
 OPEN_ELSEWHERE = ("cli ", "optimize hooks", "optimize quantized")
 STRICT = os.environ.get("FUSER_FUZZ_STRICT", "") not in ("", "0")
 
