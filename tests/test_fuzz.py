@@ -76,6 +76,7 @@ class Fuzzer(TensorCalls, PlanCalls, ModelCalls):
         self.np, self.torch, self.fuser, self._C = np, torch, fuser, _C
         self.rng = random.Random(seed)
         self.gen = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)              # module initialisation in the optimize calls
         self.contract = (TypeError, ValueError, fuser.FuserError)
         self.dtypes = (torch.bfloat16, torch.float16, torch.float32)
         self.tol = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 4e-2}
