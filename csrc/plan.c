@@ -198,6 +198,9 @@ int fuser_plan_derive(fuser_plan *p, fuser_err *err)
     if (p->kind != FUSER_KIND_CLUSTER)
         return fuser_fail(err, FUSER_E_VALUE, "unknown kernel kind %d", (int)p->kind);
     p->threads = FUSER_THREADS;
+    if (p->s1 < 0 || p->s1 > 1 || p->s2 < 0 || p->s2 > 1)
+        return fuser_fail(err, FUSER_E_VALUE, "s1 = %d, s2 = %d: a cluster plan has no stream splits (0 or 1)",
+                          p->s1, p->s2);
     if (!pow2_upto16(p->cls_m) || !pow2_upto16(p->cls_n) || !pow2_upto16(p->cls_k) || !pow2_upto16(p->cls_l))
         return fuser_fail(err, FUSER_E_VALUE, "cluster (%d, %d, %d, %d): every extent must be 1, 2, 4, 8 or 16",
                           p->cls_m, p->cls_n, p->cls_k, p->cls_l);

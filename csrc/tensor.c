@@ -145,6 +145,9 @@ int fuser_tensor_from_dl(const DLTensor *dl, const char *name, fuser_tensor *out
         numel *= dl->shape[i];
     }
     out->numel = numel;
+    if (numel > INT64_MAX / (int64_t)fuser_dtype_size(out->dtype))
+        return fuser_fail(err, FUSER_E_VALUE, "%s: byte count overflows int64 (%lld elements)", name,
+                          (long long)numel);
     out->nbytes = numel * fuser_dtype_size(out->dtype);
 
     /* strides: compact row-major, ignoring dimensions of extent 1 (their stride is meaningless) */

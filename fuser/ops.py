@@ -13,12 +13,15 @@ import torch
 from fuser import _C, interop
 from fuser.planner import Plan
 from fuser.route import route_for
+from fuser.target import default_target
 
 __all__ = ["ffn", "route"]
 
 _Tensor = torch.Tensor
 _routes = {}                       # call signature -> Route
 _MAX_SIGNATURES = 4096
+_NAMES = ("x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down", "out")
+_NOT_EXPORTABLE = (BufferError, RuntimeError, AssertionError)   # what torch raises for tensors it cannot share
 _PLAN_KEYS = ("d_model", "d_ff", "d_out", "gated", "activation", "bias_up", "bias_gate", "bias_down", "dtype")
 
 
@@ -41,12 +44,18 @@ def _signature(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation):
 
 
 def _check(tensors, activation, out=None):
-    """Validate a call in C; returns the chain dict (``_C.ffn_check``)."""
+    """Validate a call in C; returns the chain dict (``_C.ffn_check``). A torch tensor that torch cannot
+    export (sparse, quantized, meta, nested, a wrapper without storage) is a TypeError naming it, as C
+    reports for other producers."""
     _, stream, guard = interop.placement(tensors[0])
     objs, mask = [], 0
     for i, t in enumerate((*tensors, out)):
         if isinstance(t, _Tensor):
-            t = interop.export(t)
+            try:
+                t = interop.export(t)
+            except _NOT_EXPORTABLE as e:
+                raise TypeError(f"{_NAMES[i]}: cannot be taken through DLPack ({type(e).__name__}: {e}); "
+                                "pass a dense tensor") from e
             mask |= (1 << i) if interop.to_capsule is not None else 0
         objs.append(t)
     with guard:
@@ -83,21 +92,35 @@ def _remember(key, tensors, r):
     return r
 
 
-def _as_torch(obj):
-    """A torch view of a validated argument (zero-copy for other DLPack producers)."""
+def _as_torch(obj, name):
+    """A torch view of a validated argument (zero-copy for other DLPack producers); one this torch
+    cannot take (a CUDA tensor in a CPU-only build) is a ValueError naming it."""
     if obj is None or isinstance(obj, _Tensor):
         return obj
-    return torch.from_dlpack(obj)
+    try:
+        return torch.from_dlpack(obj)
+    except _NOT_EXPORTABLE as e:
+        raise ValueError(f"{name}: this torch cannot take the tensor in ({type(e).__name__}: {e})") from e
 
 
 def _check_plan(plan, chain):
+    """Check `plan` for this call before anything is generated: made for this FFN, and valid on the GPU
+    of x (``default_target()`` for its device; the target a plan carries is not trusted) for the
+    call's tokens."""
     if not isinstance(plan, Plan):
         raise TypeError(f"plan: expected a fuser.Plan, got {type(plan).__name__}")
-    pc = plan.chain
-    diff = [k for k in _PLAN_KEYS if pc[k] != chain[k]]
-    if diff:
-        raise ValueError("plan: it was made for a different FFN (" + ", ".join(f"{k} {pc[k]!r} vs {chain[k]!r}"
-                                                                            for k in diff) + ")")
+    pc = plan.raw.get("chain") if isinstance(plan.raw, dict) else None
+    if isinstance(pc, dict):
+        diff = [k for k in _PLAN_KEYS if pc.get(k) != chain[k]]
+        if diff:
+            raise ValueError("plan: it was made for a different FFN (" + ", ".join(
+                f"{k} {pc.get(k)!r} vs {chain[k]!r}" for k in diff) + ")")
+    if chain["device"] == "cuda":
+        with torch.cuda.device(chain["device_id"]):
+            target = default_target()
+    else:
+        target = default_target()
+    plan.check(target, chain["m"])
 
 
 def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, activation="gelu", out=None,
@@ -116,7 +139,9 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
         activation: ``"relu"``, ``"gelu"`` (exact, erf), ``"gelu_tanh"`` or ``"silu"``.
         out: optional ``[..., d_out]`` tensor to write the result into (must not overlap an input).
         plan: optional :class:`fuser.Plan` for this chain to run instead of the planner's choice (a fused
-            plan runs where the fused path is available; see ``fuser.env()``).
+            plan runs where the fused path is available; see ``fuser.env()``). It is checked first
+            against the GPU of x and these tokens (:meth:`fuser.Plan.check`): a ValueError names the
+            limit a plan breaks, before any code is generated.
 
     All tensors share one dtype (bfloat16, float16 or float32) and one device, are contiguous and
     16-byte aligned. Bad arguments raise ``TypeError``/``ValueError`` naming the argument, what was
@@ -147,5 +172,9 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
     chain = _check(tensors, activation, out)
     if plan is not None:
         _check_plan(plan, chain)
+    if isinstance(out, _Tensor) and out.requires_grad and torch.is_grad_enabled():
+        raise ValueError("out: it requires grad, and autograd cannot record a result written into it; pass "
+                         "a tensor that does not require grad, or call under torch.no_grad()")
     r = _remember(key, tensors, route_for(chain, plan))
-    return r.run(*map(_as_torch, tensors), activation, _as_torch(out))
+    args = [_as_torch(t, name) for t, name in zip((*tensors, out), _NAMES)]
+    return r.run(*args[:7], activation, args[7])

@@ -4,6 +4,7 @@ plan interpreter (``fuser.simulate``)."""
 from __future__ import annotations
 
 import json
+import math
 
 import torch
 
@@ -27,33 +28,48 @@ def _chain(m, d_model, d_ff, d_out, gated, activation, bias, dtype):
             raise TypeError(f"{name}: expected an int, got {type(v).__name__}")
     if not isinstance(activation, str):
         raise TypeError(f"activation: expected a str, got {type(activation).__name__}")
+    if not isinstance(gated, bool):
+        raise TypeError(f"gated: expected True or False, got {type(gated).__name__}")
     dtype = str(dtype).replace("torch.", "")
-    if isinstance(bias, (bool, int)) or bias is None:
+    if bias is None or isinstance(bias, bool):
         names = {"up", "gate", "down"} if bias else set()
-    else:
+    elif isinstance(bias, str) or (isinstance(bias, (tuple, list, set, frozenset))
+                                   and all(isinstance(b, str) for b in bias)):
         names = {bias} if isinstance(bias, str) else set(bias)
         if not names <= {"up", "gate", "down"}:
             raise ValueError(f"bias: expected True/False or names among 'up', 'gate', 'down', got {bias!r}")
-    return dict(m=m, d_model=d_model, d_ff=d_ff, d_out=d_out, gated=bool(gated),
-                activation=activation, bias_up="up" in names, bias_gate="gate" in names and bool(gated),
-                bias_down="down" in names, dtype=dtype)
+    else:
+        raise TypeError(f"bias: expected True/False or names among 'up', 'gate', 'down', got {type(bias).__name__}")
+    return dict(m=m, d_model=d_model, d_ff=d_ff, d_out=d_out, gated=gated, activation=activation,
+                bias_up="up" in names, bias_gate="gate" in names and gated, bias_down="down" in names, dtype=dtype)
 
 
 def _constraints(fused, cluster, dataflows, avoid, kw):
+    """The search constraints of ``plan``'s keyword arguments; the core checks each value's type and
+    range (a cluster extent of 0 or 1.5 is refused, never read as "free" or truncated)."""
     cons = {}
     if fused is not None:
-        cons["fused"] = int(bool(fused))
+        if not isinstance(fused, bool):
+            raise TypeError(f"fused: expected True, False or None, got {type(fused).__name__}")
+        cons["fused"] = int(fused)
     if cluster is not None:
+        if not isinstance(cluster, (tuple, list)):
+            raise TypeError(f"cluster: expected (cls_m, cls_n, cls_k, cls_l), got {type(cluster).__name__}")
         if len(cluster) != 4:
             raise ValueError(f"cluster: expected (cls_m, cls_n, cls_k, cls_l), got {cluster!r}")
-        cons.update(zip(("cls_m", "cls_n", "cls_k", "cls_l"), map(int, cluster)))
-    for key, names in (("dataflows_all", dataflows), ("dataflows_none", avoid)):
-        if names:
-            bits = 0
-            for n in ([names] if isinstance(names, str) else names):
-                if n not in _DF_BIT:
-                    raise ValueError(f"dataflow: unknown dataflow {n!r}; expected one of {', '.join(DATAFLOWS)}")
-                bits |= _DF_BIT[n]
+        cons.update(zip(("cls_m", "cls_n", "cls_k", "cls_l"), cluster))
+    for arg, key, names in (("dataflows", "dataflows_all", dataflows), ("avoid", "dataflows_none", avoid)):
+        if names is None:
+            continue
+        names = [names] if isinstance(names, str) else names
+        if not isinstance(names, (tuple, list, set, frozenset)):
+            raise TypeError(f"{arg}: expected dataflow names, got {type(names).__name__}")
+        bits = 0
+        for n in names:
+            if not isinstance(n, str) or n not in _DF_BIT:
+                raise ValueError(f"{arg}: unknown dataflow {n!r}; expected one of {', '.join(DATAFLOWS)}")
+            bits |= _DF_BIT[n]
+        if bits:
             cons[key] = bits
     for k, v in kw.items():
         if k not in _CONSTRAINT_KEYS:
@@ -124,6 +140,52 @@ def plan(m, d_model, d_ff, *, d_out=None, gated=False, activation="gelu", bias=F
     best = ps[0]
     best._runner_up = next((p for p in ps[1:] if p._shape_key() != best._shape_key()), None)
     return best
+
+
+_MAX_RUNNER_UPS = 16   # to_dict writes one; deeper chains only come from hand-made dicts
+
+
+def _checked_target(target, trust):
+    """The target a plan dict is checked against, as a target dict. A caller's own target (`trust`) is
+    taken as given (the core checks its fields); a target read from the plan dict only chooses among
+    the built-ins by its name, and otherwise this machine's target is used."""
+    builtins = _C.targets()
+    if trust:
+        if isinstance(target, dict):
+            return dict(target)
+        if not isinstance(target, str):
+            raise TypeError(f"target: expected a name or a dict, got {type(target).__name__}")
+        if target not in builtins:
+            raise ValueError(f"target: unknown target {target!r}; expected one of {', '.join(builtins)} or a dict")
+        return builtins[target]
+    name = target.get("name") if isinstance(target, dict) else target
+    if isinstance(name, str) and name in builtins:
+        return builtins[name]
+    t = default_target()
+    return builtins[t] if isinstance(t, str) else t
+
+
+def _search_stats(s):
+    """The search statistics a plan dict carries (what ``explain`` prints), checked: counts are
+    non-negative ints, times non-negative finite numbers, ``pruned`` maps rule names to counts."""
+    if not isinstance(s, dict):
+        raise TypeError(f"plan: 'search' must be a dict, got {type(s).__name__}")
+    out = {}
+    for key, kinds in (("candidates", (int,)), ("scored", (int,)), ("search_ms", (int, float)),
+                       ("floor_us", (int, float))):
+        v = s.get(key, 0)
+        if not isinstance(v, kinds) or isinstance(v, bool):
+            raise TypeError(f"plan: search '{key}' must be a non-negative {kinds[-1].__name__}, got "
+                            f"{type(v).__name__}")
+        if not (math.isfinite(v) and v >= 0):
+            raise ValueError(f"plan: search '{key}' must be a non-negative {kinds[-1].__name__}, got {v!r}")
+        out[key] = v
+    pruned = s.get("pruned", {})
+    if not isinstance(pruned, dict) or not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+                                               and v >= 0 for k, v in pruned.items()):
+        raise TypeError("plan: search 'pruned' must map rule names to non-negative int counts")
+    out["pruned"] = pruned
+    return out
 
 
 class Plan:
@@ -211,10 +273,16 @@ class Plan:
         return d
 
     @classmethod
-    def from_dict(cls, d):
-        """Rebuild a plan from :meth:`to_dict`'s output (e.g. after ``json.loads``). The core checks it
-        against the target's limits and recomputes every derived number, so a stale or edited plan
-        cannot describe something other than what will run.
+    def from_dict(cls, d, target=None):
+        """Rebuild a plan from :meth:`to_dict`'s output (e.g. after ``json.loads``). The core checks every
+        field (exact types and strings, ranges; no coercion) and the plan against `target`'s limits, and
+        recomputes every derived number, so a stale or edited plan cannot describe something other than
+        what will run.
+
+        `target` is the GPU to check against: a built-in name ("h200", "h100") or a target dict. By
+        default it is the built-in the dict's own target names, else this machine's
+        (``default_target()``); the target carried in the dict is never trusted for its limits, so
+        raising its ``smem_per_block`` does not let a plan through that the GPU cannot run.
 
         Example:
             >>> import json, fuser
@@ -225,14 +293,52 @@ class Plan:
         """
         if not isinstance(d, dict):
             raise TypeError(f"Plan.from_dict: expected a dict, got {type(d).__name__}")
-        target = d.get("target") or "h200"
-        raw = _C.derive(d, target)
-        stats = dict(d.get("search", {}))
-        stats["target"] = target
-        p = cls(raw, stats)
-        if d.get("runner_up"):
-            p._runner_up = cls.from_dict(d["runner_up"])
-        return p
+        target = _checked_target(d.get("target") if target is None else target, trust=target is not None)
+        plans, seen, where = [], set(), ""
+        while True:
+            if id(d) in seen:
+                raise ValueError("runner_up: a plan dict's runner_up refers back to itself or to a plan that "
+                                 "leads to it (a cycle)")
+            if len(plans) > _MAX_RUNNER_UPS:
+                raise ValueError(f"runner_up: nested more than {_MAX_RUNNER_UPS} deep")
+            seen.add(id(d))
+            try:
+                stats = _search_stats(d.get("search", {}))
+                p = cls(_C.derive(d, target), dict(stats, target=target))
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"{where}{e}") from None
+            plans.append(p)
+            d, where = d.get("runner_up"), where + "runner_up: "
+            if d is None:
+                break
+            if not isinstance(d, dict):
+                raise TypeError(f"{where}expected a plan dict or None, got {type(d).__name__}")
+        for p, r in zip(plans, plans[1:]):
+            p._runner_up = r
+        return plans[0]
+
+    def check(self, target=None, m=None):
+        """Check this plan against `target`, the GPU it is to run on (a built-in name or a target dict;
+        default ``default_target()``), for `m` tokens (default: the plan's own): the core re-derives it
+        and raises ValueError naming the first rule or hardware limit it breaks (tile divisibility,
+        shared memory, cluster size, registers, workspace). ``fuser.ffn(plan=...)`` calls it before any
+        code is generated. Returns the re-derived plan dict.
+
+        Example:
+            >>> import fuser
+            >>> p = fuser.plan(16, 1024, 4096, fused=True, kind="stream", bm=16, target="h200")
+            >>> p.check("h200", m=16)["derived"] == p.derived
+            True
+            >>> p.check("h200", m=17)
+            Traceback (most recent call last):
+              ...
+            ValueError: plan: stream plan: 17 tokens exceed bm = 16 (it computes up to 16)
+        """
+        target = default_target() if target is None else target
+        d = _C.derive(self._d, target)
+        if m is not None and d["fused"] and m != d["chain"]["m"] and not (isinstance(m, int) and m < 1):
+            _C.derive(dict(d, chain=dict(d["chain"], m=m)), target)
+        return d
 
     def __eq__(self, other):
         return isinstance(other, Plan) and self.to_dict() == other.to_dict()

@@ -63,6 +63,10 @@ void fuser_release(fuser_held *h);
  * *out with PyMem_Free and *keep with Py_XDECREF (env_bind.c). */
 int fuser_str_list(PyObject *seq, const char *what, PyObject **keep, const char ***out, int *n);
 
+/* v's UTF-8 text when v is a str without NUL characters (so it is compared whole, never cut at a NUL);
+ * else NULL with a TypeError or ValueError naming "<what>: '<key>'" (or "<what>" for a NULL key). */
+const char *fuser_exact_str(PyObject *v, const char *what, const char *key);
+
 /* ---- module functions, one file each ---- */
 PyObject *fuser_py_dlpack_info(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs);

@@ -34,11 +34,11 @@ PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs)
                                      &obj[A_B_DOWN], &act_obj, &obj[A_OUT], &stream, &capsules))
         return NULL;
     const char *activation = "gelu";
-    if (act_obj && act_obj != Py_None) {
+    if (act_obj) { /* None too is refused: the Python layer dispatches on the activation's name */
         if (!PyUnicode_Check(act_obj))
             return PyErr_Format(PyExc_TypeError, "activation: expected a str (one of %s), got %s",
                                 fuser_act_choices(), Py_TYPE(act_obj)->tp_name);
-        activation = PyUnicode_AsUTF8(act_obj);
+        activation = fuser_exact_str(act_obj, "activation", NULL);
         if (!activation)
             return NULL;
     }

@@ -32,7 +32,10 @@ void fuser_release(fuser_held *h)
     PyErr_Restore(type, value, tb);
 }
 
-/* Prefix the pending exception's message with "name: ", keeping its type. */
+/* Prefix the pending exception's message with "name: ". A producer that cannot export the object
+ * (BufferError, or a RuntimeError or AssertionError from its own checks: sparse, quantized, meta or
+ * nested tensors, numpy object arrays) raises TypeError, the object is not a tensor fuser can take;
+ * other types are kept. The original stays attached as the cause. */
 static void prefix_error(const char *name)
 {
     PyObject *type, *value, *tb;
@@ -41,7 +44,13 @@ static void prefix_error(const char *name)
     if (value) {
         PyObject *msg = PyObject_Str(value);
         if (msg) {
-            PyErr_Format(type, "%s: %U", name, msg);
+            if (PyErr_GivenExceptionMatches(type, PyExc_BufferError) ||
+                PyErr_GivenExceptionMatches(type, PyExc_RuntimeError) ||
+                PyErr_GivenExceptionMatches(type, PyExc_AssertionError))
+                PyErr_Format(PyExc_TypeError, "%s: cannot be taken through DLPack (%s: %U)", name,
+                             ((PyTypeObject *)type)->tp_name, msg);
+            else
+                PyErr_Format(type, "%s: %U", name, msg);
             Py_DECREF(msg);
             PyObject *t2, *v2, *tb2;
             PyErr_Fetch(&t2, &v2, &tb2);

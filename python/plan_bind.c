@@ -1,8 +1,12 @@
 /* plan_bind.c: the planner in Python: _C.search, _C.derive, _C.simulate, _C.targets, _C.rules.
  * Plans and targets cross as dicts (fuser/planner.py wraps them in fuser.Plan); every dict coming in
- * is validated and re-derived by the core, so a hand-edited or stale plan cannot reach a kernel. */
+ * is read exactly (ints range-checked, never wrapped or truncated; strings whole; bools only True or
+ * False) and re-derived by the core, so a hand-edited or stale plan cannot reach a kernel. Which
+ * target a plan is checked against is the caller's choice (fuser/planner.py: never the dict's own). */
 #include "binding.h"
 
+#include <limits.h>
+#include <math.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -48,16 +52,169 @@ static const field cost_fields[] = {
     CF(useful_flops),
 };
 
+/* The searched integer fields and the range each may take (fuser_plan_derive then checks the values
+ * allowed within it). A fused plan's dict gives the first N_TILES; a search may constrain any. */
+typedef struct {
+    const char *key;
+    size_t plan_off, cons_off;
+    int lo, hi;
+} searched_field;
+#define SF(k, lo, hi) {#k, offsetof(fuser_plan, k), offsetof(fuser_constraints, k), lo, hi}
+static const searched_field searched[] = {
+    SF(bm, 16, 128), SF(bn, 32, 256), SF(bl, 32, 256), SF(n_iters, 1, 4096), SF(stages, 1, 8), SF(s1, 1, 4096),
+    SF(s2, 1, 4096), SF(cls_m, 1, 16), SF(cls_n, 1, 16), SF(cls_k, 1, 16), SF(cls_l, 1, 16),
+};
+enum { N_TILES = 5 };
+
 static const char *const order_names[] = {"n_outer", "l_outer"};
 static const char *const kind_names[] = {"cluster", "stream"};
 static const char *const gate_names[] = {"none", "spatial", "sequential"};
 
-static int name_index(const char *const *names, int n, const char *s)
+/* ---- reading Python values exactly: no coercion, no wrap-around, no truncation ----
+ * Each reader names the field (`what`: the dict it is in, `key`: the field), what it expects and what
+ * it got, as TypeError (wrong type) or ValueError (right type, wrong value). */
+
+static int int_in(PyObject *v, const char *what, const char *key, long long lo, long long hi, long long *out)
 {
-    for (int i = 0; s && i < n; i++)
+    if (!PyLong_Check(v) || PyBool_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "%s: '%s' must be an int in [%lld, %lld], got %s", what, key, lo, hi,
+                     Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow) {
+        PyErr_Format(PyExc_ValueError, "%s: '%s' must be an int in [%lld, %lld], got one of more than 64 bits",
+                     what, key, lo, hi);
+        return -1;
+    }
+    if (x < lo || x > hi) {
+        PyErr_Format(PyExc_ValueError, "%s: '%s' must be an int in [%lld, %lld], got %lld", what, key, lo, hi, x);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static int int_in_i(PyObject *v, const char *what, const char *key, int lo, int hi, int *out)
+{
+    long long x;
+    if (int_in(v, what, key, lo, hi, &x))
+        return -1;
+    *out = (int)x;
+    return 0;
+}
+
+/* A finite number (int or float, not bool). */
+static int finite_number(PyObject *v, const char *what, const char *key, double *out)
+{
+    if (!(PyFloat_Check(v) || PyLong_Check(v)) || PyBool_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "%s: '%s' must be a number, got %s", what, key, Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    double x = PyFloat_AsDouble(v);
+    if (x == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return -1;
+        PyErr_Clear();
+        x = HUGE_VAL;
+    }
+    if (!isfinite(x)) {
+        PyErr_Format(PyExc_ValueError, "%s: '%s' must be a finite number, got %g", what, key, x);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+const char *fuser_exact_str(PyObject *v, const char *what, const char *key)
+{
+    char label[96];
+    snprintf(label, sizeof label, key ? "%s: '%s'" : "%s", what, key);
+    if (!PyUnicode_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a str, got %s", label, Py_TYPE(v)->tp_name);
+        return NULL;
+    }
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(v, &n);
+    if (!s) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s is not valid Unicode text (it has a lone surrogate)", label);
+        return NULL;
+    }
+    if (strlen(s) != (size_t)n) {
+        PyErr_Format(PyExc_ValueError, "%s must not contain NUL characters, got %R", label, v);
+        return NULL;
+    }
+    return s;
+}
+
+/* Whether d has `key` with a value other than None. */
+static int given(PyObject *d, const char *key)
+{
+    PyObject *v = PyDict_GetItemString(d, key); /* borrowed */
+    return v && v != Py_None;
+}
+
+/* d[key] into *out, an int in [lo, hi]; absent: kept, or a ValueError if `required`. */
+static int get_int(PyObject *d, const char *key, const char *what, int lo, int hi, int required, int *out)
+{
+    PyObject *v = PyDict_GetItemString(d, key); /* borrowed */
+    if (!v) {
+        if (required)
+            PyErr_Format(PyExc_ValueError, "%s: missing key '%s'", what, key);
+        return required ? -1 : 0;
+    }
+    return int_in_i(v, what, key, lo, hi, out);
+}
+
+/* d[key] as True or False (absent: false). Strings such as "no" are refused, not read as true. */
+static int get_bool(PyObject *d, const char *key, const char *what, int *out)
+{
+    PyObject *v = PyDict_GetItemString(d, key); /* borrowed */
+    if (v && !PyBool_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "%s: '%s' must be True or False, got %s", what, key, Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    *out = v == Py_True;
+    return 0;
+}
+
+/* v, one of names[0..n): its index, or -1 with a ValueError listing the names. */
+static int choice(PyObject *v, const char *what, const char *key, const char *const *names, int n)
+{
+    const char *s = fuser_exact_str(v, what, key);
+    if (!s)
+        return -1;
+    char list[160] = "";
+    for (int i = 0; i < n; i++) {
         if (!strcmp(names[i], s))
             return i;
+        fuser_strlcat(list, i ? ", '" : "'", sizeof list);
+        fuser_strlcat(list, names[i], sizeof list);
+        fuser_strlcat(list, "'", sizeof list);
+    }
+    PyErr_Format(PyExc_ValueError, "%s: '%s' must be one of %s, got %R", what, key, list, v);
     return -1;
+}
+
+/* A list or tuple of exactly n items (the borrowed items in *items), or -1 with TypeError/ValueError. */
+static int fixed_list(PyObject *v, const char *what, const char *key, Py_ssize_t n, PyObject ***items)
+{
+    if (!PyList_Check(v) && !PyTuple_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "%s: '%s' must be a list or tuple of %zd values, got %s", what, key, n,
+                     Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    if (PySequence_Fast_GET_SIZE(v) != n) {
+        PyErr_Format(PyExc_ValueError, "%s: '%s' must have %zd values, got %zd", what, key, n,
+                     PySequence_Fast_GET_SIZE(v));
+        return -1;
+    }
+    *items = PySequence_Fast_ITEMS(v);
+    return 0;
 }
 
 static PyObject *field_value(const void *base, const field *f)
@@ -84,7 +241,8 @@ static int put_fields(PyObject *d, const void *base, const field *fs, size_t n)
     return 0;
 }
 
-/* Read d[key] into the field; missing keys keep the current value unless `required`. */
+/* Read d[key] into the field; missing keys keep the current value unless `required`. Ints must fit the
+ * field's C type (later checks give the field's own range); doubles must be finite. */
 static int get_field(PyObject *d, void *base, const field *f, const char *what, int required)
 {
     PyObject *v = PyDict_GetItemString(d, f->key); /* borrowed */
@@ -94,29 +252,16 @@ static int get_field(PyObject *d, void *base, const field *f, const char *what, 
         return required ? -1 : 0;
     }
     char *p = (char *)base + f->off;
-    if (f->type == F_DBL) {
-        double x = PyFloat_AsDouble(v);
-        if (x == -1 && PyErr_Occurred())
-            return -1;
-        *(double *)p = x;
-        return 0;
-    }
-    if (!PyLong_Check(v) || PyBool_Check(v)) {
-        PyErr_Format(PyExc_TypeError, "%s: '%s' must be an int, got %s", what, f->key, Py_TYPE(v)->tp_name);
+    if (f->type == F_DBL)
+        return finite_number(v, what, f->key, (double *)p);
+    long long x;
+    if (f->type == F_INT ? int_in(v, what, f->key, -INT_MAX, INT_MAX, &x)
+                         : int_in(v, what, f->key, INT64_MIN, INT64_MAX, &x))
         return -1;
-    }
-    long long x = PyLong_AsLongLong(v);
-    if (x == -1 && PyErr_Occurred())
-        return -1;
-    if (f->type == F_INT) {
-        if (x < -2147483647LL || x > 2147483647LL) {
-            PyErr_Format(PyExc_ValueError, "%s: '%s' = %lld is out of range", what, f->key, x);
-            return -1;
-        }
+    if (f->type == F_INT)
         *(int *)p = (int)x;
-    } else {
+    else
         *(int64_t *)p = x;
-    }
     return 0;
 }
 
@@ -143,11 +288,11 @@ fail:
 int fuser_target_from_obj(PyObject *obj, fuser_target *t)
 {
     if (PyUnicode_Check(obj)) {
-        const char *name = PyUnicode_AsUTF8(obj);
+        const char *name = fuser_exact_str(obj, "target", "name");
         const fuser_target *b = name ? fuser_target_builtin(name) : NULL;
         if (!b) {
             if (name)
-                PyErr_Format(PyExc_ValueError, "target: unknown target '%s'; expected one of %s or a dict", name,
+                PyErr_Format(PyExc_ValueError, "target: unknown target %R; expected one of %s or a dict", obj,
                              fuser_target_names());
             return -1;
         }
@@ -161,40 +306,31 @@ int fuser_target_from_obj(PyObject *obj, fuser_target *t)
     *t = *fuser_target_builtin("h200");
     PyObject *name = PyDict_GetItemString(obj, "name");
     if (name) {
-        const char *s = PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : NULL;
-        if (!s) {
-            PyErr_SetString(PyExc_TypeError, "target: 'name' must be a str");
+        const char *s = fuser_exact_str(name, "target", "name");
+        if (!s)
+            return -1;
+        if (strlen(s) >= sizeof t->name) {
+            PyErr_Format(PyExc_ValueError, "target: 'name' must be at most %d bytes, got %zu",
+                         (int)sizeof t->name - 1, strlen(s));
             return -1;
         }
-        snprintf(t->name, sizeof t->name, "%.63s", s);
+        snprintf(t->name, sizeof t->name, "%s", s);
     }
     for (size_t i = 0; i < sizeof target_fields / sizeof target_fields[0]; i++)
         if (get_field(obj, t, &target_fields[i], "target", 0))
             return -1;
-    const char *lists[2] = {"usable_sms", "dsm_bytes_per_clk"};
-    for (int li = 0; li < 2; li++) {
-        PyObject *v = PyDict_GetItemString(obj, lists[li]);
-        if (!v)
-            continue;
-        PyObject *seq = PySequence_Fast(v, "target: expected a list of 5 numbers");
-        if (!seq)
+    PyObject *v = PyDict_GetItemString(obj, "usable_sms"), **items;
+    if (v && fixed_list(v, "target", "usable_sms", FUSER_NUM_CLUSTER_SIZES, &items))
+        return -1;
+    for (int i = 0; v && i < FUSER_NUM_CLUSTER_SIZES; i++)
+        if (int_in_i(items[i], "target", "usable_sms", 1, INT_MAX, &t->usable_sms[i]))
             return -1;
-        int ok = PySequence_Fast_GET_SIZE(seq) == FUSER_NUM_CLUSTER_SIZES;
-        for (int i = 0; ok && i < FUSER_NUM_CLUSTER_SIZES; i++) {
-            PyObject *x = PySequence_Fast_GET_ITEM(seq, i);
-            if (li == 0)
-                t->usable_sms[i] = (int)PyLong_AsLong(x);
-            else
-                t->dsm_bytes_per_clk[i] = PyFloat_AsDouble(x);
-            ok = !PyErr_Occurred();
-        }
-        Py_DECREF(seq);
-        if (!ok) {
-            if (!PyErr_Occurred())
-                PyErr_Format(PyExc_ValueError, "target: '%s' must list 5 values (cluster sizes 1..16)", lists[li]);
+    v = PyDict_GetItemString(obj, "dsm_bytes_per_clk");
+    if (v && fixed_list(v, "target", "dsm_bytes_per_clk", FUSER_NUM_CLUSTER_SIZES, &items))
+        return -1;
+    for (int i = 0; v && i < FUSER_NUM_CLUSTER_SIZES; i++)
+        if (finite_number(items[i], "target", "dsm_bytes_per_clk", &t->dsm_bytes_per_clk[i]))
             return -1;
-        }
-    }
     fuser_err err;
     fuser_err_clear(&err);
     if (fuser_target_check(t, &err)) {
@@ -210,7 +346,7 @@ static int chain_from_dict(PyObject *d, fuser_chain *c)
 {
     memset(c, 0, sizeof *c);
     if (!PyDict_Check(d)) {
-        PyErr_SetString(PyExc_TypeError, "chain: expected a dict");
+        PyErr_Format(PyExc_TypeError, "chain: expected a dict, got %s", Py_TYPE(d)->tp_name);
         return -1;
     }
     static const field cf[] = {{"m", F_I64, offsetof(fuser_chain, m)}, {"d_model", F_I64, offsetof(fuser_chain, k)},
@@ -218,18 +354,14 @@ static int chain_from_dict(PyObject *d, fuser_chain *c)
     for (size_t i = 0; i < 4; i++)
         if (get_field(d, c, &cf[i], "chain", 1))
             return -1;
-    const char *flags[4] = {"gated", "bias_up", "bias_gate", "bias_down"};
-    int *slots[4] = {&c->gated, &c->bias_up, &c->bias_gate, &c->bias_down};
-    for (int i = 0; i < 4; i++) {
-        PyObject *v = PyDict_GetItemString(d, flags[i]);
-        int b = v ? PyObject_IsTrue(v) : 0;
-        if (b < 0)
-            return -1;
-        *slots[i] = b;
-    }
+    if (get_bool(d, "gated", "chain", &c->gated) || get_bool(d, "bias_up", "chain", &c->bias_up) ||
+        get_bool(d, "bias_gate", "chain", &c->bias_gate) || get_bool(d, "bias_down", "chain", &c->bias_down))
+        return -1;
     PyObject *a = PyDict_GetItemString(d, "activation"), *t = PyDict_GetItemString(d, "dtype");
-    const char *as = a && PyUnicode_Check(a) ? PyUnicode_AsUTF8(a) : NULL;
-    const char *ts = t && PyUnicode_Check(t) ? PyUnicode_AsUTF8(t) : NULL;
+    const char *as = a ? fuser_exact_str(a, "chain", "activation") : NULL;
+    const char *ts = as && t ? fuser_exact_str(t, "chain", "dtype") : NULL;
+    if (PyErr_Occurred())
+        return -1;
     int act = fuser_act_from_name(as), dt = fuser_dtype_from_name(ts);
     if (act < 0) {
         PyErr_Format(PyExc_ValueError, "activation: unknown activation %R; expected one of %s", a ? a : Py_None,
@@ -316,6 +448,61 @@ static PyObject *plan_to_dict(const fuser_plan *p)
     return d;
 }
 
+/* The searched fields of a fused plan from its 'params' dict (ranges from `searched`). */
+static int params_from_dict(PyObject *pd, fuser_plan *p)
+{
+    static const char what[] = "plan params";
+    if (!pd) {
+        PyErr_SetString(PyExc_ValueError, "plan: a fused plan needs a 'params' dict");
+        return -1;
+    }
+    if (!PyDict_Check(pd)) {
+        PyErr_Format(PyExc_TypeError, "plan: 'params' must be a dict, got %s", Py_TYPE(pd)->tp_name);
+        return -1;
+    }
+    /* the kernel family (absent: the cluster kernel, as older plan files have it) */
+    PyObject *v = PyDict_GetItemString(pd, "kind"), **items;
+    int ki = v ? choice(v, what, "kind", kind_names, 2) : FUSER_KIND_CLUSTER;
+    if (ki < 0)
+        return -1;
+    p->kind = (fuser_kind)ki;
+    v = PyDict_GetItemString(pd, "cluster");
+    if (!v) {
+        PyErr_Format(PyExc_ValueError, "%s: missing key 'cluster'", what);
+        return -1;
+    }
+    if (fixed_list(v, what, "cluster", 4, &items))
+        return -1;
+    static const char *const dims[4] = {"cluster[0] (cls_m)", "cluster[1] (cls_n)", "cluster[2] (cls_k)",
+                                        "cluster[3] (cls_l)"};
+    int *slot[4] = {&p->cls_m, &p->cls_n, &p->cls_k, &p->cls_l};
+    for (int i = 0; i < 4; i++)
+        if (int_in_i(items[i], what, dims[i], 1, 16, slot[i]))
+            return -1;
+    for (int i = 0; i < N_TILES; i++)
+        if (get_int(pd, searched[i].key, what, searched[i].lo, searched[i].hi, 1,
+                    (int *)((char *)p + searched[i].plan_off)))
+            return -1;
+    static const char *const keys[2] = {"order", "gate_mode"};
+    const char *const *names[2] = {order_names, gate_names};
+    int idx[2];
+    for (int i = 0; i < 2; i++) {
+        v = PyDict_GetItemString(pd, keys[i]);
+        if (!v) {
+            PyErr_Format(PyExc_ValueError, "%s: missing key '%s'", what, keys[i]);
+            return -1;
+        }
+        if ((idx[i] = choice(v, what, keys[i], names[i], i ? 3 : 2)) < 0)
+            return -1;
+    }
+    p->order = (fuser_order)idx[0];
+    p->gate_mode = (fuser_gate_mode)idx[1];
+    /* the stream kernel's splits (a cluster plan has none: 0, as plans write it, or 1) */
+    const int stream = p->kind == FUSER_KIND_STREAM;
+    p->s1 = p->s2 = stream;
+    return get_int(pd, "s1", what, stream, 4096, 0, &p->s1) || get_int(pd, "s2", what, stream, 4096, 0, &p->s2);
+}
+
 /* A plan from a dict: chain + fused + params; everything else is re-derived and re-costed on t. */
 int fuser_plan_from_dict(PyObject *d, const fuser_target *t, fuser_plan *p)
 {
@@ -332,66 +519,10 @@ int fuser_plan_from_dict(PyObject *d, const fuser_target *t, fuser_plan *p)
     if (chain_from_dict(cd, &c))
         return -1;
     fuser_plan_unfused(&c, p);
-    PyObject *fused = PyDict_GetItemString(d, "fused");
-    int f = fused ? PyObject_IsTrue(fused) : 0;
-    if (f < 0)
+    if (get_bool(d, "fused", "plan", &p->fused))
         return -1;
-    p->fused = f;
-    if (f) {
-        PyObject *pd = PyDict_GetItemString(d, "params");
-        if (!pd || !PyDict_Check(pd)) {
-            PyErr_SetString(PyExc_ValueError, "plan: a fused plan needs a 'params' dict");
-            return -1;
-        }
-        PyObject *cl = PyDict_GetItemString(pd, "cluster");
-        PyObject *seq = cl ? PySequence_Fast(cl, "plan: 'cluster' must be a sequence of 4 ints") : NULL;
-        if (!seq) {
-            if (!cl)
-                PyErr_SetString(PyExc_ValueError, "plan: missing 'cluster'");
-            return -1;
-        }
-        int *dims[4] = {&p->cls_m, &p->cls_n, &p->cls_k, &p->cls_l};
-        int ok = PySequence_Fast_GET_SIZE(seq) == 4;
-        for (int i = 0; ok && i < 4; i++) {
-            PyObject *v = PySequence_Fast_GET_ITEM(seq, i);
-            ok = PyLong_Check(v) && !PyBool_Check(v);
-            *dims[i] = ok ? (int)PyLong_AsLong(v) : 0;
-            ok = ok && !PyErr_Occurred();
-        }
-        Py_DECREF(seq);
-        if (!ok) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_ValueError, "plan: 'cluster' must be 4 ints (cls_m, cls_n, cls_k, cls_l)");
-            return -1;
-        }
-        static const field pf[] = {PF(bm), PF(bn), PF(bl), PF(n_iters), PF(stages)};
-        for (size_t i = 0; i < sizeof pf / sizeof pf[0]; i++)
-            if (get_field(pd, p, &pf[i], "plan params", 1))
-                return -1;
-        PyObject *o = PyDict_GetItemString(pd, "order"), *g = PyDict_GetItemString(pd, "gate_mode");
-        int oi = name_index(order_names, 2, o && PyUnicode_Check(o) ? PyUnicode_AsUTF8(o) : NULL);
-        int gi = name_index(gate_names, 3, g && PyUnicode_Check(g) ? PyUnicode_AsUTF8(g) : NULL);
-        if (oi < 0 || gi < 0) {
-            PyErr_SetString(PyExc_ValueError, "plan: 'order' must be n_outer or l_outer and 'gate_mode' none, "
-                                              "spatial or sequential");
-            return -1;
-        }
-        p->order = (fuser_order)oi;
-        p->gate_mode = (fuser_gate_mode)gi;
-        /* the kernel family and the stream kernel's splits (absent: the cluster kernel, no splits) */
-        PyObject *kd = PyDict_GetItemString(pd, "kind");
-        int ki = kd ? name_index(kind_names, 2, PyUnicode_Check(kd) ? PyUnicode_AsUTF8(kd) : NULL) : 0;
-        if (ki < 0) {
-            PyErr_Format(PyExc_ValueError, "plan: 'kind' must be 'cluster' or 'stream', got %R", kd);
-            return -1;
-        }
-        p->kind = (fuser_kind)ki;
-        p->s1 = p->s2 = 1;
-        static const field sf[] = {PF(s1), PF(s2)};
-        for (size_t i = 0; i < sizeof sf / sizeof sf[0]; i++)
-            if (get_field(pd, p, &sf[i], "plan params", 0))
-                return -1;
-    }
+    if (p->fused && params_from_dict(PyDict_GetItemString(d, "params"), p))
+        return -1;
     fuser_err err;
     fuser_err_clear(&err);
     if (fuser_plan_derive(p, &err) || fuser_plan_check_target(p, t, &err)) {
@@ -404,14 +535,49 @@ int fuser_plan_from_dict(PyObject *d, const fuser_target *t, fuser_plan *p)
 
 /* ---- module functions ---- */
 
+/* A search's constraints from a dict: each key present and not None restricts that field. Values are
+ * checked like a plan's (0 and negative numbers are refused, never read as "free"). */
+static int constraints_from_dict(PyObject *d, fuser_constraints *cons)
+{
+    static const char what[] = "constraints";
+    if (!PyDict_Check(d)) {
+        PyErr_Format(PyExc_TypeError, "constraints: expected a dict, got %s", Py_TYPE(d)->tp_name);
+        return -1;
+    }
+    static const struct { const char *key; size_t off; int hi; } flags[] = {
+        {"fused", offsetof(fuser_constraints, fused), 1},
+        {"dataflows_all", offsetof(fuser_constraints, dataflows_all), (1 << FUSER_NUM_DATAFLOWS) - 1},
+        {"dataflows_none", offsetof(fuser_constraints, dataflows_none), (1 << FUSER_NUM_DATAFLOWS) - 1},
+    };
+    for (size_t i = 0; i < sizeof searched / sizeof searched[0]; i++)
+        if (given(d, searched[i].key) && get_int(d, searched[i].key, what, searched[i].lo, searched[i].hi, 0,
+                                                 (int *)((char *)cons + searched[i].cons_off)))
+            return -1;
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
+        if (given(d, flags[i].key) && get_int(d, flags[i].key, what, 0, flags[i].hi, 0,
+                                              (int *)((char *)cons + flags[i].off)))
+            return -1;
+    static const char *const keys[3] = {"kind", "order", "gate_mode"};
+    const char *const *names[3] = {kind_names, order_names, gate_names};
+    const int n[3] = {2, 2, 3};
+    int *slot[3] = {&cons->kind, &cons->order, &cons->gate_mode};
+    for (int i = 0; i < 3; i++)
+        if (given(d, keys[i]) && (*slot[i] = choice(PyDict_GetItemString(d, keys[i]), what, keys[i], names[i],
+                                                    n[i])) < 0)
+            return -1;
+    return 0;
+}
+
 /* search(chain, target, k=1, constraints=None) -> (list of plan dicts, stats dict) */
 PyObject *fuser_py_search(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"chain", "target", "k", "constraints", NULL};
-    PyObject *cd, *td, *cons_d = Py_None;
+    PyObject *cd, *td, *k_obj = NULL, *cons_d = Py_None;
     int k = 1;
     (void)module;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|iO:search", kwlist, &cd, &td, &k, &cons_d))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OO:search", kwlist, &cd, &td, &k_obj, &cons_d))
+        return NULL;
+    if (k_obj && int_in_i(k_obj, "search", "k", 1, 64, &k))
         return NULL;
     fuser_chain c;
     fuser_target t;
@@ -419,42 +585,8 @@ PyObject *fuser_py_search(PyObject *module, PyObject *args, PyObject *kwargs)
         return NULL;
     fuser_constraints cons;
     fuser_constraints_init(&cons);
-    if (cons_d != Py_None) {
-        if (!PyDict_Check(cons_d))
-            return PyErr_Format(PyExc_TypeError, "constraints: expected a dict");
-        static const field cf[] = {
-            {"cls_m", F_INT, offsetof(fuser_constraints, cls_m)}, {"cls_n", F_INT, offsetof(fuser_constraints, cls_n)},
-            {"cls_k", F_INT, offsetof(fuser_constraints, cls_k)}, {"cls_l", F_INT, offsetof(fuser_constraints, cls_l)},
-            {"bm", F_INT, offsetof(fuser_constraints, bm)}, {"bn", F_INT, offsetof(fuser_constraints, bn)},
-            {"bl", F_INT, offsetof(fuser_constraints, bl)}, {"n_iters", F_INT, offsetof(fuser_constraints, n_iters)},
-            {"stages", F_INT, offsetof(fuser_constraints, stages)}, {"fused", F_INT, offsetof(fuser_constraints, fused)},
-            {"s1", F_INT, offsetof(fuser_constraints, s1)}, {"s2", F_INT, offsetof(fuser_constraints, s2)},
-            {"dataflows_all", F_INT, offsetof(fuser_constraints, dataflows_all)},
-            {"dataflows_none", F_INT, offsetof(fuser_constraints, dataflows_none)},
-        };
-        for (size_t i = 0; i < sizeof cf / sizeof cf[0]; i++)
-            if (get_field(cons_d, &cons, &cf[i], "constraints", 0))
-                return NULL;
-        PyObject *o = PyDict_GetItemString(cons_d, "order"), *g = PyDict_GetItemString(cons_d, "gate_mode");
-        PyObject *kd = PyDict_GetItemString(cons_d, "kind");
-        if (kd && kd != Py_None) {
-            cons.kind = name_index(kind_names, 2, PyUnicode_Check(kd) ? PyUnicode_AsUTF8(kd) : NULL);
-            if (cons.kind < 0)
-                return PyErr_Format(PyExc_ValueError, "kind: expected 'cluster' or 'stream', got %R", kd);
-        }
-        if (o && o != Py_None) {
-            cons.order = name_index(order_names, 2, PyUnicode_Check(o) ? PyUnicode_AsUTF8(o) : NULL);
-            if (cons.order < 0)
-                return PyErr_Format(PyExc_ValueError, "order: expected 'n_outer' or 'l_outer', got %R", o);
-        }
-        if (g && g != Py_None) {
-            cons.gate_mode = name_index(gate_names, 3, PyUnicode_Check(g) ? PyUnicode_AsUTF8(g) : NULL);
-            if (cons.gate_mode < 0)
-                return PyErr_Format(PyExc_ValueError, "gate_mode: expected 'spatial' or 'sequential', got %R", g);
-        }
-    }
-    if (k < 1 || k > 64)
-        return PyErr_Format(PyExc_ValueError, "k must be in [1, 64], got %d", k);
+    if (cons_d != Py_None && constraints_from_dict(cons_d, &cons))
+        return NULL;
     fuser_plan out[64];
     int n = 0;
     fuser_search_stats st;

@@ -61,8 +61,8 @@ def test_measured_hardware_constants_drive_their_cost_terms():
     p = fuser.plan(512, 4096, 14336, gated=True, activation="silu", fused=True, target=t)
     ci = {2: 1, 4: 2, 8: 3, 16: 4}[p.derived["cluster_size"]]
 
-    def recost(**fields):   # the same plan, costed on a target with these fields
-        return fuser.Plan.from_dict(dict(p.to_dict(), target=dict(t, **fields)))
+    def recost(**fields):   # the same plan, costed on a target with these fields (the caller's own target)
+        return fuser.Plan.from_dict(p.to_dict(), target=dict(t, **fields))
     q = recost(barrier_cycles=2 * t["barrier_cycles"], fused_mma_eff=t["fused_mma_eff"] / 2,
                dsm_bytes_per_clk=[v / 2 if i == ci else v for i, v in enumerate(t["dsm_bytes_per_clk"])])
     for term in ("dsm", "sync", "compute"):

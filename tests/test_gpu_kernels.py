@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fuser
-from fuser import _C, runtime
+from fuser import _C, route, runtime
 from conftest import rel_error
 
 pytestmark = pytest.mark.gpu
@@ -65,16 +65,20 @@ def test_ffn_runs_the_planners_choice_and_a_forced_fused_plan():
 
 
 def test_failed_launch_raises_and_the_next_call_works():
-    """A plan that asks for more shared memory than the GPU has (planned for a fictional target)
-    fails at launch with fuser.CudaError; the process and the GPU stay usable."""
+    """A plan that asks for more shared memory than the GPU has (planned for a fictional target) is
+    refused by fuser.ffn before any code is generated; below that check, the driver refuses to load or
+    launch it with fuser.CudaError; the process and the GPU stay usable."""
     big = dict(_C.targets()["h200"], name="fictional", smem_per_block=300_000, smem_per_sm=300_000)
     bad = max(fuser.plans(128, 768, 3072, activation="gelu", target=big, fused=True, k=64),
               key=lambda p: p.derived["smem_bytes"])
     assert bad.derived["smem_bytes"] > 232448
     x = torch.randn(128, 768, device="cuda").bfloat16()
     w1, w2 = torch.randn(3072, 768, device="cuda").bfloat16(), torch.randn(768, 3072, device="cuda").bfloat16()
-    with pytest.raises(fuser.CudaError, match="CUDA_ERROR"):
+    with pytest.raises(ValueError, match="bytes of shared memory per block exceed"):
         fuser.ffn(x, w1, w2, plan=bad)
+    chain = _C.ffn_check(x, w1, w2, activation="gelu")
+    with pytest.raises(fuser.CudaError, match="CUDA_ERROR"):
+        route.route_for(chain, bad).run(x, w1, w2, None, None, None, None, "gelu")
         torch.cuda.synchronize()
     good = fuser.plan(128, 768, 3072, activation="gelu", target="h200", fused=True)
     y = fuser.ffn(x, w1, w2, plan=good)

@@ -72,6 +72,18 @@ void test_plan_derive_errors(void)
     q = p;
     q.stages = 8, q.bn = 256, q.bm = 128;
     CHECK(fuser_plan_derive(&q, &err) == FUSER_OK && fuser_plan_check_target(&q, t, &err) == FUSER_E_VALUE);
+    /* the values a plan dict could smuggle in: each named, none read as "free" or wrapped */
+    const struct { int *field; int value; const char *msg; } bad[] = {
+        {&q.bn, -16, "bn = -16"}, {&q.bn, 0, "bn = 0"}, {&q.stages, 0, "stages = 0"},
+        {&q.cls_m, 0, "cluster (0, 4, 2, 2)"}, {&q.s1, 4, "a cluster plan has no stream splits"},
+        {&q.s2, -1, "a cluster plan has no stream splits"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        q = p;
+        *bad[i].field = bad[i].value; /* a field of q, reset above */
+        CHECK(fuser_plan_derive(&q, &err) == FUSER_E_VALUE);
+        CHECK_ERR(&err, FUSER_E_VALUE, bad[i].msg);
+    }
 }
 
 void test_search_accounting(void)

@@ -52,6 +52,11 @@ void test_tensor_validation(void)
     d.byte_offset = 32;
     CHECK(fuser_tensor_from_dl(&d, "b", &t, &err) == FUSER_OK && t.data == arena + 32);
 
+    int64_t huge[2] = {3, (int64_t)1 << 61}; /* 3 * 2^61 elements fit int64; their bytes do not */
+    d = dl(arena, 2, huge, NULL, kDLBfloat, 16);
+    CHECK(fuser_tensor_from_dl(&d, "x", &t, &err) == FUSER_E_VALUE);
+    CHECK_ERR(&err, FUSER_E_VALUE, "x: byte count overflows int64");
+
     int64_t empty[2] = {0, 8};
     d = dl(NULL, 2, empty, bad, kDLFloat, 32); /* zero-size: NULL data and any strides are fine */
     CHECK(fuser_tensor_from_dl(&d, "e", &t, &err) == FUSER_OK && t.numel == 0);
