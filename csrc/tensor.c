@@ -92,6 +92,9 @@ static int device_from_dl(DLDevice dev, const char *name, fuser_tensor *out, fus
         out->device_id = 0;
         return FUSER_OK;
     case kDLCUDA:
+        if (dev.device_id < 0)
+            return fuser_fail(err, FUSER_E_VALUE, "%s: DLPack CUDA device id %d is negative", name,
+                              (int)dev.device_id);
         out->device = FUSER_CUDA;
         out->device_id = dev.device_id;
         return FUSER_OK;

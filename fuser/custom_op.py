@@ -55,6 +55,8 @@ def _impl(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, w_gate: Opt
         >>> torch.ops.fuser.ffn(x, w_up, w_down, None, None, None, None, "relu").shape
         torch.Size([2, 3, 8])
     """
+    if x.layout != torch.strided:   # before ready(): torch cannot make a sparse tensor contiguous
+        raise TypeError(f"x: expected a dense (strided) tensor, got layout {x.layout}")
     x = interop.ready(x)
     return ops.route(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation).run(
         x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)

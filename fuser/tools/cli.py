@@ -71,8 +71,9 @@ def _seconds(text):
 
 def _token_counts(text):
     """Comma-separated positive token counts, such as 1,16,128."""
-    try:
-        counts = tuple(_count(t) for t in text.split(",") if t.strip())
+    parts = text.split(",")
+    try:   # every part a count: an empty one ("1,,2", "16,") is a typo, not something to skip
+        counts = tuple(_count(t) for t in parts) if all(t.strip() for t in parts) else ()
     except argparse.ArgumentTypeError:
         counts = ()
     if counts:

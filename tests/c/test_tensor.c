@@ -65,6 +65,9 @@ void test_tensor_validation(void)
     d.device.device_type = kDLCUDA;
     d.device.device_id = 3;
     CHECK(fuser_tensor_from_dl(&d, "x", &t, &err) == FUSER_OK && t.device == FUSER_CUDA && t.device_id == 3);
+    d.device.device_id = -1;
+    CHECK(fuser_tensor_from_dl(&d, "x", &t, &err) == FUSER_E_VALUE);
+    CHECK_ERR(&err, FUSER_E_VALUE, "x: DLPack CUDA device id -1 is negative");
     d.device.device_type = kDLROCM;
     CHECK(fuser_tensor_from_dl(&d, "x", &t, &err) == FUSER_E_VALUE);
 
