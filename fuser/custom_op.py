@@ -127,6 +127,15 @@ def _gradients(saved, need, activation, has_b_down, gy):
 _lib = torch.library.Library("fuser", "DEF")
 _lib.define(SCHEMA)
 _lib.impl("ffn", _impl, "CompositeExplicitAutograd")
+
+
+def _refuse_nested(x, *args):
+    raise TypeError(f"x: expected a dense tensor, got a nested tensor of {x.dtype}; pad it or run the FFN per "
+                    f"sequence")
+
+
+for _key in ("NestedTensorCPU", "NestedTensorCUDA"):   # torch has no kernel of ours for them: say why
+    _lib.impl("ffn", _refuse_nested, _key)
 torch.library.register_fake("fuser::ffn", _fake, lib=_lib)
 _op = torch.ops.fuser.ffn.default
 _AFTER_AUTOGRAD = torch._C._after_autograd_keyset

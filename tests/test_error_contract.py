@@ -71,11 +71,12 @@ def test_activation_is_read_whole():
         fuser.ffn(x, w1, w2, activation=None)
 
 
-def test_the_operator_refuses_a_sparse_x_by_name():
+def test_the_operator_refuses_a_sparse_or_nested_x_by_name():
     """torch.ops.fuser.ffn checks x's layout before making it contiguous (which torch cannot do for a
-    sparse tensor), so the contract's TypeError names x instead of torch's own RuntimeError. (Nested
-    tensors never reach fuser: torch's dispatcher refuses them, having no kernel for their backend.)"""
+    sparse tensor), and has a kernel for nested tensors that refuses them, so the contract's TypeError
+    names x instead of torch's RuntimeError or NotImplementedError."""
     w_up, w_down = torch.randn(32, 8), torch.randn(8, 32)
-    for x in (torch.randn(4, 8).to_sparse(), torch.randn(4, 8).to_sparse_csr()):
+    nested = torch.nested.nested_tensor([torch.randn(2, 8), torch.randn(3, 8)])
+    for x in (torch.randn(4, 8).to_sparse(), torch.randn(4, 8).to_sparse_csr(), nested):
         with pytest.raises(TypeError, match="^x: expected a dense"):
             torch.ops.fuser.ffn(x, w_up, w_down, None, None, None, None, "relu")
