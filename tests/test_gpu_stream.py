@@ -16,15 +16,12 @@ from conftest import rel_error
 
 pytestmark = pytest.mark.gpu
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "gpu"))
+from plan_check import ffn_tensors  # noqa: E402
 
 
 def tensors(m, d, f, l, gated, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    r = lambda *s, scale=1.0: (torch.randn(*s, generator=g, device="cuda") * scale).bfloat16()  # noqa: E731
-    t = dict(x=r(m, d), w_up=r(f, d, scale=d ** -0.5), w_down=r(l, f, scale=f ** -0.5))
-    if gated:
-        t["w_gate"] = r(f, d, scale=d ** -0.5)
-    return t
+    return ffn_tensors(torch.Generator(device="cuda").manual_seed(seed), m, d, f, l, gated=gated, bias=False,
+                       dtype=torch.bfloat16)
 
 
 def test_stream_correctness_matrix():

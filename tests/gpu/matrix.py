@@ -15,6 +15,7 @@ import time
 import torch
 
 import fuser
+from plan_check import check_plan, ffn_tensors
 
 MS = (1, 7, 64, 127, 128, 1000, 4096)
 DMODELS = (256, 768, 4096)
@@ -57,42 +58,14 @@ def find_plan(c):
     return None, d, f
 
 
-def rel(y, ref):
-    y, ref = y.double(), ref.double()
-    return float((y - ref).norm() / ref.norm().clamp_min(1e-300))
-
-
 def run_case(c, gen):
     plan, d, f = find_plan(c)
     if plan is None:
         return dict(c, status="no plan")
-    dt = getattr(torch, c["dtype"])
-    dev = "cuda"
-
-    def r(*s, scale=1.0):
-        return (torch.randn(*s, generator=gen, device=dev, dtype=torch.float32) * scale).to(dt)
-    m = c["m"]
-    t = dict(x=r(m, d), w_up=r(f, d, scale=d ** -0.5), w_down=r(d, f, scale=f ** -0.5))
-    if c["gate"] != "plain":
-        t["w_gate"] = r(f, d, scale=d ** -0.5)
-    if c["bias"]:
-        t["b_up"], t["b_down"] = r(f, scale=0.3), r(d, scale=0.3)
-        if c["gate"] != "plain":
-            t["b_gate"] = r(f, scale=0.3)
-    ref = fuser.ffn_reference(activation=c["activation"], compute_dtype=torch.float64, **t)
-    eager = fuser.ffn_reference(activation=c["activation"], **t)
-    outs = []
-    for _ in range(3):
-        out = torch.full((m, d), float("nan"), device=dev, dtype=dt)
-        fuser.ffn(activation=c["activation"], out=out, plan=plan, **t)
-        outs.append(out)
-    torch.cuda.synchronize()
-    err, err_eager = rel(outs[0], ref), rel(eager, ref)
-    return dict(c, d_model=d, d_ff=f, plan=plan.summary(), dataflows=list(plan.dataflows), err=err,
-                eager_err=err_eager, nan=bool(torch.isnan(outs[0]).any()),
-                identical=all(torch.equal(outs[0], o) for o in outs[1:]),
-                ok=bool(err <= 2 * err_eager and not torch.isnan(outs[0]).any() and
-                        all(torch.equal(outs[0], o) for o in outs[1:])))
+    gated = c["gate"] != "plain"
+    t = ffn_tensors(gen, c["m"], d, f, d, gated=gated, bias=c["bias"], dtype=c["dtype"])
+    return dict(c, d_model=d, d_ff=f, plan=plan.summary(), dataflows=list(plan.dataflows),
+                **check_plan(plan, c["activation"], t))
 
 
 def run(quick=False, log=print, dataflow=None, first=None, skip=0):

@@ -14,6 +14,7 @@ import sys
 import time
 
 import fuser
+from plan_check import check_plan, ffn_tensors
 
 BMS = (16, 32, 64, 128)
 SPLITS = ((1, 1), (2, 3), (4, 8))
@@ -41,36 +42,10 @@ def plan_of(c):
 
 
 def run_case(c, gen):
-    import torch
     plan = plan_of(c)
-    dt = getattr(torch, c["dtype"])
-
-    def r(*s, scale=1.0):
-        return (torch.randn(*s, generator=gen, device="cuda", dtype=torch.float32) * scale).to(dt)
-    m, d, f, l = c["m"], c["d_model"], c["d_ff"], c["d_out"]
-    t = dict(x=r(m, d), w_up=r(f, d, scale=d ** -0.5), w_down=r(l, f, scale=f ** -0.5))
-    if c["gated"]:
-        t["w_gate"] = r(f, d, scale=d ** -0.5)
-    if c["bias"]:
-        t["b_up"], t["b_down"] = r(f, scale=0.3), r(l, scale=0.3)
-        if c["gated"]:
-            t["b_gate"] = r(f, scale=0.3)
-    ref = fuser.ffn_reference(activation=c["activation"], compute_dtype=torch.float64, **t)
-    eager = fuser.ffn_reference(activation=c["activation"], **t)
-    outs = []
-    for _ in range(3):
-        out = torch.full((m, l), float("nan"), device="cuda", dtype=dt)
-        fuser.ffn(activation=c["activation"], out=out, plan=plan, **t)
-        outs.append(out)
-    torch.cuda.synchronize()
-    y, ref = outs[0].double(), ref.double()
-    err = float((y - ref).norm() / ref.norm().clamp_min(1e-300))
-    e = eager.double()
-    err_eager = float((e - ref).norm() / ref.norm().clamp_min(1e-300))
-    nan = bool(torch.isnan(outs[0]).any())
-    same = all(torch.equal(outs[0], o) for o in outs[1:])
-    return dict(c, plan=plan.summary(), err=err, eager_err=err_eager, nan=nan, identical=same,
-                ok=bool(err <= 2 * err_eager and not nan and same))
+    t = ffn_tensors(gen, c["m"], c["d_model"], c["d_ff"], c["d_out"], gated=c["gated"], bias=c["bias"],
+                    dtype=c["dtype"])
+    return dict(c, plan=plan.summary(), **check_plan(plan, c["activation"], t))
 
 
 def run(log=print):
