@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# One GPU session's checks and measurements, in one call (the device is lent by the minute): build, the
-# GPU test suite, compute-sanitizer on a stream kernel, the wgmma GEMM probe against torch.mm, and the
-# stream kernel timed against PyTorch eager in CUDA graphs (the paper's table and decode shapes, the
-# decode set twice for run-to-run agreement). Logs go to $OUT/results.tgz (OUT defaults to ./gpu-out), with
-# the one-line summaries in $OUT/gpu.txt.
+# One GPU session's checks and measurements, in stages that each fit one device call (10 minutes):
+#   check  build, the GPU test suite (slowest tests listed), the host-overhead harness
+#   bench  build, compute-sanitizer on a stream kernel, the wgmma GEMM probe against torch.mm, and the
+#          stream kernel timed against PyTorch eager in CUDA graphs (the paper's table and decode
+#          shapes, the decode set twice for run-to-run agreement)
+#   all    both, one after the other (a machine without a 10-minute limit)
+# Logs go to $OUT/results-<stage>.tgz (OUT defaults to ./gpu-out), the one-line summaries to $OUT/gpu.txt.
+#     bash benchmarks/gpu_session.sh check|bench|all
 set -uo pipefail
+STAGE=${1:-all}
+case $STAGE in check|bench|all) ;; *) echo "usage: $0 check|bench|all" >&2; exit 2;; esac
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-gpu-out}
 OUT=$FINAL/r
@@ -12,8 +17,17 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 python3 -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | grep -v WARNING | tail -3
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
-FUSER_GPU_STREAM_REPORT=$OUT/stream_matrix.json timeout 330 python3 -m pytest -m gpu -q -p no:cacheprovider \
-    2>&1 | tail -25 > "$OUT/pytest_gpu.log"; echo "pytest -m gpu rc ${PIPESTATUS[0]}" | tee -a "$OUT/gpu.txt"
+if [ "$STAGE" != bench ]; then
+    FUSER_GPU_STREAM_REPORT=$OUT/stream_matrix.json timeout 400 python3 -m pytest -m gpu -q -p no:cacheprovider \
+        --durations=15 2>&1 | tail -45 > "$OUT/pytest_gpu.log"
+    echo "pytest -m gpu rc ${PIPESTATUS[0]} $(grep -E '(passed|failed|error)' "$OUT/pytest_gpu.log" | tail -1)" \
+        | tee -a "$OUT/gpu.txt"
+    timeout 90 python3 benchmarks/host_overhead.py --set quick --json "$OUT/host.json" > "$OUT/host.log" 2>&1
+    echo "host_overhead rc $?" | tee -a "$OUT/gpu.txt"; tail -14 "$OUT/host.log" >> "$OUT/gpu.txt"
+fi
+if [ "$STAGE" = check ]; then
+    cp "$OUT/gpu.txt" "$FINAL/gpu.txt"; tar czf "$FINAL/results-check.tgz" -C "$OUT" . && rm -rf "$OUT"; exit 0
+fi
 cat > /tmp/one_stream.py <<'PY'
 import torch, fuser
 p = fuser.plan(9, 512, 2048, gated=True, activation="silu", bias=True, target="h200", fused=True, kind="stream",
@@ -31,13 +45,11 @@ torch.cuda.synchronize()
 print("ok", p.summary())
 PY
 for tool in memcheck racecheck synccheck; do
-    timeout 120 compute-sanitizer --tool $tool --kernel-name regex=fuser_ffn python3 /tmp/one_stream.py \
+    timeout 90 compute-sanitizer --tool $tool --kernel-name regex=fuser_ffn python3 /tmp/one_stream.py \
         > "$OUT/sanitizer_$tool.txt" 2>&1
     echo "sanitizer $tool rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.txt" | head -1)" | tee -a "$OUT/gpu.txt"
 done
 DECODE=llama2-7b:1,llama3-8b:1,llama3-8b:16,llama3-8b:64,llama3-8b:128,llama-70b:16,gpt3-6.7b:16,gpt2:1,gpt2:16
-timeout 90 python3 benchmarks/host_overhead.py --set quick --json "$OUT/host.json" > "$OUT/host.log" 2>&1
-echo "host_overhead rc $?" | tee -a "$OUT/gpu.txt"; tail -14 "$OUT/host.log" >> "$OUT/gpu.txt"
 timeout 60 python3 benchmarks/kernel_check.py --gemm --out "$OUT/gemm" > "$OUT/gemm.log" 2>&1
 timeout 120 python3 benchmarks/kernel_check.py --bench paper --out "$OUT/paper" > "$OUT/paper.log" 2>&1
 timeout 100 python3 benchmarks/kernel_check.py --bench $DECODE --out "$OUT/decode1" > "$OUT/decode1.log" 2>&1
@@ -45,4 +57,4 @@ timeout 100 python3 benchmarks/kernel_check.py --bench $DECODE --out "$OUT/decod
 { grep -E "8192\^3" "$OUT/gemm.log"; grep -hE "^[A-Za-z0-9.-]+ +M=[0-9]+ +floor +[0-9.]+ +eager" "$OUT"/paper.log \
     "$OUT"/decode*.log | cut -c1-170; } | tee -a "$OUT/gpu.txt"
 cp "$OUT/gpu.txt" "$FINAL/gpu.txt"
-tar czf "$FINAL/results.tgz" -C "$OUT" . && rm -rf "$OUT"
+tar czf "$FINAL/results-bench.tgz" -C "$OUT" . && rm -rf "$OUT"
