@@ -96,7 +96,8 @@ static int cached_map(const fuser_driver *drv, fuser_ffn_kernel *k, int slot, co
 }
 
 static int launch_stream(const fuser_driver *drv, fuser_ffn_kernel *k, const fuser_ffn_args *a, const fuser_chain *c,
-                         const fuser_scratch_view *s, void *trace, fuser_cu_stream stream, fuser_err *err)
+                         const fuser_scratch_view *s, void *trace, fuser_overlap overlap, fuser_cu_stream stream,
+                         fuser_err *err)
 {
     const fuser_plan *p = &k->plan;
     const fuser_chain *pc = &p->chain;
@@ -132,11 +133,14 @@ static int launch_stream(const fuser_driver *drv, fuser_ffn_kernel *k, const fus
     /* units are claimed dynamically: blocks beyond those resident at once would only find no work */
     fuser_dim3 grid = {(unsigned)fuser_min64(p->units, k->max_active), 1, 1};
     fuser_dim3 block = {(unsigned)p->threads, 1, 1}, one = {1, 1, 1};
-    return fuser_kernel_launch(drv, &k->k, grid, block, one, (unsigned)p->smem_bytes, stream, argv, err);
+    /* the kernel waits for the previous one (griddepcontrol.wait) before it touches anything but weights */
+    const unsigned flags = overlap == FUSER_OVERLAP_NEVER ? 0u : (unsigned)FUSER_LAUNCH_EARLY;
+    return fuser_kernel_launch_ex(drv, &k->k, grid, block, one, (unsigned)p->smem_bytes, stream, flags, argv, err);
 }
 
 int fuser_ffn_launch(const fuser_driver *drv, fuser_ffn_kernel *k, const fuser_ffn_args *a, const fuser_chain *c,
-                     const fuser_scratch_view *s, const fuser_tensor *trace, fuser_cu_stream stream, fuser_err *err)
+                     const fuser_scratch_view *s, const fuser_tensor *trace, fuser_overlap overlap,
+                     fuser_cu_stream stream, fuser_err *err)
 {
     const fuser_plan *p = &k->plan;
     if (!same_chain(c, &p->chain))
@@ -166,6 +170,6 @@ int fuser_ffn_launch(const fuser_driver *drv, fuser_ffn_kernel *k, const fuser_f
                           k->k.device, FUSER_STREAM_TRACE_WORDS, (long long)(trace ? trace->nbytes : 0));
     if (c->m == 0)
         return FUSER_OK;
-    return p->kind == FUSER_KIND_STREAM ? launch_stream(drv, k, a, c, s, trace ? trace->data : NULL, stream, err)
+    return p->kind == FUSER_KIND_STREAM ? launch_stream(drv, k, a, c, s, trace ? trace->data : NULL, overlap, stream, err)
                                         : launch_cluster(drv, k, a, c, s, stream, err);
 }

@@ -97,9 +97,11 @@ int fuser_cluster_non_portable(fuser_dim3 c)
 }
 
 int fuser_launch_config(fuser_dim3 grid, fuser_dim3 block, fuser_dim3 cluster, unsigned int dyn_smem,
-                        fuser_cu_stream stream, fuser_cu_launch_attr *attr, fuser_cu_launch_config *cfg,
-                        fuser_err *err)
+                        fuser_cu_stream stream, unsigned int flags, fuser_cu_launch_attr attr[FUSER_LAUNCH_MAX_ATTRS],
+                        fuser_cu_launch_config *cfg, fuser_err *err)
 {
+    if (flags & ~(unsigned)FUSER_LAUNCH_EARLY)
+        return fuser_fail(err, FUSER_E_VALUE, "launch flags 0x%x: unknown bits", flags);
     const struct { const char *what; fuser_dim3 d; } dims[] = {
         {"grid", grid}, {"block", block}, {"cluster", cluster},
     };
@@ -113,12 +115,17 @@ int fuser_launch_config(fuser_dim3 grid, fuser_dim3 block, fuser_dim3 cluster, u
     if ((unsigned long long)block.x * block.y * block.z > FUSER_MAX_BLOCK_THREADS)
         return fuser_fail(err, FUSER_E_VALUE, "block (%u, %u, %u) has more than %d threads", block.x, block.y,
                           block.z, FUSER_MAX_BLOCK_THREADS);
-    memset(attr, 0, sizeof *attr);
-    attr->id = FUSER_CU_LAUNCH_ATTR_CLUSTER_DIMENSION;
-    attr->value.cluster_dim.x = cluster.x;
-    attr->value.cluster_dim.y = cluster.y;
-    attr->value.cluster_dim.z = cluster.z;
-    *cfg = (fuser_cu_launch_config){grid.x, grid.y, grid.z, block.x, block.y, block.z, dyn_smem, stream, attr, 1};
+    memset(attr, 0, FUSER_LAUNCH_MAX_ATTRS * sizeof *attr);
+    attr[0].id = FUSER_CU_LAUNCH_ATTR_CLUSTER_DIMENSION;
+    attr[0].value.cluster_dim.x = cluster.x;
+    attr[0].value.cluster_dim.y = cluster.y;
+    attr[0].value.cluster_dim.z = cluster.z;
+    unsigned int n = 1;
+    if (flags & FUSER_LAUNCH_EARLY) {
+        attr[n].id = FUSER_CU_LAUNCH_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr[n++].value.programmatic_serialization = 1;
+    }
+    *cfg = (fuser_cu_launch_config){grid.x, grid.y, grid.z, block.x, block.y, block.z, dyn_smem, stream, attr, n};
     return FUSER_OK;
 }
 
@@ -172,10 +179,10 @@ static int use_context(const fuser_driver *drv, const fuser_kernel *k, fuser_err
 /* Everything before the driver call of a launch or an occupancy query: the configuration, the context,
  * the function attributes (occupancy honours the same ones). */
 static int ready(const fuser_driver *drv, fuser_kernel *k, fuser_dim3 grid, fuser_dim3 block, fuser_dim3 cluster,
-                 unsigned int dyn_smem, fuser_cu_stream stream, fuser_cu_launch_attr *attr,
+                 unsigned int dyn_smem, fuser_cu_stream stream, unsigned int flags, fuser_cu_launch_attr *attr,
                  fuser_cu_launch_config *cfg, fuser_err *err)
 {
-    int rc = fuser_launch_config(grid, block, cluster, dyn_smem, stream, attr, cfg, err);
+    int rc = fuser_launch_config(grid, block, cluster, dyn_smem, stream, flags, attr, cfg, err);
     if (rc == FUSER_OK)
         rc = use_context(drv, k, err);
     if (rc == FUSER_OK)
@@ -187,9 +194,17 @@ int fuser_kernel_launch(const fuser_driver *drv, fuser_kernel *k, fuser_dim3 gri
                         fuser_dim3 cluster, unsigned int dyn_smem, fuser_cu_stream stream, void **args,
                         fuser_err *err)
 {
-    fuser_cu_launch_attr attr; /* on this stack frame: alive through the launch, private to this thread */
+    return fuser_kernel_launch_ex(drv, k, grid, block, cluster, dyn_smem, stream, 0, args, err);
+}
+
+int fuser_kernel_launch_ex(const fuser_driver *drv, fuser_kernel *k, fuser_dim3 grid, fuser_dim3 block,
+                           fuser_dim3 cluster, unsigned int dyn_smem, fuser_cu_stream stream, unsigned int flags,
+                           void **args, fuser_err *err)
+{
+    /* on this stack frame: alive through the launch, private to this thread */
+    fuser_cu_launch_attr attr[FUSER_LAUNCH_MAX_ATTRS];
     fuser_cu_launch_config cfg;
-    int rc = ready(drv, k, grid, block, cluster, dyn_smem, stream, &attr, &cfg, err);
+    int rc = ready(drv, k, grid, block, cluster, dyn_smem, stream, flags, attr, &cfg, err);
     if (rc)
         return rc;
     fuser_cu_result r = drv->cuLaunchKernelEx(&cfg, k->func, args, NULL);
@@ -205,10 +220,10 @@ int fuser_kernel_launch(const fuser_driver *drv, fuser_kernel *k, fuser_dim3 gri
 int fuser_kernel_max_active_clusters(const fuser_driver *drv, fuser_kernel *k, fuser_dim3 block,
                                      fuser_dim3 cluster, unsigned int dyn_smem, int *n, fuser_err *err)
 {
-    fuser_cu_launch_attr attr;
+    fuser_cu_launch_attr attr[FUSER_LAUNCH_MAX_ATTRS];
     fuser_cu_launch_config cfg;
     *n = 0;
-    int rc = ready(drv, k, cluster, block, cluster, dyn_smem, NULL, &attr, &cfg, err); /* grid: one cluster */
+    int rc = ready(drv, k, cluster, block, cluster, dyn_smem, NULL, 0, attr, &cfg, err); /* grid: one cluster */
     if (rc)
         return rc;
     fuser_cu_result r = drv->cuOccupancyMaxActiveClusters(n, k->func, &cfg);

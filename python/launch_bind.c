@@ -165,7 +165,7 @@ PyObject *fuser_py_scratch_need(PyObject *module, PyObject *args)
 PyObject *fuser_py_ffn_launch(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"kernel", "x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down", "activation",
-                             "y", "scratch", "stream", "borrow", "trace", NULL};
+                             "y", "scratch", "stream", "borrow", "trace", "overlap", NULL};
     enum { X, WU, WD, WG, BU, BG, BD, Y, NT };
     static const char *const names[NT] = {"x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down", "y"};
     PyObject *kobj, *sobj, *obj[NT] = {NULL};
@@ -173,9 +173,10 @@ PyObject *fuser_py_ffn_launch(PyObject *module, PyObject *args, PyObject *kwargs
     unsigned long long stream = 0;
     int borrow = 0; /* bit i: read capsule i without consuming it (the caller keeps it for later launches) */
     PyObject *tobj = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOsOOK|iO:ffn_launch", kwlist, &kobj, &obj[X], &obj[WU],
+    int overlap = 1; /* 0: never start before the stream's previous kernel ends (measurement) */
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOsOOK|iOp:ffn_launch", kwlist, &kobj, &obj[X], &obj[WU],
                                      &obj[WD], &obj[WG], &obj[BU], &obj[BG], &obj[BD], &activation, &obj[Y], &sobj,
-                                     &stream, &borrow, &tobj))
+                                     &stream, &borrow, &tobj, &overlap))
         return NULL;
     fuser_ffn_kernel *l = get_loaded(kobj);
     if (!l)
@@ -219,6 +220,7 @@ PyObject *fuser_py_ffn_launch(PyObject *module, PyObject *args, PyObject *kwargs
         const fuser_scratch_view view = {sc->s.ptr, sc->s.device, sc->tickets_cap, sc->floats - sc->tickets_cap};
         const fuser_driver *drv = fuser_driver_get(&err);
         int rc = drv ? fuser_ffn_launch(drv, l, &a, &c, &view, tobj != Py_None ? &th.t : NULL,
+                                        overlap ? FUSER_OVERLAP_DEFAULT : FUSER_OVERLAP_NEVER,
                                         (fuser_cu_stream)(uintptr_t)stream, &err)
                      : err.code;
         if (rc)

@@ -98,9 +98,10 @@ static PyMethodDef module_methods[] = {
     {"load_kernel", (PyCFunction)(void (*)(void))fuser_py_load_kernel, METH_VARARGS | METH_KEYWORDS,
      "load_kernel(plan, target, cubin, device) -> kernel: load a compiled plan onto a GPU."},
     {"ffn_launch", (PyCFunction)(void (*)(void))fuser_py_ffn_launch, METH_VARARGS | METH_KEYWORDS,
-     "ffn_launch(kernel, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, y, scratch, stream, borrow=0):\n"
-     "validate the tensors against the kernel's chain and launch it on the stream. Capsules are consumed,\n"
-     "except those whose bit is set in borrow (bit 0 = x ... bit 7 = y): read only, reusable."},
+     "ffn_launch(kernel, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, y, scratch, stream, borrow=0,\n"
+     "trace=None, overlap=True): validate the tensors against the kernel's chain and launch it on the stream.\n"
+     "Capsules are consumed, except those whose bit is set in borrow (bit 0 = x ... bit 7 = y): read only,\n"
+     "reusable. overlap=False: a stream kernel does not start before the stream's previous kernel ends."},
     {"kernel_info", fuser_py_kernel_info, METH_VARARGS, "kernel_info(kernel) -> dict of the loaded function."},
     {"scratch_need", fuser_py_scratch_need, METH_VARARGS,
      "scratch_need(kernel, m) -> (zeroed words, workspace floats) a launch with m tokens needs."},

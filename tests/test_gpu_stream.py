@@ -1,7 +1,8 @@
 """The stream kernel and the wgmma GEMM probe on a Hopper GPU (marked gpu; skipped with a reason
 elsewhere): the stream correctness matrix (tests/gpu/stream_matrix.py), one plan reused across token
-counts (its sync words return to zero after every launch), CUDA graph capture and replay, the unit trace,
-and the GEMM probe against torch."""
+counts (its sync words return to zero after every launch), CUDA graph capture and replay, early
+(programmatic dependent) launches back to back on one scratch, the unit trace, and the GEMM probe
+against torch."""
 import json
 import os
 import sys
@@ -65,6 +66,53 @@ def test_stream_plan_in_a_cuda_graph():
         g.replay()
         ref = fuser.ffn_reference(activation="gelu", compute_dtype=torch.float64, **t)
         assert rel_error(out, ref) < 1.5e-2
+
+
+def _graph_of(calls):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for c in calls:
+            c()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    return g
+
+
+@pytest.mark.parametrize("bm,s1,s2", [(16, 2, 4), (64, 3, 2)])
+def test_back_to_back_early_launches_share_a_scratch_safely(bm, s1, s2):
+    """Stream kernels start early (programmatic dependent launch) while the previous one on the stream
+    finishes. Eight launches back to back in a graph, on one scratch (split partials, H, tickets, ready and
+    claim counters), alternating four input sets: every output matches float64, and is bitwise what the
+    same launches give when each waits for the previous one to end."""
+    m, d, f = 13, 1024, 4096
+    p = fuser.plan(m, d, f, gated=True, activation="silu", target="h200", fused=True, kind="stream", bm=bm,
+                   s1=s1, s2=s2)
+    dev, stream = torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream
+    launch = runtime.launch_for(p, dev)
+    buf = launch.scratch(m, stream)
+    ins = [tensors(m, d, f, d, True, 40 + i) for i in range(4)]
+    outs = {ov: [torch.full((m, d), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in ins]
+            for ov in (True, False)}
+
+    def call(t, y, overlap):
+        return lambda: _C.ffn_launch(launch.kernel, t["x"], t["w_up"], t["w_down"], t["w_gate"], None, None, None,
+                                     "silu", y, buf.capsule, torch.cuda.current_stream().cuda_stream,
+                                     overlap=overlap)
+    for ov in (True, False):
+        g = _graph_of([call(ins[i % 4], outs[ov][i % 4], ov) for i in range(8)])
+        for y in outs[ov]:
+            y.fill_(float("nan"))
+        g.replay()
+        g.replay()
+    torch.cuda.synchronize()
+    for t, early, serial in zip(ins, outs[True], outs[False]):
+        ref = fuser.ffn_reference(activation="silu", compute_dtype=torch.float64, **t)
+        assert rel_error(early, ref) < 1.5e-2
+        assert torch.equal(early, serial)
 
 
 def test_stream_trace_records_every_unit_once():

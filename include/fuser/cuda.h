@@ -57,14 +57,17 @@ typedef unsigned long long fuser_cu_deviceptr;
 #define FUSER_CU_FUNC_ATTR_NON_PORTABLE_CLUSTER_SIZE_ALLOWED 14
 /* CUlaunchAttributeID values */
 #define FUSER_CU_LAUNCH_ATTR_CLUSTER_DIMENSION 4
+#define FUSER_CU_LAUNCH_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION 6
 
-/* CUlaunchAttribute: id + a 64-byte value union (we use the cluster dimension member). */
+/* CUlaunchAttribute: id + a 64-byte value union (we use the cluster dimension member and, for
+ * programmatic stream serialization, the int at its start). */
 typedef struct {
     int id;
     char pad[4];
     union {
         char raw[64];
         struct { unsigned int x, y, z; } cluster_dim;
+        int programmatic_serialization;
     } value;
 } fuser_cu_launch_attr;
 

@@ -48,12 +48,18 @@ typedef struct {
  * was claimed, its loads could start, its first data arrived and it was done. */
 #define FUSER_STREAM_TRACE_WORDS 6
 
+/* How a launch may overlap the stream's previous kernel: the family's default (stream kernels start
+ * early: they request their first weight tiles, which no kernel writes, while the previous kernel
+ * finishes), or never (for side-by-side measurement). */
+typedef enum { FUSER_OVERLAP_DEFAULT, FUSER_OVERLAP_NEVER } fuser_overlap;
+
 /** Launch `k` on `a` (validated by fuser_ffn_validate into `c`) with scratch `s` on `stream`; `trace`
  * (NULL: none) receives a stream kernel's timeline. FUSER_E_VALUE when the tensors describe another
  * chain, live on another device, or the scratch or trace is too small or misplaced; FUSER_E_CUDA for the
  * driver's refusals. An empty batch launches nothing. */
 int fuser_ffn_launch(const fuser_driver *drv, fuser_ffn_kernel *k, const fuser_ffn_args *a, const fuser_chain *c,
-                     const fuser_scratch_view *s, const fuser_tensor *trace, fuser_cu_stream stream, fuser_err *err);
+                     const fuser_scratch_view *s, const fuser_tensor *trace, fuser_overlap overlap,
+                     fuser_cu_stream stream, fuser_err *err);
 
 #ifdef __cplusplus
 }

@@ -64,19 +64,21 @@ int fuser_kernel_unload(const fuser_driver *drv, fuser_kernel *k, fuser_err *err
 /** Whether a cluster of this shape needs NON_PORTABLE_CLUSTER_SIZE_ALLOWED (more than 8 blocks). */
 int fuser_cluster_non_portable(fuser_dim3 cluster);
 
-/** Fill the cuLaunchKernelEx configuration: grid, block, dynamic shared memory, stream, and one
- * CLUSTER_DIMENSION attribute written into *attr (caller-owned: keep it alive until the launch; use the
- * stack, never static storage, so threads do not share it). Pure: no driver call. FUSER_E_VALUE when a
- * dimension is 0, the grid is not a whole number of clusters, or the block exceeds 1024 threads. */
-int fuser_launch_config(fuser_dim3 grid, fuser_dim3 block, fuser_dim3 cluster, unsigned int dyn_smem,
-                        fuser_cu_stream stream, fuser_cu_launch_attr *attr, fuser_cu_launch_config *cfg,
-                        fuser_err *err);
+/** Launch flags. FUSER_LAUNCH_EARLY: programmatic dependent launch (the kernel may start while the
+ * stream's previous kernel finishes; it must execute `griddepcontrol.wait` before it touches memory that
+ * kernel writes or reads, and may execute `griddepcontrol.launch_dependents` to let the next one start). */
+enum { FUSER_LAUNCH_EARLY = 1 };
+#define FUSER_LAUNCH_MAX_ATTRS 2
 
-/** Launch k on `stream` (NULL: the legacy default stream) with `args` (one pointer per kernel parameter,
- * as for cuLaunchKernel). Raises the kernel's dynamic shared memory limit when dyn_smem exceeds it,
- * allows a non-portable cluster size when the cluster has more than 8 blocks, then calls
- * cuLaunchKernelEx. No synchronisation. FUSER_E_VALUE for a bad shape, FUSER_E_CUDA for the driver's
- * refusal ("CUDA_ERROR_X (text)"). */
+/** Fill the cuLaunchKernelEx configuration: grid, block, dynamic shared memory, stream, a
+ * CLUSTER_DIMENSION attribute and, with FUSER_LAUNCH_EARLY in `flags`, a PROGRAMMATIC_STREAM_SERIALIZATION
+ * one, written into attr[] (caller-owned: keep it alive until the launch; use the stack, never static
+ * storage, so threads do not share it). Pure: no driver call. FUSER_E_VALUE when a dimension is 0, the
+ * grid is not a whole number of clusters, the block exceeds 1024 threads, or a flag is unknown. */
+int fuser_launch_config(fuser_dim3 grid, fuser_dim3 block, fuser_dim3 cluster, unsigned int dyn_smem,
+                        fuser_cu_stream stream, unsigned int flags, fuser_cu_launch_attr attr[FUSER_LAUNCH_MAX_ATTRS],
+                        fuser_cu_launch_config *cfg, fuser_err *err);
+
 /** Make the primary context of `device` current on this thread unless a context of that device is
  * already current (torch's); FUSER_E_CUDA if the current context belongs to another device. */
 int fuser_bind_context(const fuser_driver *drv, int device, fuser_cu_context *ctx, fuser_err *err);
@@ -98,9 +100,18 @@ int fuser_scratch_alloc(const fuser_driver *drv, int device, size_t bytes, size_
 /** Free it on its stream (stream-ordered: after work already queued there). */
 int fuser_scratch_free(const fuser_driver *drv, fuser_scratch *s, fuser_err *err);
 
+/** Launch k on `stream` (NULL: the legacy default stream) with `args` (one pointer per kernel parameter,
+ * as for cuLaunchKernel). Raises the kernel's dynamic shared memory limit when dyn_smem exceeds it,
+ * allows a non-portable cluster size when the cluster has more than 8 blocks, then calls
+ * cuLaunchKernelEx. No synchronisation. FUSER_E_VALUE for a bad shape, FUSER_E_CUDA for the driver's
+ * refusal ("CUDA_ERROR_X (text)"). */
 int fuser_kernel_launch(const fuser_driver *drv, fuser_kernel *k, fuser_dim3 grid, fuser_dim3 block,
                         fuser_dim3 cluster, unsigned int dyn_smem, fuser_cu_stream stream, void **args,
                         fuser_err *err);
+/** fuser_kernel_launch with launch `flags` (FUSER_LAUNCH_EARLY). */
+int fuser_kernel_launch_ex(const fuser_driver *drv, fuser_kernel *k, fuser_dim3 grid, fuser_dim3 block,
+                           fuser_dim3 cluster, unsigned int dyn_smem, fuser_cu_stream stream, unsigned int flags,
+                           void **args, fuser_err *err);
 
 /** How many clusters of this shape (blocks of `block`, `dyn_smem` bytes each) can be resident at once
  * (cuOccupancyMaxActiveClusters), into *n. Size a persistent grid from it, not from the SM count. */

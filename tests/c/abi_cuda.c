@@ -25,11 +25,15 @@ SAME(FUSER_CU_FUNC_ATTR_SHARED_SIZE_BYTES, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES);
 SAME(FUSER_CU_FUNC_ATTR_MAX_DYNAMIC_SHARED_SIZE_BYTES, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES);
 SAME(FUSER_CU_FUNC_ATTR_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED);
 SAME(FUSER_CU_LAUNCH_ATTR_CLUSTER_DIMENSION, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION);
+SAME(FUSER_CU_LAUNCH_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
 
 _Static_assert(sizeof(fuser_cu_launch_attr) == sizeof(CUlaunchAttribute), "CUlaunchAttribute size");
 _Static_assert(offsetof(fuser_cu_launch_attr, value) == offsetof(CUlaunchAttribute, value), "attr value");
 _Static_assert(offsetof(fuser_cu_launch_attr, value.cluster_dim) == offsetof(CUlaunchAttribute, value.clusterDim),
                "clusterDim");
+_Static_assert(offsetof(fuser_cu_launch_attr, value.programmatic_serialization) ==
+                   offsetof(CUlaunchAttribute, value.programmaticStreamSerializationAllowed),
+               "programmaticStreamSerializationAllowed");
 _Static_assert(sizeof(fuser_cu_launch_config) == sizeof(CUlaunchConfig), "CUlaunchConfig size");
 _Static_assert(offsetof(fuser_cu_launch_config, shared_bytes) == offsetof(CUlaunchConfig, sharedMemBytes), "smem");
 _Static_assert(offsetof(fuser_cu_launch_config, stream) == offsetof(CUlaunchConfig, hStream), "stream");

@@ -12,6 +12,7 @@ static struct {
     int set_attr_calls, last_attr, last_value;
     fuser_cu_launch_config launched; /* a copy of the last launch configuration */
     fuser_cu_launch_attr launched_attr;
+    fuser_cu_launch_attr launched_attr2; /* the second attribute, when there is one */
     int launches;
     fuser_cu_result launch_result;
 } fake;
@@ -66,6 +67,8 @@ static fuser_cu_result f_launch(const fuser_cu_launch_config *c, fuser_cu_functi
     (void)e;
     fake.launched = *c;
     fake.launched_attr = c->attrs[0];
+    if (c->num_attrs > 1)
+        fake.launched_attr2 = c->attrs[1];
     fake.launches++;
     return fake.launch_result;
 }
@@ -111,25 +114,34 @@ static fuser_dim3 dim(unsigned x, unsigned y, unsigned z) { return (fuser_dim3){
 
 void test_launch_config(void)
 {
-    fuser_cu_launch_attr attr;
+    fuser_cu_launch_attr attr[FUSER_LAUNCH_MAX_ATTRS];
     fuser_cu_launch_config cfg;
     fuser_err err;
     fuser_err_clear(&err);
     fuser_cu_stream stream = (fuser_cu_stream)(uintptr_t)0x77;
-    CHECK(fuser_launch_config(dim(128, 2, 1), dim(384, 1, 1), dim(4, 2, 1), 200000, stream, &attr, &cfg, &err) ==
+    CHECK(fuser_launch_config(dim(128, 2, 1), dim(384, 1, 1), dim(4, 2, 1), 200000, stream, 0, attr, &cfg, &err) ==
           FUSER_OK);
     CHECK(cfg.grid_x == 128 && cfg.grid_y == 2 && cfg.grid_z == 1 && cfg.block_x == 384 && cfg.block_y == 1);
-    CHECK(cfg.shared_bytes == 200000 && cfg.stream == stream && cfg.attrs == &attr && cfg.num_attrs == 1);
-    CHECK(attr.id == FUSER_CU_LAUNCH_ATTR_CLUSTER_DIMENSION && attr.id == 4);
-    CHECK(attr.value.cluster_dim.x == 4 && attr.value.cluster_dim.y == 2 && attr.value.cluster_dim.z == 1);
+    CHECK(cfg.shared_bytes == 200000 && cfg.stream == stream && cfg.attrs == attr && cfg.num_attrs == 1);
+    CHECK(attr[0].id == FUSER_CU_LAUNCH_ATTR_CLUSTER_DIMENSION && attr[0].id == 4);
+    CHECK(attr[0].value.cluster_dim.x == 4 && attr[0].value.cluster_dim.y == 2 && attr[0].value.cluster_dim.z == 1);
 
-    CHECK(fuser_launch_config(dim(6, 1, 1), dim(128, 1, 1), dim(4, 1, 1), 0, NULL, &attr, &cfg, &err) ==
+    /* early (programmatic dependent) launch: a second attribute, CUDA's id 6 with the int 1 */
+    CHECK(fuser_launch_config(dim(132, 1, 1), dim(384, 1, 1), dim(1, 1, 1), 0, stream, FUSER_LAUNCH_EARLY, attr, &cfg,
+                              &err) == FUSER_OK);
+    CHECK(cfg.num_attrs == 2 && attr[1].id == FUSER_CU_LAUNCH_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION && attr[1].id == 6);
+    CHECK(attr[1].value.programmatic_serialization == 1 && attr[0].value.cluster_dim.x == 1);
+    CHECK(fuser_launch_config(dim(132, 1, 1), dim(384, 1, 1), dim(1, 1, 1), 0, stream, 4, attr, &cfg, &err) ==
+          FUSER_E_VALUE);
+    CHECK_ERR(&err, FUSER_E_VALUE, "launch flags 0x4: unknown bits");
+
+    CHECK(fuser_launch_config(dim(6, 1, 1), dim(128, 1, 1), dim(4, 1, 1), 0, NULL, 0, attr, &cfg, &err) ==
           FUSER_E_VALUE);
     CHECK_ERR(&err, FUSER_E_VALUE, "grid (6, 1, 1) is not a whole number of clusters (4, 1, 1)");
-    CHECK(fuser_launch_config(dim(8, 1, 1), dim(128, 0, 1), dim(1, 1, 1), 0, NULL, &attr, &cfg, &err) ==
+    CHECK(fuser_launch_config(dim(8, 1, 1), dim(128, 0, 1), dim(1, 1, 1), 0, NULL, 0, attr, &cfg, &err) ==
           FUSER_E_VALUE);
     CHECK_ERR(&err, FUSER_E_VALUE, "block (128, 0, 1) has a zero dimension");
-    CHECK(fuser_launch_config(dim(8, 1, 1), dim(1024, 2, 1), dim(1, 1, 1), 0, NULL, &attr, &cfg, &err) ==
+    CHECK(fuser_launch_config(dim(8, 1, 1), dim(1024, 2, 1), dim(1, 1, 1), 0, NULL, 0, attr, &cfg, &err) ==
           FUSER_E_VALUE);
     CHECK_ERR(&err, FUSER_E_VALUE, "more than 1024 threads");
 
@@ -225,6 +237,11 @@ void test_launch_driver(void)
     int sets = fake.set_current;
     CHECK(fuser_kernel_launch(&d, &k, dim(8, 1, 1), dim(384, 1, 1), dim(1, 1, 1), 0, NULL, NULL, &err) == FUSER_OK);
     CHECK(fake.current == PRIMARY(1) && fake.set_current == sets + 1);
+    CHECK(fake.launched.num_attrs == 1);
+    CHECK(fuser_kernel_launch_ex(&d, &k, dim(8, 1, 1), dim(384, 1, 1), dim(1, 1, 1), 0, NULL, FUSER_LAUNCH_EARLY, NULL,
+                                 &err) == FUSER_OK);
+    CHECK(fake.launched.num_attrs == 2 && fake.launched_attr2.id == 6 &&
+          fake.launched_attr2.value.programmatic_serialization == 1);
     fake.current = PRIMARY(0);
     CHECK(fuser_kernel_launch(&d, &k, dim(8, 1, 1), dim(384, 1, 1), dim(1, 1, 1), 0, NULL, NULL, &err) ==
           FUSER_E_CUDA);

@@ -138,6 +138,16 @@ FUSER_DEVICE void wait_flag(const int *flag, int target)
     }
 }
 
+/* ---- programmatic dependent launch ---- */
+
+/* Wait until the stream's previous kernel has completed and its memory operations are visible (returns
+ * at once when this launch was not early). Until then a thread may only read what no kernel writes. */
+FUSER_DEVICE void griddep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+/* This block no longer holds back the stream's next kernel, if that one was launched early: it may be
+ * scheduled once every block of this grid has said so or exited. */
+FUSER_DEVICE void griddep_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
 /* ---- named barriers (a subset of the block's warps) ---- */
 
 FUSER_DEVICE void named_sync(int id, int threads)

@@ -18,6 +18,11 @@
  * The last block to finish resets the ready counters and the claim counter: the sync words are zero
  * between launches.
  *
+ * Launched early (programmatic dependent launch), the kernel starts while the stream's previous kernel
+ * finishes: each block requests its first unit's weight tiles, then waits for that kernel
+ * (griddepcontrol.wait) before it reads X, claims a unit or writes anything. Likewise a phase-2 unit
+ * requests its W_down tiles before it waits for its split's H.
+ *
  * Roles: warpgroup 0 is the producer (one thread issues TMA into a STAGES-deep ring; it runs ahead
  * across unit boundaries, so the ring never drains); warpgroups 1-2 consume with wgmma. BM, the token
  * rows of every tile, picks the operand roles:
@@ -102,11 +107,54 @@ struct Stream {
         return (cmin(KT2, (sp + 1) * KS2) * SW_COLS - 1) / BN - first_tile(sp) + 1;
     }
 
+    /* Fill the ring with one unit's K steps [k0, k1): each slot gets the unit's weight tiles
+     * (weights(stage, bar, kb)) and its token tile (tokens(...): X, or H from phase 1). Weights are read
+     * only, so they are requested at once; the token tiles wait for `dep` (the stream's previous kernel,
+     * or the split's ready counter) unless `ready`. So HBM keeps streaming while a dependency resolves:
+     * up to a ring of weight tiles is in flight before the first token tile is requested. */
+    template <class Weights, class Tokens, class Dep>
+    FUSER_DEVICE void fill(Cursor<STAGES> &c, int u, int k0, int k1, uint32_t bytes, bool ready, Weights weights,
+                           Tokens tokens, Dep dep) const
+    {
+        Cursor<STAGES> first = c; /* the first slot still without its token tile */
+        int held = 0;
+        for (int kb = k0; kb < k1; kb++, c.next()) {
+            mbar_wait(&s.ring.empty[c.stage], c.phase ^ 1);
+            s.unit[c.stage] = u; /* published by the arrive below (release) */
+            uint64_t *bar = &s.ring.full[c.stage];
+            mbar_arrive_expect_tx(bar, bytes);
+            weights(s.stage[c.stage], bar, kb);
+            if (ready) {
+                tokens(s.stage[c.stage], bar, kb);
+                continue;
+            }
+            /* a full ring of slots waiting for their token tiles, or the unit's last: resolve, then request them */
+            if (++held < STAGES && kb + 1 < k1)
+                continue;
+            dep();
+            ready = true;
+            for (int i = held - 1; i >= 0; i--, first.next())
+                tokens(s.stage[first.stage], &s.ring.full[first.stage], kb - i);
+        }
+    }
+
     FUSER_DEVICE void produce() const
     {
         Cursor<STAGES> c;
+        /* Block b's first unit is phase-1 unit b (known without a claim, so its weights are requested
+         * before the previous kernel is waited for); later units are claimed in order from a counter,
+         * which the previous launch resets as it ends. A phase-2 unit waits only for phase-1 units that
+         * are fixed to a started block or claimed. */
+        const int fixed = cmin((int)gridDim.x, U1);
+        bool after_prev = false; /* griddepcontrol.wait done: the previous kernel's writes are visible */
+        int u = (int)blockIdx.x < fixed ? (int)blockIdx.x : -1;
         for (;;) {
-            const int u = atomic_add_relaxed_gpu(p.sync + CLAIM, 1);
+            if (u < 0) {
+                if (!after_prev)
+                    griddep_wait();
+                after_prev = true;
+                u = fixed + atomic_add_relaxed_gpu(p.sync + CLAIM, 1);
+            }
             if (p.trace && u < U1 + U2) {
                 p.trace[u * TRACE_WORDS + 0] = blockIdx.x;
                 p.trace[u * TRACE_WORDS + 1] = global_ns();
@@ -120,36 +168,38 @@ struct Stream {
             }
             if (u < U1) {
                 const int nt = u / S1, sp = u % S1;
-                const int k1 = cmin(KT1, (sp + 1) * KS1);
-                for (int kb = sp * KS1; kb < k1; kb++, c.next()) {
-                    mbar_wait(&s.ring.empty[c.stage], c.phase ^ 1);
-                    s.unit[c.stage] = u; /* published by the arrive below (release) */
-                    mbar_arrive_expect_tx(&s.ring.full[c.stage], BYTES1);
-                    unsigned char *st = s.stage[c.stage];
-                    uint64_t *bar = &s.ring.full[c.stage];
-                    tma_load_2d(st, &p.x, bar, kb * SW_COLS, 0);
-                    if constexpr (C::GATED)
-                        tma_load_2d(st + X_BYTES + BN * SW_ROW_BYTES, &p.w_gate, bar, kb * SW_COLS, nt * BN);
-                    tma_load_2d(st + X_BYTES, &p.w_up, bar, kb * SW_COLS, nt * BN);
-                }
+                fill(c, u, sp * KS1, cmin(KT1, (sp + 1) * KS1), BYTES1, after_prev,
+                     [&](unsigned char *st, uint64_t *bar, int kb) {
+                         if constexpr (C::GATED)
+                             tma_load_2d(st + X_BYTES + BN * SW_ROW_BYTES, &p.w_gate, bar, kb * SW_COLS, nt * BN);
+                         tma_load_2d(st + X_BYTES, &p.w_up, bar, kb * SW_COLS, nt * BN);
+                     },
+                     [&](unsigned char *st, uint64_t *bar, int kb) { tma_load_2d(st, &p.x, bar, kb * SW_COLS, 0); },
+                     [&] { griddep_wait(); });
+                after_prev = true;
             } else {
                 const int sp = (u - U1) / LT, l_t = (u - U1) % LT;
-                const int k1 = cmin(KT2, (sp + 1) * KS2);
+                int *ready = p.sync + READY + sp;
                 /* the H columns of the split exist and are visible to TMA */
-                wait_flag(p.sync + READY + sp, tiles_in(sp));
-                fence_proxy_async_global();
-                if (p.trace)
-                    p.trace[u * TRACE_WORDS + 2] = global_ns();
-                for (int kb = sp * KS2; kb < k1; kb++, c.next()) {
-                    mbar_wait(&s.ring.empty[c.stage], c.phase ^ 1);
-                    s.unit[c.stage] = u;
-                    mbar_arrive_expect_tx(&s.ring.full[c.stage], BYTES2);
-                    unsigned char *st = s.stage[c.stage];
-                    uint64_t *bar = &s.ring.full[c.stage];
-                    tma_load_2d(st, &p.h, bar, kb * SW_COLS, 0);
-                    tma_load_2d(st + X_BYTES, &p.w_down, bar, kb * SW_COLS, l_t * BL);
-                }
+                auto h_ready = [&] {
+                    fence_proxy_async_global();
+                    if (p.trace)
+                        p.trace[u * TRACE_WORDS + 2] = global_ns();
+                };
+                const bool now = ld_acquire_gpu(ready) >= tiles_in(sp);
+                if (now)
+                    h_ready();
+                fill(c, u, sp * KS2, cmin(KT2, (sp + 1) * KS2), BYTES2, now,
+                     [&](unsigned char *st, uint64_t *bar, int kb) {
+                         tma_load_2d(st + X_BYTES, &p.w_down, bar, kb * SW_COLS, l_t * BL);
+                     },
+                     [&](unsigned char *st, uint64_t *bar, int kb) { tma_load_2d(st, &p.h, bar, kb * SW_COLS, 0); },
+                     [&] {
+                         wait_flag(ready, tiles_in(sp));
+                         h_ready();
+                     });
             }
+            u = -1;
         }
     }
 
@@ -465,6 +515,7 @@ struct Stream {
             tma_prefetch(&p.w_down);
         }
         __syncthreads();
+        griddep_launch_dependents(); /* the next kernel's blocks may take SMs as this grid's blocks leave */
         Stream k(p, sm);
         if (tid < 128) {
             setmaxnreg_dec<40>();
