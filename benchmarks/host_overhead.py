@@ -131,6 +131,10 @@ def fused_variants(m=16, d=256, f=512):
     def bare():
         _C.ffn_launch(launch.kernel, cap(x), cap(wu), cap(wd), None, None, None, None, "silu", cap(y),
                       scratch.capsule, stream)
+    def bare_alloc():
+        _C.ffn_launch(launch.kernel, cap(x), cap(wu), cap(wd), None, None, None, None, "silu",
+                      cap(x.new_empty((m, d))), scratch.capsule, stream)
+    identity = nn.Identity()
     variants = {
         "bare launch": bare,
         "FusedFFN": lambda: module(x),
@@ -142,6 +146,17 @@ def fused_variants(m=16, d=256, f=512):
         module(x)
         assert fuser.ops.route(x, wu, wd, activation="silu").fused, "the tuned fused plan was not picked up"
         torch.testing.assert_close(module(x), mlp(x), rtol=2e-2, atol=2e-2)
+        kept, route = module.__dict__["_kept"], fuser.ops.route(x, wu, wd, activation="silu")
+    # where the time goes (context): the pieces FusedFFN and fuser.ffn are made of
+    variants.update({
+        "| y = x.new_empty": lambda: x.new_empty((m, d)),
+        "| bare + new_empty": bare_alloc,
+        "| Identity()(x)": lambda: identity(x),
+        "| FusedFFN.forward": lambda: module.forward(x),
+        "| kept route run": lambda: kept.run(module, x),
+        "| call signature": lambda: fuser.ops._signature(x, wu, wd, None, None, None, None, "silu"),
+        "| route.run": lambda: route.run(x, wu, wd, None, None, None, None, "silu"),
+    })
     return plan, variants
 
 

@@ -219,6 +219,66 @@ def trace_run(name, m, log, **cons):
     return dict(plan=p.summary(), phases=rows)
 
 
+OVERLAP = [  # name, d_model, d_ff, d_out, gated, act, tokens, plan constraints
+    ("llama2-7b", 4096, 11008, 4096, True, "silu", 1, {}), ("llama3-8b", 4096, 14336, 4096, True, "silu", 1, {}),
+    ("llama3-8b", 4096, 14336, 4096, True, "silu", 16, {}), ("llama3-8b", 4096, 14336, 4096, True, "silu", 16,
+                                                             dict(bm=16, s1=2, s2=4)),
+    ("llama3-8b", 4096, 14336, 4096, True, "silu", 128, dict(bm=128)), ("gpt2", 768, 3072, 768, False, "gelu", 1, {}),
+    ("llama-70b", 8192, 28672, 8192, True, "silu", 16, dict(bm=16)), ("S1", 3072, 8192, 3072, True, "silu", 128, {}),
+] + [(name, 4096, f, 4096, True, "silu", 1, dict(bm=16, s1=s1, s2=s2))
+     for name, f in (("llama2-7b", 11008), ("llama3-8b", 14336)) for s1, s2 in ((1, 4), (2, 4), (2, 8), (1, 8))]
+
+
+def overlap_section(log):
+    """Stream plans launched early (programmatic dependent launch: the weights of a block's first unit, and
+    a phase-2 unit's W_down, requested before the wait) against the same kernel launched after the
+    previous one ends, and eager: CUDA graphs of back-to-back calls on rotating inputs, interleaved. Each
+    graph's outputs (one per input set) are checked against a float64 reference afterwards."""
+    from fuser import _C, runtime
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    rows = []
+    for name, d, f, l, gated, act, m, cons in OVERLAP:
+        p = fuser.plan(m, d, f, d_out=l, gated=gated, activation=act, target="h200", fused=True, kind="stream",
+                       **cons)
+        bytes_ = 2 * (f * d * (2 if gated else 1) + l * f)
+        sets = max(2, min(6, -(-(150 << 20) // bytes_)))
+        per = max(sets, min(24, int(2e6 // bytes_) // sets * sets))
+        ins = _inputs(d, f, l, gated, m, sets, gen)
+        dev = torch.cuda.current_device()
+        launch = runtime.launch_for(p, dev)
+
+        def launcher(t, y, overlap):
+            buf = launch.scratch(m, torch.cuda.current_stream().cuda_stream)
+            return lambda: _C.ffn_launch(launch.kernel, t["x"], t["w_up"], t["w_down"], t.get("w_gate"), None, None,
+                                         None, act, y, buf.capsule, torch.cuda.current_stream().cuda_stream,
+                                         overlap=overlap)
+        outs = {v: [torch.full((m, l), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
+                for v in ("early", "serial")}
+        graphs = [_graph([lambda t=ins[i % sets]: fuser.ffn_reference(activation=act, **t) for i in range(per)])]
+        for v in ("early", "serial"):
+            calls = [launcher(t, o, v == "early") for t, o in zip(ins, outs[v])]
+            graphs.append(_graph([calls[i % sets] for i in range(per)]))
+        te, t_early, t_serial = _time_graphs(graphs, per, rounds=21)
+        errs = {}
+        for v in ("early", "serial"):
+            worst = 0.0
+            for t, o in zip(ins, outs[v]):
+                ref = fuser.ffn_reference(activation=act, **{k: x.double() for k, x in t.items()})
+                worst = max(worst, float((o.double() - ref).norm() / ref.norm()))
+            errs[v] = worst
+        ok = all(e < 2e-2 for e in errs.values())
+        row = dict(name=name, m=m, plan=p.summary(), eager=te, early=t_early, serial=t_serial, floor=p.floor_us,
+                   gbps=bytes_ / t_early / 1e3, rel_err=errs, ok=ok)
+        rows.append(row)
+        log(f"{'ok ' if ok else 'BAD'} overlap {name:10s} m={m:<4d} early {t_early:7.1f} serial {t_serial:7.1f} "
+            f"eager {te:7.1f} floor {p.floor_us:6.1f} | early {te / t_early:.2f}x eager, {t_early / p.floor_us:.2f}x "
+            f"floor, {bytes_ / t_early / 1e3:.0f} GB/s; serial {t_serial / p.floor_us:.2f}x floor | err "
+            f"{max(errs.values()):.1e} | {p.summary()}")
+        del graphs, ins, outs
+        torch.cuda.empty_cache()
+    return rows
+
+
 def splits_section(log):
     """Forced splits (s1, s2) on one shape: every reduction path, ragged and full token counts."""
     gen = torch.Generator(device="cuda").manual_seed(11)
@@ -268,6 +328,7 @@ def main():
     ap.add_argument("--decode", action="store_true", help="sweep the decode shapes (swap-AB and the rest)")
     ap.add_argument("--bench", default=None, help="paper, quick, models, all, or workloads (G4,S1,llama3-8b:16)")
     ap.add_argument("--trace", action="store_true", help="trace a few stream plans (unit timelines)")
+    ap.add_argument("--overlap", action="store_true", help="early (PDL) against serial launches of stream plans")
     ap.add_argument("--one", default=None, help="run one SWEEP shape's best stream plan 3 times (for ncu) and exit")
     ap.add_argument("--out", default=".")
     a = ap.parse_args()
@@ -291,7 +352,8 @@ def main():
     result = {}
     for flag, name, fn in ((a.gemm, "gemm", gemm_section), (a.stream, "stream", stream_section),
                            (a.splits, "splits", splits_section), (a.sweep, "sweep", sweep_section),
-                           (a.decode, "decode", lambda log: sweep_section(log, top=4, shapes=DECODE))):
+                           (a.decode, "decode", lambda log: sweep_section(log, top=4, shapes=DECODE)),
+                           (a.overlap, "overlap", overlap_section)):
         if flag:
             t0 = time.time()
             try:
@@ -316,7 +378,7 @@ def main():
         log(f"[bench: {time.time() - t0:.1f} s]")
     with open(os.path.join(a.out, "kernel_check.json"), "w") as f:
         json.dump(dict(result=result, log=log_lines), f, indent=1, default=str)
-    bad = sum(1 for sec in ("stream", "splits") for r in result.get(sec, []) if not r.get("ok"))
+    bad = sum(1 for sec in ("stream", "splits", "overlap") for r in result.get(sec, []) if not r.get("ok"))
     bad += sum(1 for r in result.get("gemm", []) if r.get("ok") is False)
     log(f"failures: {bad}")
     sys.exit(1 if bad else 0)
