@@ -28,24 +28,8 @@ fi
 if [ "$STAGE" = check ]; then
     cp "$OUT/gpu.txt" "$FINAL/gpu.txt"; tar czf "$FINAL/results-check.tgz" -C "$OUT" . && rm -rf "$OUT"; exit 0
 fi
-cat > /tmp/one_stream.py <<'PY'
-import torch, fuser
-p = fuser.plan(9, 512, 2048, gated=True, activation="silu", bias=True, target="h200", fused=True, kind="stream",
-               bm=16, s1=2, s2=3)
-g = torch.Generator(device="cuda").manual_seed(0)
-t = dict(x=torch.randn(9, 512, generator=g, device="cuda").bfloat16(),
-         w_up=(torch.randn(2048, 512, generator=g, device="cuda") * 0.04).bfloat16(),
-         w_gate=(torch.randn(2048, 512, generator=g, device="cuda") * 0.04).bfloat16(),
-         w_down=(torch.randn(512, 2048, generator=g, device="cuda") * 0.02).bfloat16(),
-         b_up=torch.randn(2048, device="cuda").bfloat16(), b_gate=torch.randn(2048, device="cuda").bfloat16(),
-         b_down=torch.randn(512, device="cuda").bfloat16())
-for _ in range(2):
-    y = fuser.ffn(activation="silu", plan=p, **t)
-torch.cuda.synchronize()
-print("ok", p.summary())
-PY
 for tool in memcheck racecheck synccheck; do
-    timeout 90 compute-sanitizer --tool $tool --kernel-name regex=fuser_ffn python3 /tmp/one_stream.py \
+    timeout 90 compute-sanitizer --tool $tool --error-exitcode 3 --kernel-name regex=fuser_ffn python3 tests/gpu/sanitize_stream.py \
         > "$OUT/sanitizer_$tool.txt" 2>&1
     echo "sanitizer $tool rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.txt" | head -1)" | tee -a "$OUT/gpu.txt"
 done

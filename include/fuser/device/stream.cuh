@@ -476,6 +476,12 @@ struct Stream {
         for (;;) {
             consume_wait(s.ring, c); /* the unit's first slot says which unit it is */
             const int u = s.unit[c.stage];
+            /* every thread of the warpgroup has read it before one of them releases the slot to the
+             * producer, which then rewrites it */
+            if (w == 0) /* constant barrier ids: ptxas reserves what it can see */
+                named_sync(2, 128);
+            else
+                named_sync(3, 128);
             if (u < 0)
                 break;
             if (p.trace && lt == 0)
