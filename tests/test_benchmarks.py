@@ -92,3 +92,24 @@ def test_e2e_decode_step_repeats_without_running_off_the_cache():
         for _ in range(12):
             last = step()
     torch.testing.assert_close(last, first)
+
+
+def test_fit_stream_refits_the_constants_to_timed_plans(tmp_path):
+    """benchmarks/fit_stream.py on the committed sweep logs: it reads every timed stream plan, the fit
+    never ends worse than the built-in constants, and each shape gets a pick, a regret >= 1 and a rank
+    correlation."""
+    out = tmp_path / "fit.json"
+    logs = [ROOT / "benchmarks/results" / f for f in ("2026-12-01-h200-stream-decode.json",
+                                                       "2026-12-02-h200-overlap-trace.json")]
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/fit_stream.py"), *map(str, logs), "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    m = re.search(r"^(\d+) timed stream plans; msle ([\d.]+) with the built-in constants, ([\d.]+) fitted$",
+                  r.stdout, re.M)
+    assert m and int(m.group(1)) >= 60 and float(m.group(3)) <= float(m.group(2)), r.stdout
+    res = json.loads(out.read_text())
+    assert set(res["fitted"]) == set(res["built_in"]) and len(res["fitted"]) == 5
+    shapes = res["shapes"]["fitted"]
+    assert "llama3-8b:1" in shapes and "llama2-7b:1" in shapes
+    for s in shapes.values():
+        assert s["regret"] >= 1.0 and s["pick_us"] > 0 and s["plans"] >= 1

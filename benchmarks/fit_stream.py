@@ -1,0 +1,138 @@
+"""Refit the stream kernel's cost-model constants to timed plans, and say what the fit changes.
+
+Reads the timed stream plans of `benchmarks/kernel_check.py` logs (its sweep, decode and overlap sections:
+each row a plan summary, its token count, its measured time and eager's), predicts every plan under the
+built-in H200 target with candidate values of the five fitted constants (``stream_fixed_us``,
+``stream_unit_us``, ``stream_time_scale``, ``stream_sm_gbs``, ``stream_operand_bytes_per_clk``) and keeps
+the values with the least mean squared log error (coordinate descent over multiplicative steps; the
+same rows and start always give the same answer). Then, before and after, per shape: the rank
+correlation of predicted and measured times, the regret of the predicted-best plan (its measured time
+over the best measured), and whether that plan beat eager.
+
+A plan timed in several logs keeps its newest time (logs are read in the order given: put the newest
+last). Overlap rows count their early launch, the kernel's default.
+
+    python benchmarks/fit_stream.py benchmarks/results/2026-12-01-h200-stream-sweep.json \\
+        benchmarks/results/2026-12-01-h200-stream-decode.json benchmarks/results/2026-12-02-h200-overlap-trace.json
+"""
+import argparse
+import json
+import math
+import re
+import statistics
+import sys
+
+import fuser
+from fuser.tools.bench import parse_workload
+
+FITTED = ("stream_fixed_us", "stream_unit_us", "stream_time_scale", "stream_sm_gbs", "stream_operand_bytes_per_clk")
+STEPS = (0.5, 0.7, 0.85, 0.95, 1.05, 1.2, 1.4, 2.0)
+_SUMMARY = re.compile(r"bm=(\d+) bn=(\d+) bl=(\d+), splits (\d+)/(\d+), (\d+) stages")
+
+
+def rows_of(paths):
+    """{(name, m, plan): (measured us, eager us)} from kernel_check logs, newest last."""
+    out = {}
+    for path in paths:
+        with open(path) as f:
+            result = json.load(f)["result"]
+        for section in ("sweep", "decode", "overlap"):
+            for r in result.get(section) or []:
+                if "stream" not in r.get("plan", "") or not r.get("ok", True):
+                    continue
+                t = r.get("early", r.get("measured"))
+                if t is None:
+                    continue
+                key = (r["name"], r["m"], _SUMMARY.search(r["plan"]).group(0))
+                out[key] = (t, r["eager"])
+    return out
+
+
+def predict(key, target):
+    name, m, summary = key
+    bm, bn, bl, s1, s2, stages = (int(v) for v in _SUMMARY.search(summary).groups())
+    w = parse_workload(f"{name}:{m}")
+    p = fuser.plan(m, w.d_model, w.d_ff, d_out=w.d_out, gated=w.gated, activation=w.activation, target=target,
+                   fused=True, kind="stream", bm=bm, bn=bn, bl=bl, s1=s1, s2=s2, stages=stages)
+    return p.predicted_us
+
+
+def msle(rows, target):
+    return statistics.mean((math.log(predict(k, target)) - math.log(t)) ** 2 for k, (t, _) in rows.items())
+
+
+def fit(rows, target, sweeps=20):
+    t = dict(target)
+    best = msle(rows, t)
+    for _ in range(sweeps):
+        improved = False
+        for name in FITTED:
+            for step in STEPS:
+                cand = dict(t, **{name: t[name] * step})
+                e = msle(rows, cand)
+                if e < best - 1e-6:
+                    best, t, improved = e, cand, True
+        if not improved:
+            break
+    return t, best
+
+
+def spearman(a, b):
+    def ranks(v):
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        for pos, i in enumerate(order):
+            r[i] = pos
+        return r
+    ra, rb = ranks(a), ranks(b)
+    n = len(a)
+    if n < 3:
+        return float("nan")
+    return 1 - 6 * sum((x - y) ** 2 for x, y in zip(ra, rb)) / (n * (n * n - 1))
+
+
+def per_shape(rows, target):
+    """Per (name, m): plans, Spearman, regret of the predicted-best plan, its speed-up over eager."""
+    shapes = {}
+    for k, (t, eager) in rows.items():
+        shapes.setdefault(k[:2], []).append((predict(k, target), t, eager, k[2]))
+    out = {}
+    for shape, plans in sorted(shapes.items()):
+        pred, meas = [p[0] for p in plans], [p[1] for p in plans]
+        pick = min(plans, key=lambda p: p[0])
+        out[shape] = dict(plans=len(plans), spearman=spearman(pred, meas), regret=pick[1] / min(meas),
+                          pick=pick[3], pick_us=pick[1], predicted_us=pick[0], eager_us=pick[2],
+                          vs_eager=pick[2] / pick[1])
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("logs", nargs="+", help="kernel_check JSON logs, oldest first")
+    ap.add_argument("--json", help="write the fitted constants and the tables here")
+    a = ap.parse_args(argv)
+    rows = rows_of(a.logs)
+    base = dict(fuser._C.targets()["h200"])
+    fitted, err = fit(rows, base)
+    print(f"{len(rows)} timed stream plans; msle {msle(rows, base):.4f} with the built-in constants, "
+          f"{err:.4f} fitted")
+    for name in FITTED:
+        print(f"  {name:30s} {base[name]:8.3f} -> {fitted[name]:8.3f}")
+    tables = {}
+    for label, t in (("built-in", base), ("fitted", fitted)):
+        tables[label] = per_shape(rows, t)
+        print(f"== {label}: per shape (plans, Spearman, regret of the pick, the pick against eager) ==")
+        for (name, m), r in tables[label].items():
+            print(f"  {name:10s} m={m:<4d} {r['plans']:3d} plans  rho {r['spearman']:5.2f}  regret "
+                  f"{r['regret']:.3f}  pick {r['pick_us']:7.1f} us (predicted {r['predicted_us']:7.1f}) vs eager "
+                  f"{r['eager_us']:7.1f}: {r['vs_eager']:.2f}x  {r['pick']}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(fitted={k: fitted[k] for k in FITTED}, built_in={k: base[k] for k in FITTED},
+                           shapes={label: {f"{n}:{m}": r for (n, m), r in tab.items()}
+                                   for label, tab in tables.items()}), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
