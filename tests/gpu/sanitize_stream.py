@@ -1,5 +1,7 @@
-"""One small stream plan (swap-AB, both phases K-split, biases, ragged tokens) launched twice, checked
-against float64: the workload for compute-sanitizer on the stream kernel.
+"""One small stream plan (swap-AB, both phases K-split, biases, ragged tokens) launched twice into
+NaN-poisoned outputs, then checked against a float64 reference computed on the CPU: the workload for
+compute-sanitizer on the stream kernel. The fused kernel runs before any other GPU math, so a tool
+that trips over another library's kernels cannot hide its verdict on this one.
 
     compute-sanitizer --tool racecheck --kernel-name regex=fuser_ffn python tests/gpu/sanitize_stream.py"""
 import sys
@@ -7,17 +9,29 @@ import sys
 import torch
 
 import fuser
-from plan_check import check_plan, ffn_tensors
+from plan_check import ffn_tensors, rel
 
 
 def main():
-    p = fuser.plan(9, 512, 2048, gated=True, activation="silu", bias=True, target="h200", fused=True,
-                   kind="stream", bm=16, s1=2, s2=3)
-    t = ffn_tensors(torch.Generator(device="cuda").manual_seed(0), 9, 512, 2048, 512, gated=True, bias=True,
+    m, d, f = 9, 512, 2048
+    p = fuser.plan(m, d, f, gated=True, activation="silu", bias=True, target="h200", fused=True, kind="stream",
+                   bm=16, s1=2, s2=3)
+    t = ffn_tensors(torch.Generator(device="cpu").manual_seed(0), m, d, f, d, gated=True, bias=True,
                     dtype=torch.bfloat16)
-    r = check_plan(p, "silu", t, runs=2)
-    print("ok" if r["ok"] else "BAD", p.summary(), r)
-    return 0 if r["ok"] else 1
+    dev = {k: v.cuda() for k, v in t.items()}
+    outs = []
+    for _ in range(2):
+        y = torch.full((m, d), float("nan"), device="cuda", dtype=torch.bfloat16)
+        fuser.ffn(activation="silu", out=y, plan=p, **dev)
+        outs.append(y)
+    torch.cuda.synchronize()
+    ys = [y.cpu() for y in outs]
+    ref = fuser.ffn_reference(activation="silu", compute_dtype=torch.float64, **t)
+    eager = fuser.ffn_reference(activation="silu", **t)
+    err, err_eager = rel(ys[0], ref), rel(eager, ref)
+    ok = err <= 2 * err_eager and not bool(torch.isnan(ys[0]).any()) and torch.equal(ys[0], ys[1])
+    print("ok" if ok else "BAD", p.summary(), f"error {err:.2e} (eager on the CPU {err_eager:.2e})")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

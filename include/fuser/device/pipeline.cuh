@@ -1,7 +1,7 @@
 /* pipeline.cuh: the producer/consumer ring of the warp-specialised main loops. A STAGES-deep ring of
  * shared-memory slots, each with a `full` mbarrier (the producer's TMA loads complete their bytes on it)
- * and an `empty` mbarrier (each consumer warpgroup arrives when its MMAs no longer read the slot; with
- * multicast, the consumers of every block the slot's loads land in). Producer and consumers walk the
+ * and an `empty` mbarrier (each consumer, a warpgroup or a warp as the kernel counts them, arrives when it
+ * no longer reads the slot; with multicast, the consumers of every block the slot's loads land in). Producer and consumers walk the
  * ring with their own (stage, phase) cursor; the producer starts one phase ahead, so its first pass
  * finds every slot free. */
 #pragma once

@@ -54,6 +54,7 @@ struct StreamParams {
 };
 
 constexpr int STREAM_THREADS = 384;
+constexpr int CONSUMER_WARPS = 8; /* warpgroups 1-2 */
 constexpr int TRACE_WORDS = 6; /* per unit: block, claimed, loads issued, first data, done (ns), SM */
 
 template <class C>
@@ -238,19 +239,28 @@ struct Stream {
                 mma_k64<DT, NW>(acc2, SWAP ? a + second : a, SWAP ? b : b + second, kb > k0);
             wgmma_commit();
             wgmma_wait<1>();
-            if (prev >= 0 && lt % 128 == 0)
-                consume_release<1>(s.ring, prev);
+            if (prev >= 0)
+                release(prev);
             prev = c.stage;
         }
         wgmma_wait<0>();
         fence_operands(acc);
         if constexpr (TWO)
             fence_operands(acc2);
-        if (lt % 128 == 0)
-            consume_release<1>(s.ring, prev);
+        release(prev);
     }
 
     FUSER_DEVICE void consumers_sync() const { named_sync(1, 256); }
+
+    /* This warp no longer reads the slot: its tiles (wgmma) or its unit id. Every consumer warp arrives
+     * (the warp's reads ordered before its lane 0's arrive), so the producer refills or rewrites the
+     * slot only after all of them. */
+    FUSER_DEVICE void release(int stage) const
+    {
+        __syncwarp();
+        if (lane == 0)
+            consume_release<1>(s.ring, stage);
+    }
 
     /* After this unit's fp32 partial is in the workspace: take a ticket; true (in every consumer thread)
      * when this was the last of `splits` partials of the tile. */
@@ -476,12 +486,6 @@ struct Stream {
         for (;;) {
             consume_wait(s.ring, c); /* the unit's first slot says which unit it is */
             const int u = s.unit[c.stage];
-            /* every thread of the warpgroup has read it before one of them releases the slot to the
-             * producer, which then rewrites it */
-            if (w == 0) /* constant barrier ids: ptxas reserves what it can see */
-                named_sync(2, 128);
-            else
-                named_sync(3, 128);
             if (u < 0)
                 break;
             if (p.trace && lt == 0)
@@ -512,7 +516,7 @@ struct Stream {
         Smem &sm = *(Smem *)align_smem<1024>(smem_raw);
         const int tid = (int)threadIdx.x;
         if (tid == 0) {
-            sm.ring.init(2);
+            sm.ring.init(CONSUMER_WARPS);
             tma_prefetch(&p.x);
             tma_prefetch(&p.w_up);
             if constexpr (C::GATED)
