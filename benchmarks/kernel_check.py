@@ -19,7 +19,7 @@ import fuser
 from fuser.tools import probes
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "gpu"))
-from plan_check import check_plan, ffn_tensors  # noqa: E402
+from plan_check import check_plan, ffn_tensors, graph_of  # noqa: E402
 
 
 def gemm_section(log):
@@ -85,21 +85,6 @@ def _inputs(d, f, l, gated, m, sets, gen):
     return out
 
 
-def _graph(calls):
-    """A CUDA graph of the calls (each a no-argument function), warmed up on a side stream first."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for c in calls:
-            c()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for c in calls:
-            c()
-    return g
-
-
 def _time_graphs(graphs, per, rounds=15):
     """Median us per call of each graph (replayed interleaved, CUDA events)."""
     import statistics
@@ -159,12 +144,12 @@ def sweep_section(log, top=6, shapes=None):
         ins = _inputs(d, f, l, gated, m, sets, gen)
         per = max(1, min(20, int(2e6 // bytes_)))
         ref_fn = [lambda t=t: fuser.ffn_reference(activation=act, **t) for t in ins]
-        eager = _graph([ref_fn[i % sets] for i in range(per)])
+        eager = graph_of([ref_fn[i % sets] for i in range(per)])
         for p in uniq.values():
             try:
                 outs = [torch.empty(m, l, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
                 calls = [lambda t=t, o=o: fuser.ffn(activation=act, out=o, plan=p, **t) for t, o in zip(ins, outs)]
-                g = _graph([calls[i % sets] for i in range(per)])
+                g = graph_of([calls[i % sets] for i in range(per)])
                 te, tf = _time_graphs([eager, g], per)
                 row = dict(name=name, m=m, plan=p.summary(), params=p.raw["params"], predicted=p.predicted_us,
                            measured=tf, eager=te, speedup=te / tf, floor=p.floor_us)
@@ -254,10 +239,10 @@ def overlap_section(log):
                                          overlap=overlap)
         outs = {v: [torch.full((m, l), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
                 for v in ("early", "serial")}
-        graphs = [_graph([lambda t=ins[i % sets]: fuser.ffn_reference(activation=act, **t) for i in range(per)])]
+        graphs = [graph_of([lambda t=ins[i % sets]: fuser.ffn_reference(activation=act, **t) for i in range(per)])]
         for v in ("early", "serial"):
             calls = [launcher(t, o, v == "early") for t, o in zip(ins, outs[v])]
-            graphs.append(_graph([calls[i % sets] for i in range(per)]))
+            graphs.append(graph_of([calls[i % sets] for i in range(per)]))
         te, t_early, t_serial = _time_graphs(graphs, per, rounds=21)
         errs = {}
         for v in ("early", "serial"):

@@ -17,7 +17,7 @@ from conftest import rel_error
 
 pytestmark = pytest.mark.gpu
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "gpu"))
-from plan_check import ffn_tensors  # noqa: E402
+from plan_check import ffn_tensors, graph_of  # noqa: E402
 
 
 def tensors(m, d, f, l, gated, seed):
@@ -68,20 +68,6 @@ def test_stream_plan_in_a_cuda_graph():
         assert rel_error(out, ref) < 1.5e-2
 
 
-def _graph_of(calls):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for c in calls:
-            c()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for c in calls:
-            c()
-    return g
-
-
 @pytest.mark.parametrize("bm,s1,s2", [(16, 2, 4), (64, 3, 2)])
 def test_back_to_back_early_launches_share_a_scratch_safely(bm, s1, s2):
     """Stream kernels start early (programmatic dependent launch) while the previous one on the stream
@@ -103,7 +89,7 @@ def test_back_to_back_early_launches_share_a_scratch_safely(bm, s1, s2):
                                      "silu", y, buf.capsule, torch.cuda.current_stream().cuda_stream,
                                      overlap=overlap)
     for ov in (True, False):
-        g = _graph_of([call(ins[i % 4], outs[ov][i % 4], ov) for i in range(8)])
+        g = graph_of([call(ins[i % 4], outs[ov][i % 4], ov) for i in range(8)])
         for y in outs[ov]:
             y.fill_(float("nan"))
         g.replay()

@@ -1,7 +1,8 @@
 """One correctness check of a fused plan on the GPU, shared by the correctness matrices
 (tests/gpu/matrix.py, tests/gpu/stream_matrix.py), the GPU tests and benchmarks/kernel_check.py: fresh
 random FFN tensors at unit output scale, a float64 reference, PyTorch eager's own error beside it, and
-three launches into NaN-poisoned outputs that must all be written and bitwise identical."""
+three launches into NaN-poisoned outputs that must all be written and bitwise identical; and the CUDA
+graph of a list of calls they time and replay."""
 import torch
 
 import fuser
@@ -48,3 +49,18 @@ def check_plan(plan, activation, t, runs=3, slack=0.0):
     same = all(torch.equal(outs[0], o) for o in outs[1:])
     return dict(err=err, eager_err=err_eager, nan=nan, identical=same,
                 ok=bool(err <= 2 * err_eager + slack and not nan and same))
+
+
+def graph_of(calls):
+    """A CUDA graph of the calls (each a no-argument function) in order, warmed up on a side stream first."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for c in calls:
+            c()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    return g
