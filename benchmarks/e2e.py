@@ -6,7 +6,10 @@ the unoptimized model's time (the model timed with its MLPs skipped), which boun
 speed-up can give end to end.
 
 Timing: the two models alternate (A B A B ...), CUDA events around each forward, medians. Outputs are
-checked (logits of the optimized model against the unoptimized one) before timing.
+checked before timing: both models' logits against the same model in higher precision (float32 on a
+GPU, float64 on the CPU), and the optimized model's error there may be at most 1.5x the unoptimized
+one's (plus 1e-3): a deep random-weight model amplifies every rounding difference, so the optimized
+model is held to what the unoptimized one achieves, not to a fixed tolerance.
 
     python benchmarks/e2e.py                              # H200: 4 layers, default phases
     python benchmarks/e2e.py --layers 2 --prefill 1x512 --decode 1,32
@@ -81,14 +84,20 @@ def steps(model, phase, batch, tokens, context, device):
     return step
 
 
-def run_case(base, opt, phase, batch, tokens, args, device, graphs):
-    """One row: times of both models (eager and graphed), speedups, FFN share, logits error."""
+def _rel(y, ref):
+    return float((y - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def run_case(base, opt, ref, phase, batch, tokens, args, device, graphs):
+    """One row: times of both models (eager and graphed), speedups, FFN share, logits errors (the optimized
+    model against the unoptimized one, and each against `ref`, the model in higher precision)."""
     row = dict(phase=phase, batch=batch, tokens=tokens if phase == "prefill" else 1)
     with torch.no_grad():
         fa = steps(base, phase, batch, tokens, args.context, device)
         fb = steps(opt, phase, batch, tokens, args.context, device)
-        ya, yb = fa().float(), fb().float()
-        row["rel_error"] = float((ya - yb).norm() / ya.norm().clamp_min(1e-30))
+        ya, yb = fa().double(), fb().double()
+        yr = steps(ref, phase, batch, tokens, args.context, device)().double()
+        row.update(rel_error=_rel(yb, ya), base_ref_error=_rel(ya, yr), fuser_ref_error=_rel(yb, yr))
         ta, tb = interleaved([fa, fb], args.iters, device)
         row.update(base_us=ta, fuser_us=tb, speedup=ta / tb)
         layers = base.model.layers
@@ -127,14 +136,16 @@ def _graph_or_note(fn, row):
 
 def table(rows):
     out = ["| phase | batch x tokens | unoptimized us | fuser us | speedup | graph: unoptimized us | graph: fuser us | "
-           "graph speedup | FFN share (eager) | FFN share (graph) | logits rel. error |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "graph speedup | FFN share (eager) | FFN share (graph) | logits rel. error | vs reference: unoptimized / "
+           "fuser |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         g = (f"{r['base_graph_us']:,.1f} | {r['fuser_graph_us']:,.1f} | {r['graph_speedup']:.2f}x"
              if "base_graph_us" in r else f"{r.get('graph_note', 'not run')} | | ")
         out.append(f"| {r['phase']} | {r['batch']} x {r['tokens']} | {r['base_us']:,.1f} | {r['fuser_us']:,.1f} | "
                    f"{r['speedup']:.2f}x | {g} | {r['ffn_share']:.0%} | "
-                   + (f"{r['ffn_share_graph']:.0%}" if "ffn_share_graph" in r else "") + f" | {r['rel_error']:.1e} |")
+                   + (f"{r['ffn_share_graph']:.0%}" if "ffn_share_graph" in r else "") + f" | {r['rel_error']:.1e} | "
+                   f"{r['base_ref_error']:.1e} / {r['fuser_ref_error']:.1e} |")
     return "\n".join(out)
 
 
@@ -164,6 +175,7 @@ def main(argv=None):
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     base = build(args, device, dtype)
     opt = fuser.optimize(copy.deepcopy(base))
+    ref = copy.deepcopy(base).to(torch.float32 if device == "cuda" else torch.float64)
     rep = fuser.report(opt)
     print(f"model: {type(base).__name__}, {base.config.num_hidden_layers} layers, hidden {base.config.hidden_size}, "
           f"intermediate {base.config.intermediate_size}, vocab {base.config.vocab_size}, {dtype}, {device}; "
@@ -172,14 +184,16 @@ def main(argv=None):
     cases += [("decode", int(b), 1) for b in args.decode.split(",") if b]
     rows = []
     for phase, b, t in cases:
-        rows.append(run_case(base, opt, phase, b, t, args, device, graphs=device == "cuda"))
+        rows.append(run_case(base, opt, ref, phase, b, t, args, device, graphs=device == "cuda"))
         r = rows[-1]
         print(f"  {phase:7s} {b} x {r['tokens']}: {r['base_us']:,.1f} vs {r['fuser_us']:,.1f} us ({r['speedup']:.2f}x), "
-              f"FFN share {r['ffn_share']:.0%}, error {r['rel_error']:.1e}", flush=True)
+              f"FFN share {r['ffn_share']:.0%}, error {r['rel_error']:.1e} (against the reference: unoptimized "
+              f"{r['base_ref_error']:.1e}, fuser {r['fuser_ref_error']:.1e})", flush=True)
     print(table(rows))
-    bad = [r for r in rows if not r["rel_error"] < (3e-2 if dtype == torch.bfloat16 else 1e-4)]
+    bad = [r for r in rows if not r["fuser_ref_error"] <= 1.5 * r["base_ref_error"] + 1e-3]
     if bad:
-        print(f"logits differ beyond tolerance in {len(bad)} case(s)", file=sys.stderr)
+        print(f"the optimized model's logits are further from the reference than 1.5x the unoptimized model's "
+              f"(+1e-3) in {len(bad)} case(s)", file=sys.stderr)
         return 1
     return 0
 

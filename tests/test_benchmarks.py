@@ -58,7 +58,8 @@ def test_planner_accuracy_compiles_its_candidates_without_a_gpu():
 
 def test_e2e_runs_the_tiny_model_and_checks_its_logits(capsys):
     """benchmarks/e2e.py end to end on this machine (the tiny configuration, eager, CPU timer without a
-    GPU): prefill and decode rows, both models' logits compared, the FFN share between 0 and 1."""
+    GPU): prefill and decode rows, both models' logits compared with each other and with the model in
+    float64, the FFN share between 0 and 1."""
     import importlib.util
 
     import models  # noqa: F401  (makes transformers importable beside CI's CPU torch)
@@ -71,8 +72,11 @@ def test_e2e_runs_the_tiny_model_and_checks_its_logits(capsys):
     rows = [line for line in out.splitlines() if line.startswith("| prefill") or line.startswith("| decode")]
     assert [r.split(" | ")[1] for r in rows] == ["1 x 16", "2 x 16", "1 x 1", "2 x 1"]
     for r in rows:
-        share = float(r.split(" | ")[-3].rstrip("%")) / 100
+        cells = r.split(" | ")
+        share = float(cells[-4].rstrip("%")) / 100
         assert 0 <= share <= 1
+        base_err, fuser_err = (float(v) for v in cells[-1].rstrip(" |").split(" / "))
+        assert 0 <= fuser_err <= 1.5 * base_err + 1e-3   # against the float64 model
 
 
 def test_e2e_decode_step_repeats_without_running_off_the_cache():
