@@ -349,7 +349,8 @@ def main():
     if a.trace:
         result["trace"] = []
         for name, m, cons in (("G1", 128, {}), ("G8", 128, {}), ("S1", 128, {}), ("S1", 128, dict(bn=128, bl=128)),
-                              ("llama3-8b", 1, dict(bn=128, bl=256)), ("gpt2", 16, {})):
+                              ("llama3-8b", 1, dict(bn=128, bl=256)), ("llama3-8b", 1, dict(bm=16, s1=1, s2=4)),
+                              ("llama3-8b", 1, dict(bm=16, s1=2, s2=8)), ("gpt2", 16, {})):
             try:
                 result["trace"].append(trace_run(name, m, log, **cons))
             except Exception:  # noqa: BLE001
