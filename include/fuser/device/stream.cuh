@@ -145,7 +145,8 @@ struct Stream {
         /* Block b's first unit is phase-1 unit b (known without a claim, so its weights are requested
          * before the previous kernel is waited for); later units are claimed in order from a counter,
          * which the previous launch resets as it ends. A phase-2 unit waits only for phase-1 units that
-         * are fixed to a started block or claimed. */
+         * are claimed or fixed to a block; a fixed block that has not started yet (another stream's
+         * kernel holds SMs) starts when one is free, since the grid is at most what fits at once. */
         const int fixed = cmin((int)gridDim.x, U1);
         bool after_prev = false; /* griddepcontrol.wait done: the previous kernel's writes are visible */
         int u = (int)blockIdx.x < fixed ? (int)blockIdx.x : -1;
