@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import fuser.custom_op  # noqa: F401  (registers torch.ops.fuser.ffn)
-from fuser.recognize import DTYPES
+from fuser.ffn_spec import DTYPES
 
 __all__ = ["fuser_backend", "rewrite_ffns"]
 

@@ -19,8 +19,8 @@ PACKAGE = pathlib.Path(fuser.__file__).resolve().parent
 LAYERS = {
     "core": {"fuser._C", "fuser._env", "fuser.interop", "fuser.jit", "fuser.ops", "fuser.planner",
              "fuser.reference", "fuser.route", "fuser.runtime", "fuser.store", "fuser.svg", "fuser.target"},
-    "torch integration": {"fuser", "fuser.backend", "fuser.custom_op", "fuser.module", "fuser.optimize",
-                          "fuser.recognize"},
+    "torch integration": {"fuser", "fuser.backend", "fuser.custom_op", "fuser.ffn_spec", "fuser.module",
+                          "fuser.optimize", "fuser.recognize", "fuser.structure"},
     "tools": {"fuser.__main__", "fuser.tools"},   # and every module under fuser/tools/
 }
 ORDER = ("core", "torch integration", "tools")

@@ -43,7 +43,7 @@ from torch import nn
 import fuser
 from fuser import interop, runtime
 from fuser.module import FusedFFN
-from fuser.recognize import FFNSpec, WeightRef
+from fuser.ffn_spec import FFNSpec, WeightRef
 from fuser.reference import ACTIVATIONS, eager
 from fuser.tools.timing import graphed, hopper_reason, median_event_us, time_interleaved
 from fuser.tools.workloads import MODELS, PAPER
