@@ -18,12 +18,16 @@ last). Overlap rows count their early launch, the kernel's default.
 import argparse
 import json
 import math
+import os
 import re
 import statistics
 import sys
 
 import fuser
 from fuser.tools.bench import parse_workload
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from planner_accuracy import spearman  # noqa: E402
 
 FITTED = ("stream_fixed_us", "stream_unit_us", "stream_time_scale", "stream_sm_gbs", "stream_operand_bytes_per_clk")
 STEPS = (0.5, 0.7, 0.85, 0.95, 1.05, 1.2, 1.4, 2.0)
@@ -75,20 +79,6 @@ def fit(rows, target, sweeps=20):
         if not improved:
             break
     return t, best
-
-
-def spearman(a, b):
-    def ranks(v):
-        order = sorted(range(len(v)), key=lambda i: v[i])
-        r = [0.0] * len(v)
-        for pos, i in enumerate(order):
-            r[i] = pos
-        return r
-    ra, rb = ranks(a), ranks(b)
-    n = len(a)
-    if n < 3:
-        return float("nan")
-    return 1 - 6 * sum((x - y) ** 2 for x, y in zip(ra, rb)) / (n * (n * n - 1))
 
 
 def per_shape(rows, target):
