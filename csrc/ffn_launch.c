@@ -4,6 +4,7 @@
 #include "fuser/ffn_launch.h"
 
 #include <sched.h>
+#include <stddef.h>
 #include <string.h>
 
 /* Must match FfnParams in include/fuser/device/ffn.cuh. */
@@ -55,23 +56,42 @@ static int same_chain(const fuser_chain *a, const fuser_chain *b)
            a->dtype == b->dtype;
 }
 
+_Static_assert(sizeof(cluster_params) <= FUSER_FFN_PARAM_BYTES && sizeof(stream_params) <= FUSER_FFN_PARAM_BYTES,
+               "FUSER_FFN_PARAM_BYTES");
+
+enum { P_X, P_WU, P_WD, P_WG, P_BU, P_BG, P_BD, P_Y, P_N };
+
 static const void *data_of(const fuser_tensor *t) { return t ? t->data : NULL; }
 
-static int launch_cluster(const fuser_driver *drv, fuser_ffn_kernel *k, const fuser_ffn_args *a, const fuser_chain *c,
-                          const fuser_scratch_view *s, fuser_cu_stream stream, fuser_err *err)
+/* The tensor pointers of a cluster launch go straight into its parameters. */
+static void place_cluster(cluster_params *prm, const void *const ptr[P_N])
+{
+    prm->x = ptr[P_X];
+    prm->w_up = ptr[P_WU];
+    prm->w_down = ptr[P_WD];
+    prm->w_gate = ptr[P_WG];
+    prm->b_up = ptr[P_BU];
+    prm->b_gate = ptr[P_BG];
+    prm->b_down = ptr[P_BD];
+    prm->y = (void *)ptr[P_Y];
+}
+
+static void prepare_cluster(fuser_ffn_kernel *k, const fuser_chain *c, const fuser_scratch_view *s,
+                            fuser_ffn_prepared *out)
 {
     const fuser_plan *p = &k->plan;
     const int64_t grid_m = fuser_ceil_div(c->m, (int64_t)p->cls_m * p->bm);
-    float *ws = (float *)(uintptr_t)s->ptr + s->zeroed_words;
-    cluster_params prm = {data_of(a->x), data_of(a->w_up), data_of(a->w_gate), data_of(a->w_down),
-                          data_of(a->b_up), data_of(a->b_gate), data_of(a->b_down), (void *)data_of(a->out),
-                          ws, (int *)(uintptr_t)s->ptr, (int)c->m, (int)grid_m};
-    void *argv[] = {&prm};
+    cluster_params *prm = (cluster_params *)out->params;
+    place_cluster(prm, out->ptr);
+    prm->ws = (float *)(uintptr_t)s->ptr + s->zeroed_words;
+    prm->tickets = (int *)(uintptr_t)s->ptr;
+    prm->m = (int)c->m;
+    prm->grid_m = (int)grid_m;
     /* persistent: at most the co-resident clusters; the kernel loops over the rest */
     const int64_t clusters = fuser_min64(grid_m * p->grid_n, k->max_active);
-    fuser_dim3 grid = {(unsigned)(clusters * p->cluster_size), 1, 1};
-    fuser_dim3 block = {(unsigned)p->threads, 1, 1}, cluster = {(unsigned)p->cluster_size, 1, 1};
-    return fuser_kernel_launch(drv, &k->k, grid, block, cluster, (unsigned)p->smem_bytes, stream, argv, err);
+    out->grid = (fuser_dim3){(unsigned)(clusters * p->cluster_size), 1, 1};
+    out->cluster = (fuser_dim3){(unsigned)p->cluster_size, 1, 1};
+    out->flags = 0;
 }
 
 /* The cached map of a weight (or the H buffer) at `addr` with `rows` rows, re-encoded when either changed. */
@@ -95,54 +115,103 @@ static int cached_map(const fuser_driver *drv, fuser_ffn_kernel *k, int slot, co
     return rc;
 }
 
-static int launch_stream(const fuser_driver *drv, fuser_ffn_kernel *k, const fuser_ffn_args *a, const fuser_chain *c,
-                         const fuser_scratch_view *s, void *trace, fuser_overlap overlap, fuser_cu_stream stream,
-                         fuser_err *err)
+/* The tensor maps of a stream launch: x's and each weight's (rows x cols, box rows), by slot of ptr[]. */
+static const struct {
+    int slot;
+    size_t offset;
+} stream_maps[] = {
+    {P_X, offsetof(stream_params, x)},
+    {P_WU, offsetof(stream_params, w_up)},
+    {P_WG, offsetof(stream_params, w_gate)},
+    {P_WD, offsetof(stream_params, w_down)},
+};
+
+static void stream_map_shape(const fuser_plan *p, int64_t m, int slot, uint64_t *rows, uint64_t *cols, unsigned *box)
+{
+    const fuser_chain *pc = &p->chain;
+    switch (slot) {
+    case P_X: *rows = (uint64_t)m, *cols = (uint64_t)pc->k, *box = (unsigned)p->bm; break;
+    case P_WD: *rows = (uint64_t)pc->l, *cols = (uint64_t)pc->n, *box = (unsigned)p->bl; break;
+    default: *rows = (uint64_t)pc->n, *cols = (uint64_t)pc->k, *box = (unsigned)p->bn; break;
+    }
+}
+
+static int prepare_stream(const fuser_driver *drv, fuser_ffn_kernel *k, const fuser_chain *c,
+                          const fuser_scratch_view *s, void *trace, fuser_overlap overlap, fuser_ffn_prepared *out,
+                          fuser_err *err)
 {
     const fuser_plan *p = &k->plan;
     const fuser_chain *pc = &p->chain;
     if (c->m > p->bm)
         return fuser_fail(err, FUSER_E_VALUE, "x: %lld tokens; this stream kernel computes at most %d",
                           (long long)c->m, p->bm);
-    stream_params prm;
-    memset(&prm, 0, sizeof prm);
+    stream_params *prm = (stream_params *)out->params;
     float *ws = (float *)(uintptr_t)s->ptr + s->zeroed_words;
     const void *h = ws;
-    int rc = fuser_tmap_2d(drv, &prm.x, pc->dtype, a->x->data, (uint64_t)c->m, (uint64_t)pc->k, (uint64_t)pc->k,
-                           (unsigned)p->bm, err);
+    static const int cache_slot[P_N] = {[P_WU] = FUSER_MAP_W_UP, [P_WG] = FUSER_MAP_W_GATE, [P_WD] = FUSER_MAP_W_DOWN};
+    int rc = FUSER_OK;
+    for (size_t i = 0; i < sizeof stream_maps / sizeof *stream_maps && !rc; i++) {
+        const int slot = stream_maps[i].slot;
+        fuser_tmap *map = (fuser_tmap *)(out->params + stream_maps[i].offset);
+        uint64_t rows, cols;
+        unsigned box;
+        stream_map_shape(p, c->m, slot, &rows, &cols, &box);
+        if (!out->ptr[slot])
+            continue;
+        rc = slot == P_X ? fuser_tmap_2d(drv, map, pc->dtype, out->ptr[slot], rows, cols, cols, box, err)
+                         : cached_map(drv, k, cache_slot[slot], out->ptr[slot], rows, cols, box, map, err);
+    }
     if (!rc)
-        rc = cached_map(drv, k, FUSER_MAP_W_UP, a->w_up->data, pc->n, pc->k, (unsigned)p->bn, &prm.w_up, err);
-    if (!rc && pc->gated)
-        rc = cached_map(drv, k, FUSER_MAP_W_GATE, a->w_gate->data, pc->n, pc->k, (unsigned)p->bn, &prm.w_gate, err);
-    if (!rc)
-        rc = cached_map(drv, k, FUSER_MAP_W_DOWN, a->w_down->data, pc->l, pc->n, (unsigned)p->bl, &prm.w_down, err);
-    if (!rc)
-        rc = cached_map(drv, k, FUSER_MAP_H, h, (uint64_t)c->m, pc->n, (unsigned)p->bm, &prm.h, err);
+        rc = cached_map(drv, k, FUSER_MAP_H, h, (uint64_t)c->m, pc->n, (unsigned)p->bm, &prm->h, err);
     if (rc)
         return rc;
-    prm.b_up = data_of(a->b_up);
-    prm.b_gate = data_of(a->b_gate);
-    prm.b_down = data_of(a->b_down);
-    prm.hbuf = (void *)h;
-    prm.y = (void *)a->out->data;
-    prm.ws = ws + c->m * pc->n / 2;
-    prm.sync = (int *)(uintptr_t)s->ptr;
-    prm.trace = trace;
-    prm.m = (int)c->m;
-    void *argv[] = {&prm};
+    prm->b_up = out->ptr[P_BU];
+    prm->b_gate = out->ptr[P_BG];
+    prm->b_down = out->ptr[P_BD];
+    prm->hbuf = (void *)h;
+    prm->y = (void *)out->ptr[P_Y];
+    prm->ws = ws + c->m * pc->n / 2;
+    prm->sync = (int *)(uintptr_t)s->ptr;
+    prm->trace = trace;
+    prm->m = (int)c->m;
     /* units are claimed dynamically: blocks beyond those resident at once would only find no work */
-    fuser_dim3 grid = {(unsigned)fuser_min64(p->units, k->max_active), 1, 1};
-    fuser_dim3 block = {(unsigned)p->threads, 1, 1}, one = {1, 1, 1};
+    out->grid = (fuser_dim3){(unsigned)fuser_min64(p->units, k->max_active), 1, 1};
+    out->cluster = (fuser_dim3){1, 1, 1};
     /* the kernel waits for the previous one (griddepcontrol.wait) before it touches anything but weights */
-    const unsigned flags = overlap == FUSER_OVERLAP_NEVER ? 0u : (unsigned)FUSER_LAUNCH_EARLY;
-    return fuser_kernel_launch_ex(drv, &k->k, grid, block, one, (unsigned)p->smem_bytes, stream, flags, argv, err);
+    out->flags = overlap == FUSER_OVERLAP_NEVER ? 0u : (unsigned)FUSER_LAUNCH_EARLY;
+    return FUSER_OK;
 }
 
-int fuser_ffn_launch(const fuser_driver *drv, fuser_ffn_kernel *k, const fuser_ffn_args *a, const fuser_chain *c,
-                     const fuser_scratch_view *s, const fuser_tensor *trace, fuser_overlap overlap,
-                     fuser_cu_stream stream, fuser_err *err)
+/* Re-point a stream launch's parameters at ptr[] (entries that differ from the prepared ones). */
+static int place_stream(const fuser_driver *drv, const fuser_ffn_prepared *p, stream_params *prm,
+                        const void *const ptr[P_N], fuser_err *err)
+{
+    const fuser_plan *plan = &p->k->plan;
+    for (size_t i = 0; i < sizeof stream_maps / sizeof *stream_maps; i++) {
+        const int slot = stream_maps[i].slot;
+        if (ptr[slot] == p->ptr[slot])
+            continue;
+        uint64_t rows, cols;
+        unsigned box;
+        stream_map_shape(plan, p->m, slot, &rows, &cols, &box);
+        int rc = fuser_tmap_2d(drv, (fuser_tmap *)((unsigned char *)prm + stream_maps[i].offset), plan->chain.dtype,
+                               ptr[slot], rows, cols, cols, box, err);
+        if (rc)
+            return rc;
+    }
+    prm->b_up = ptr[P_BU];
+    prm->b_gate = ptr[P_BG];
+    prm->b_down = ptr[P_BD];
+    prm->y = (void *)ptr[P_Y];
+    return FUSER_OK;
+}
+
+int fuser_ffn_prepare(const fuser_driver *drv, fuser_ffn_kernel *k, const fuser_ffn_args *a, const fuser_chain *c,
+                      const fuser_scratch_view *s, const fuser_tensor *trace, fuser_overlap overlap,
+                      fuser_cu_stream stream, fuser_ffn_prepared *out, fuser_err *err)
 {
     const fuser_plan *p = &k->plan;
+    memset(out, 0, sizeof *out);
     if (!same_chain(c, &p->chain))
         return fuser_fail(err, FUSER_E_VALUE,
                           "ffn_launch: the tensors describe d_model %lld, d_ff %lld, d_out %lld, %s %s; the kernel was "
@@ -168,8 +237,53 @@ int fuser_ffn_launch(const fuser_driver *drv, fuser_ffn_kernel *k, const fuser_f
         return fuser_fail(err, FUSER_E_VALUE, "trace: a stream kernel's trace needs %lld bytes on cuda:%d (%d 64-bit "
                           "words per unit); got %lld bytes", (long long)(p->units * FUSER_STREAM_TRACE_WORDS * 8),
                           k->k.device, FUSER_STREAM_TRACE_WORDS, (long long)(trace ? trace->nbytes : 0));
+    out->k = k;
+    out->m = c->m;
+    out->stream = stream;
+    out->block = (fuser_dim3){(unsigned)p->threads, 1, 1};
+    const fuser_tensor *t[P_N] = {a->x, a->w_up, a->w_down, a->w_gate, a->b_up, a->b_gate, a->b_down, a->out};
+    for (int i = 0; i < P_N; i++)
+        out->ptr[i] = data_of(t[i]);
     if (c->m == 0)
         return FUSER_OK;
-    return p->kind == FUSER_KIND_STREAM ? launch_stream(drv, k, a, c, s, trace ? trace->data : NULL, overlap, stream, err)
-                                        : launch_cluster(drv, k, a, c, s, stream, err);
+    if (p->kind == FUSER_KIND_STREAM)
+        return prepare_stream(drv, k, c, s, trace ? trace->data : NULL, overlap, out, err);
+    prepare_cluster(k, c, s, out);
+    return FUSER_OK;
+}
+
+int fuser_ffn_run(const fuser_driver *drv, const fuser_ffn_prepared *p, const void *const ptr[P_N], fuser_err *err)
+{
+    static const char *const names[P_N] = {"x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down", "y"};
+    const void *use[P_N];
+    for (int i = 0; i < P_N; i++) {
+        use[i] = ptr && ptr[i] ? ptr[i] : p->ptr[i];
+        if (ptr && ptr[i] && !p->ptr[i])
+            return fuser_fail(err, FUSER_E_VALUE, "%s: this launch was prepared without it", names[i]);
+        if ((uintptr_t)use[i] % 16)
+            return fuser_fail(err, FUSER_E_VALUE, "%s: the kernel needs 16-byte aligned data", names[i]);
+    }
+    if (p->m == 0)
+        return FUSER_OK;
+    _Alignas(64) unsigned char params[FUSER_FFN_PARAM_BYTES];
+    memcpy(params, p->params, sizeof params);
+    if (p->k->plan.kind == FUSER_KIND_STREAM) {
+        int rc = place_stream(drv, p, (stream_params *)params, use, err);
+        if (rc)
+            return rc;
+    } else {
+        place_cluster((cluster_params *)params, use);
+    }
+    void *argv[] = {params};
+    return fuser_kernel_launch_ex(drv, &p->k->k, p->grid, p->block, p->cluster, (unsigned)p->k->plan.smem_bytes,
+                                  p->stream, p->flags, argv, err);
+}
+
+int fuser_ffn_launch(const fuser_driver *drv, fuser_ffn_kernel *k, const fuser_ffn_args *a, const fuser_chain *c,
+                     const fuser_scratch_view *s, const fuser_tensor *trace, fuser_overlap overlap,
+                     fuser_cu_stream stream, fuser_err *err)
+{
+    fuser_ffn_prepared p;
+    int rc = fuser_ffn_prepare(drv, k, a, c, s, trace, overlap, stream, &p, err);
+    return rc ? rc : fuser_ffn_run(drv, &p, NULL, err);
 }

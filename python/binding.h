@@ -96,6 +96,8 @@ int fuser_plan_from_dict(PyObject *d, const struct fuser_target *t, struct fuser
 
 PyObject *fuser_py_load_kernel(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fuser_py_ffn_launch(PyObject *module, PyObject *args, PyObject *kwargs);
+PyObject *fuser_py_ffn_prepare(PyObject *module, PyObject *args, PyObject *kwargs);
+PyObject *fuser_py_ffn_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_kernel_info(PyObject *module, PyObject *args);
 PyObject *fuser_py_scratch_need(PyObject *module, PyObject *args);
 PyObject *fuser_py_gemm_launch(PyObject *module, PyObject *args);

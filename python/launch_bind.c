@@ -162,12 +162,75 @@ PyObject *fuser_py_scratch_need(PyObject *module, PyObject *args)
     return Py_BuildValue("(LL)", (long long)zw, (long long)wf);
 }
 
+/* The arguments launch and prepare share, taken and validated: ffn_launch's positional ones. */
+enum { X, WU, WD, WG, BU, BG, BD, Y, NT };
+
+typedef struct {
+    fuser_ffn_kernel *k;
+    scratch_obj *sc;
+    fuser_held h[NT], th;
+    fuser_ffn_args a;
+    fuser_chain c;
+    PyObject *stream_obj;
+} taken;
+
+static void release_taken(taken *tk)
+{
+    for (int i = 0; i < NT; i++)
+        fuser_release(&tk->h[i]);
+    fuser_release(&tk->th);
+    Py_XDECREF(tk->stream_obj);
+}
+
+/* Take kernel, tensors (obj[NT]), scratch and trace (None: none) in and validate them against each
+ * other; 0, or -1 with an exception set. Either way the caller calls release_taken once. */
+static int take_all(PyObject *module, taken *tk, PyObject *kobj, PyObject *const obj[NT], const char *activation,
+                    PyObject *sobj, unsigned long long stream, int borrow, PyObject *tobj)
+{
+    static const char *const names[NT] = {"x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down", "y"};
+    memset(tk, 0, sizeof *tk);
+    if (!(tk->k = get_loaded(kobj)))
+        return -1;
+    if (!(tk->sc = fuser_capsule_get(sobj, SCRATCH_CAPSULE, "scratch", "a scratch from fuser._C.scratch_alloc")))
+        return -1;
+    fuser_state *st = fuser_get_state(module);
+    /* the stream: the caller's current one; __dlpack__ then needs no cross-stream synchronisation */
+    if (!(tk->stream_obj = PyLong_FromUnsignedLongLong(stream)))
+        return -1;
+    const fuser_tensor *t[NT] = {NULL};
+    for (int i = 0; i < NT; i++) {
+        if (obj[i] == Py_None)
+            continue;
+        if (fuser_take(st, obj[i], names[i], tk->stream_obj,
+                       (i == Y ? FUSER_TAKE_WRITABLE : 0) | (borrow >> i & 1 ? FUSER_TAKE_BORROW : 0), &tk->h[i]))
+            return -1;
+        t[i] = &tk->h[i].t;
+    }
+    if (!t[Y]) {
+        PyErr_SetString(PyExc_ValueError, "ffn_launch: y is required");
+        return -1;
+    }
+    if (tobj != Py_None && fuser_take(st, tobj, "trace", tk->stream_obj, FUSER_TAKE_WRITABLE, &tk->th))
+        return -1;
+    tk->a = (fuser_ffn_args){t[X], t[WU], t[WD], t[WG], t[BU], t[BG], t[BD], t[Y], activation};
+    fuser_err err;
+    fuser_err_clear(&err);
+    if (fuser_ffn_validate(&tk->a, &tk->c, &err)) {
+        fuser_raise(st, &err);
+        return -1;
+    }
+    return 0;
+}
+
+static fuser_scratch_view view_of(const scratch_obj *sc)
+{
+    return (fuser_scratch_view){sc->s.ptr, sc->s.device, sc->tickets_cap, sc->floats - sc->tickets_cap};
+}
+
 PyObject *fuser_py_ffn_launch(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"kernel", "x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down", "activation",
                              "y", "scratch", "stream", "borrow", "trace", "overlap", NULL};
-    enum { X, WU, WD, WG, BU, BG, BD, Y, NT };
-    static const char *const names[NT] = {"x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down", "y"};
     PyObject *kobj, *sobj, *obj[NT] = {NULL};
     const char *activation;
     unsigned long long stream = 0;
@@ -178,60 +241,135 @@ PyObject *fuser_py_ffn_launch(PyObject *module, PyObject *args, PyObject *kwargs
                                      &obj[WD], &obj[WG], &obj[BU], &obj[BG], &obj[BD], &activation, &obj[Y], &sobj,
                                      &stream, &borrow, &tobj, &overlap))
         return NULL;
-    fuser_ffn_kernel *l = get_loaded(kobj);
-    if (!l)
-        return NULL;
-    scratch_obj *sc = fuser_capsule_get(sobj, SCRATCH_CAPSULE, "scratch", "a scratch from fuser._C.scratch_alloc");
-    if (!sc)
-        return NULL;
-    fuser_state *st = fuser_get_state(module);
-    fuser_held h[NT], th;
-    memset(h, 0, sizeof h);
-    memset(&th, 0, sizeof th);
+    taken tk;
     PyObject *res = NULL;
-    const fuser_tensor *t[NT] = {NULL};
-    /* the stream: the caller's current one; __dlpack__ then needs no cross-stream synchronisation */
-    PyObject *stream_obj = PyLong_FromUnsignedLongLong(stream);
-    if (!stream_obj)
-        return NULL;
-    for (int i = 0; i < NT; i++) {
-        if (obj[i] == Py_None)
-            continue;
-        if (fuser_take(st, obj[i], names[i], stream_obj,
-                       (i == Y ? FUSER_TAKE_WRITABLE : 0) | (borrow >> i & 1 ? FUSER_TAKE_BORROW : 0), &h[i]))
-            goto done;
-        t[i] = &h[i].t;
-    }
-    if (!t[Y]) {
-        PyErr_SetString(PyExc_ValueError, "ffn_launch: y is required");
-        goto done;
-    }
-    if (tobj != Py_None && fuser_take(st, tobj, "trace", stream_obj, FUSER_TAKE_WRITABLE, &th))
-        goto done;
-    fuser_ffn_args a = {t[X], t[WU], t[WD], t[WG], t[BU], t[BG], t[BD], t[Y], activation};
-    fuser_chain c;
-    fuser_err err;
-    fuser_err_clear(&err);
-    if (fuser_ffn_validate(&a, &c, &err)) {
-        fuser_raise(st, &err);
-        goto done;
-    }
-    {
-        const fuser_scratch_view view = {sc->s.ptr, sc->s.device, sc->tickets_cap, sc->floats - sc->tickets_cap};
+    if (!take_all(module, &tk, kobj, obj, activation, sobj, stream, borrow, tobj)) {
+        fuser_err err;
+        fuser_err_clear(&err);
+        const fuser_scratch_view view = view_of(tk.sc);
         const fuser_driver *drv = fuser_driver_get(&err);
-        int rc = drv ? fuser_ffn_launch(drv, l, &a, &c, &view, tobj != Py_None ? &th.t : NULL,
+        int rc = drv ? fuser_ffn_launch(drv, tk.k, &tk.a, &tk.c, &view, tobj != Py_None ? &tk.th.t : NULL,
                                         overlap ? FUSER_OVERLAP_DEFAULT : FUSER_OVERLAP_NEVER,
                                         (fuser_cu_stream)(uintptr_t)stream, &err)
                      : err.code;
         if (rc)
-            fuser_raise(st, &err);
+            fuser_raise(fuser_get_state(module), &err);
         else
             res = Py_NewRef(Py_None);
     }
-done:
-    for (int i = 0; i < NT; i++)
-        fuser_release(&h[i]);
-    fuser_release(&th);
-    Py_DECREF(stream_obj);
+    release_taken(&tk);
     return res;
+}
+
+/* A prepared launch: the core's struct and what keeps its memory alive (the kernel, the scratch and
+ * the weights it points at). */
+#define PREPARED_CAPSULE "fuser.prepared"
+
+typedef struct {
+    fuser_ffn_prepared p;
+    PyObject *keep;
+    int weights_each_run; /* prepared with keep=False: it holds no weights; every run names them */
+} prepared_obj;
+
+static void prepared_free(PyObject *cap)
+{
+    prepared_obj *o = PyCapsule_GetPointer(cap, PREPARED_CAPSULE);
+    if (!o)
+        return;
+    Py_XDECREF(o->keep);
+    free(o);
+}
+
+PyObject *fuser_py_ffn_prepare(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"kernel", "x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down", "activation",
+                             "y", "scratch", "stream", "borrow", "overlap", "keep", NULL};
+    PyObject *kobj, *sobj, *obj[NT] = {NULL};
+    const char *activation;
+    unsigned long long stream = 0;
+    int borrow = 0, overlap = 1, keep = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOsOOK|ipp:ffn_prepare", kwlist, &kobj, &obj[X], &obj[WU],
+                                     &obj[WD], &obj[WG], &obj[BU], &obj[BG], &obj[BD], &activation, &obj[Y], &sobj,
+                                     &stream, &borrow, &overlap, &keep))
+        return NULL;
+    for (int i = WU; i <= BD && keep; i++)
+        if (obj[i] != Py_None && PyCapsule_CheckExact(obj[i]) && !(borrow >> i & 1))
+            return PyErr_Format(PyExc_ValueError, "ffn_prepare: weight capsules must be borrowed (bit %d of borrow): "
+                                "the prepared launch keeps pointing at their memory", i);
+    prepared_obj *o = calloc(1, sizeof *o);
+    if (!o)
+        return PyErr_NoMemory();
+    taken tk;
+    PyObject *res = NULL;
+    if (!take_all(module, &tk, kobj, obj, activation, sobj, stream, borrow, Py_None)) {
+        fuser_err err;
+        fuser_err_clear(&err);
+        const fuser_scratch_view view = view_of(tk.sc);
+        const fuser_driver *drv = fuser_driver_get(&err);
+        int rc = drv ? fuser_ffn_prepare(drv, tk.k, &tk.a, &tk.c, &view, NULL,
+                                         overlap ? FUSER_OVERLAP_DEFAULT : FUSER_OVERLAP_NEVER,
+                                         (fuser_cu_stream)(uintptr_t)stream, &o->p, &err)
+                     : err.code;
+        if (rc)
+            fuser_raise(fuser_get_state(module), &err);
+        else if ((o->keep = keep ? PyTuple_Pack(8, kobj, sobj, obj[WU], obj[WD], obj[WG], obj[BU], obj[BG], obj[BD])
+                                 : PyTuple_Pack(2, kobj, sobj)) &&
+                 (res = PyCapsule_New(o, PREPARED_CAPSULE, prepared_free))) {
+            o->weights_each_run = !keep;
+            o = NULL;
+        }
+    }
+    release_taken(&tk);
+    if (o) {
+        Py_XDECREF(o->keep);
+        free(o);
+    }
+    return res;
+}
+
+/* A pointer argument of ffn_run: an int address, or None (the prepared one). */
+static int pointer_arg(PyObject *v, const char *name, const void **out)
+{
+    if (v == Py_None) {
+        *out = NULL;
+        return 0;
+    }
+    if (!PyLong_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "ffn_run: %s: expected an address (int) or None, got %s", name,
+                     Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    *out = PyLong_AsVoidPtr(v);
+    return *out || !PyErr_Occurred() ? 0 : -1;
+}
+
+PyObject *fuser_py_ffn_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    static const char *const names[] = {"x", "y", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down"};
+    static const int slot[] = {X, Y, WU, WD, WG, BU, BG, BD};
+    if (nargs != 3 && nargs != 9)
+        return PyErr_Format(PyExc_TypeError, "ffn_run(prepared, x_ptr, y_ptr[, w_up, w_down, w_gate, b_up, b_gate, "
+                            "b_down]): got %zd arguments", nargs);
+    prepared_obj *o = fuser_capsule_get(args[0], PREPARED_CAPSULE, "prepared", "a launch from fuser._C.ffn_prepare");
+    if (!o)
+        return NULL;
+    if (nargs == 3 && o->weights_each_run)
+        return PyErr_Format(PyExc_ValueError, "ffn_run: this launch was prepared with keep=False and holds no weights: "
+                            "pass their addresses");
+    const void *ptr[NT] = {NULL};
+    for (Py_ssize_t i = 1; i < nargs; i++)
+        if (pointer_arg(args[i], names[i - 1], &ptr[slot[i - 1]]))
+            return NULL;
+    for (int i = WU; i <= BD && o->weights_each_run; i++)
+        if (o->p.ptr[i] && !ptr[i])
+            return PyErr_Format(PyExc_ValueError, "ffn_run: %s: this launch holds no weights (keep=False): pass its "
+                                "address", names[i + 1]);
+    if (!ptr[X] || !ptr[Y])
+        return PyErr_Format(PyExc_ValueError, "ffn_run: x and y need addresses, got %p and %p", ptr[X], ptr[Y]);
+    fuser_err err;
+    fuser_err_clear(&err);
+    const fuser_driver *drv = fuser_driver_get(&err);
+    if (!drv || fuser_ffn_run(drv, &o->p, ptr, &err))
+        return fuser_raise(fuser_get_state(module), &err);
+    Py_RETURN_NONE;
 }

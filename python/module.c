@@ -102,6 +102,15 @@ static PyMethodDef module_methods[] = {
      "trace=None, overlap=True): validate the tensors against the kernel's chain and launch it on the stream.\n"
      "Capsules are consumed, except those whose bit is set in borrow (bit 0 = x ... bit 7 = y): read only,\n"
      "reusable. overlap=False: a stream kernel does not start before the stream's previous kernel ends."},
+    {"ffn_prepare", (PyCFunction)(void (*)(void))fuser_py_ffn_prepare, METH_VARARGS | METH_KEYWORDS,
+     "ffn_prepare(kernel, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, y, scratch, stream, borrow=0,\n"
+     "overlap=True, keep=True) -> prepared: validate as ffn_launch does and fill the launch once. It keeps the\n"
+     "kernel, the scratch and (keep=True; weight capsules must then be borrowed) the weights alive; with\n"
+     "keep=False every ffn_run passes the weights' addresses."},
+    {"ffn_run", (PyCFunction)(void (*)(void))fuser_py_ffn_run, METH_FASTCALL,
+     "ffn_run(prepared, x_ptr, y_ptr[, w_up, w_down, w_gate, b_up, b_gate, b_down]): launch a prepared launch\n"
+     "at these addresses (None: the prepared one) on its stream. Unchecked beyond presence and 16-byte\n"
+     "alignment: the caller guarantees tensors of the prepared shapes, dtype and device."},
     {"kernel_info", fuser_py_kernel_info, METH_VARARGS, "kernel_info(kernel) -> dict of the loaded function."},
     {"scratch_need", fuser_py_scratch_need, METH_VARARGS,
      "scratch_need(kernel, m) -> (zeroed words, workspace floats) a launch with m tokens needs."},

@@ -186,3 +186,14 @@ def test_ffn_check_borrows_the_capsules_fuser_exported_and_refuses_others():
     with pytest.raises(TypeError, match="w_down: got a raw DLPack capsule"):
         _C.ffn_check(*caps, activation="relu", capsules=0b011)
     assert p.deleted == 3 and [capsule_name(c) for c in caps] == ["dltensor_versioned"] * 3
+
+
+def test_ffn_run_refuses_what_is_not_a_prepared_launch_or_an_address():
+    """_C.ffn_run checks its arguments before any launch: a prepared launch from ffn_prepare, addresses as
+    ints (or None), three or nine arguments."""
+    with pytest.raises(TypeError, match="prepared: expected a launch from fuser._C.ffn_prepare"):
+        _C.ffn_run(torch._C._to_dlpack_versioned(torch.zeros(2)), 16, 32)
+    with pytest.raises(TypeError, match="got 2 arguments"):
+        _C.ffn_run(None, 16)
+    with pytest.raises(TypeError, match="prepared: expected"):
+        _C.ffn_run(None, 16, 32)

@@ -53,6 +53,36 @@ typedef struct {
  * finishes), or never (for side-by-side measurement). */
 typedef enum { FUSER_OVERLAP_DEFAULT, FUSER_OVERLAP_NEVER } fuser_overlap;
 
+/* The largest kernel parameter struct of any family (checked in ffn_launch.c). */
+#define FUSER_FFN_PARAM_BYTES 768
+
+/** A launch made ready once and run many times: the kernel, its parameter struct filled for one chain,
+ * token count, set of weights, scratch and stream, and the grid. A run patches the pointers of x and y
+ * (and of weights that moved) and launches, so a kept route pays neither DLPack nor validation per call.
+ * Plain data: copy it freely while the kernel stays loaded. */
+typedef struct fuser_ffn_prepared {
+    fuser_ffn_kernel *k;
+    int64_t m;
+    fuser_cu_stream stream;
+    fuser_dim3 grid, block, cluster;
+    unsigned flags;                      /* fuser_kernel_launch_ex flags */
+    const void *ptr[8];                  /* x, w_up, w_down, w_gate, b_up, b_gate, b_down, y as prepared */
+    _Alignas(64) unsigned char params[FUSER_FFN_PARAM_BYTES];
+} fuser_ffn_prepared;
+
+/** Fill `out` for launches of `k` like `a` (validated by fuser_ffn_validate into `c`) with scratch `s`
+ * on `stream`; `trace` as fuser_ffn_launch's. The same checks and errors as fuser_ffn_launch. */
+int fuser_ffn_prepare(const fuser_driver *drv, fuser_ffn_kernel *k, const fuser_ffn_args *a, const fuser_chain *c,
+                      const fuser_scratch_view *s, const fuser_tensor *trace, fuser_overlap overlap,
+                      fuser_cu_stream stream, fuser_ffn_prepared *out, fuser_err *err);
+
+/** Launch prepared `p` with the tensors at `ptr` (x, w_up, w_down, w_gate, b_up, b_gate, b_down, y; the
+ * layout fuser_ffn_prepare saw: same chain, token count, dtype, device, contiguous). A NULL entry keeps
+ * the prepared pointer of a present tensor; an absent tensor's entry must be NULL. The pointers are
+ * not validated beyond that and their 16-byte alignment (FUSER_E_VALUE): the caller guarantees the
+ * rest. An empty batch launches nothing. */
+int fuser_ffn_run(const fuser_driver *drv, const fuser_ffn_prepared *p, const void *const ptr[8], fuser_err *err);
+
 /** Launch `k` on `a` (validated by fuser_ffn_validate into `c`) with scratch `s` on `stream`; `trace`
  * (NULL: none) receives a stream kernel's timeline. FUSER_E_VALUE when the tensors describe another
  * chain, live on another device, or the scratch or trace is too small or misplaced; FUSER_E_CUDA for the

@@ -25,6 +25,7 @@ void test_cache_dir_choice(void);
 void test_env_flags(void);
 void test_launch_config(void);
 void test_launch_driver(void);
+void test_ffn_prepared_launch(void);
 
 static const struct { const char *name; void (*fn)(void); } tests[] = {
     {"tensor_validation", test_tensor_validation},
@@ -46,6 +47,7 @@ static const struct { const char *name; void (*fn)(void); } tests[] = {
     {"env_flags", test_env_flags},
     {"launch_config", test_launch_config},
     {"launch_driver", test_launch_driver},
+    {"ffn_prepared_launch", test_ffn_prepared_launch},
 };
 
 int main(int argc, char **argv)

@@ -1,0 +1,156 @@
+/* test_ffn_launch.c: a fused plan's launch against a recording stand-in driver (no GPU): a prepared
+ * launch fills the stream kernel's parameters once (tensor maps at the tensors' addresses), a run
+ * re-points only what moved and re-encodes only those maps, refuses a tensor the launch was prepared
+ * without and misaligned data, and the one-shot launch passes the kernel the same bytes. */
+#include "ctest.h"
+#include "fuser/ffn_launch.h"
+
+static struct {
+    int encodes, launches;
+    const void *last_base;
+    unsigned char params[FUSER_FFN_PARAM_BYTES];
+    fuser_cu_launch_config cfg;
+} rec;
+
+static fuser_cu_result r_get_current(fuser_cu_context *c) { *c = (fuser_cu_context)(uintptr_t)0x10; return 0; }
+static fuser_cu_result r_set_attr(fuser_cu_function f, int a, int v) { (void)f, (void)a, (void)v; return 0; }
+static fuser_cu_result r_launch(const fuser_cu_launch_config *c, fuser_cu_function f, void **p, void **e)
+{
+    (void)f, (void)e;
+    memcpy(rec.params, p[0], sizeof rec.params);
+    rec.cfg = *c;
+    rec.launches++;
+    return 0;
+}
+/* a map records its base address in its first word */
+static fuser_cu_result r_encode(void *map, int t, unsigned r, void *base, const uint64_t *d, const uint64_t *s,
+                                const unsigned *b, const unsigned *e, int i, int w, int l, int o)
+{
+    (void)t, (void)r, (void)d, (void)s, (void)b, (void)e, (void)i, (void)w, (void)l, (void)o;
+    memcpy(map, &base, sizeof base);
+    rec.encodes++;
+    rec.last_base = base;
+    return 0;
+}
+
+/* StreamParams as the device declares it: five 128-byte maps, then the pointers and m */
+enum { MAP_X, MAP_UP, MAP_GATE, MAP_H, MAP_DOWN };
+static const void *map_base(const unsigned char *params, int map)
+{
+    const void *b;
+    memcpy(&b, params + 128 * map, sizeof b);
+    return b;
+}
+static const void *field(const unsigned char *params, int i) /* 0 b_up, 1 b_gate, 2 b_down, 3 hbuf, 4 y */
+{
+    const void *v;
+    memcpy(&v, params + 5 * 128 + i * sizeof v, sizeof v);
+    return v;
+}
+
+static fuser_tensor cuda2d(uintptr_t addr, int64_t rows, int64_t cols)
+{
+    fuser_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = (void *)addr, t.dtype = FUSER_BF16, t.device = FUSER_CUDA, t.device_id = 0, t.ndim = 2;
+    t.shape[0] = rows, t.shape[1] = cols, t.numel = rows * cols, t.nbytes = 2 * t.numel;
+    return t;
+}
+
+void test_ffn_prepared_launch(void)
+{
+    fuser_driver d;
+    memset(&d, 0, sizeof d);
+    d.cuCtxGetCurrent = r_get_current;
+    d.cuFuncSetAttribute = r_set_attr;
+    d.cuLaunchKernelEx = r_launch;
+    d.cuTensorMapEncodeTiled = r_encode;
+    memset(&rec, 0, sizeof rec);
+    fuser_err err;
+    fuser_err_clear(&err);
+
+    /* a stream plan of an ungated 256 -> 512 -> 128 chain with up to 16 tokens, loaded on device 0 */
+    static fuser_ffn_kernel k;
+    memset(&k, 0, sizeof k);
+    fuser_plan *p = &k.plan;
+    fuser_plan_unfused(&(fuser_chain){0}, p);
+    p->chain = (fuser_chain){.m = 16, .k = 256, .n = 512, .l = 128, .act = FUSER_ACT_SILU, .dtype = FUSER_BF16};
+    p->fused = 1, p->kind = FUSER_KIND_STREAM, p->bm = 16, p->bn = 128, p->bl = 128, p->s1 = 1, p->s2 = 2;
+    p->stages = 4, p->cls_m = p->cls_n = p->cls_k = p->cls_l = 1, p->n_iters = 1, p->order = FUSER_ORDER_N_OUTER;
+    p->gate_mode = FUSER_GATE_NONE;
+    CHECK(fuser_plan_derive(p, &err) == FUSER_OK);
+    k.k.ctx = (fuser_cu_context)(uintptr_t)0x10, k.k.func = (fuser_cu_function)(uintptr_t)0x20;
+    atomic_store(&k.k.dyn_smem_limit, 1 << 20);
+    atomic_flag_clear(&k.lock);
+    k.max_active = 132;
+
+    fuser_tensor x = cuda2d(0x100000, 5, 256), wu = cuda2d(0x200000, 512, 256), wd = cuda2d(0x300000, 128, 512);
+    fuser_tensor y = cuda2d(0x400000, 5, 128);
+    fuser_ffn_args a = {&x, &wu, &wd, NULL, NULL, NULL, NULL, &y, "silu"};
+    fuser_chain c;
+    CHECK(fuser_ffn_validate(&a, &c, &err) == FUSER_OK && c.m == 5);
+    int64_t zw, wf;
+    fuser_plan_scratch(p, c.m, &zw, &wf);
+    fuser_scratch_view s = {0x800000, 0, (zw + 3) / 4 * 4, wf};
+    fuser_cu_stream stream = (fuser_cu_stream)(uintptr_t)0x77;
+
+    fuser_ffn_prepared pr;
+    CHECK(fuser_ffn_prepare(&d, &k, &a, &c, &s, NULL, FUSER_OVERLAP_DEFAULT, stream, &pr, &err) == FUSER_OK);
+    CHECK(rec.encodes == 4 && rec.launches == 0); /* x, w_up, w_down, H */
+    CHECK(pr.m == 5 && pr.stream == stream && pr.grid.x == (unsigned)(p->units < 132 ? p->units : 132));
+    CHECK(pr.flags == FUSER_LAUNCH_EARLY && pr.block.x == (unsigned)p->threads);
+
+    /* as prepared */
+    CHECK(fuser_ffn_run(&d, &pr, NULL, &err) == FUSER_OK && rec.launches == 1 && rec.encodes == 4);
+    CHECK(map_base(rec.params, MAP_X) == x.data && map_base(rec.params, MAP_UP) == wu.data);
+    CHECK(map_base(rec.params, MAP_DOWN) == wd.data && map_base(rec.params, MAP_GATE) == NULL);
+    CHECK(field(rec.params, 4) == y.data && field(rec.params, 0) == NULL);
+    CHECK(rec.cfg.stream == stream && rec.cfg.num_attrs == 2 && rec.cfg.grid_x == pr.grid.x);
+    unsigned char first[FUSER_FFN_PARAM_BYTES];
+    memcpy(first, rec.params, sizeof first);
+
+    /* the one-shot launch passes the same bytes */
+    CHECK(fuser_ffn_launch(&d, &k, &a, &c, &s, NULL, FUSER_OVERLAP_DEFAULT, stream, &err) == FUSER_OK);
+    CHECK(memcmp(first, rec.params, sizeof first) == 0 && rec.launches == 2);
+
+    /* new x and y: x's map alone is encoded again; the weights' maps are the prepared ones */
+    int enc = rec.encodes;
+    const void *next[8] = {(void *)0x110000, NULL, NULL, NULL, NULL, NULL, NULL, (void *)0x410000};
+    CHECK(fuser_ffn_run(&d, &pr, next, &err) == FUSER_OK && rec.encodes == enc + 1 && rec.launches == 3);
+    CHECK(map_base(rec.params, MAP_X) == next[0] && field(rec.params, 4) == next[7]);
+    CHECK(map_base(rec.params, MAP_UP) == wu.data && map_base(rec.params, MAP_H) == map_base(first, MAP_H));
+    CHECK(memcmp(first + 5 * 128, rec.params + 5 * 128, 3 * sizeof(void *)) == 0); /* biases unchanged */
+
+    /* a moved weight: its map too */
+    const void *moved[8] = {(void *)0x110000, (void *)0x210000, NULL, NULL, NULL, NULL, NULL, (void *)0x410000};
+    CHECK(fuser_ffn_run(&d, &pr, moved, &err) == FUSER_OK && rec.encodes == enc + 3);
+    CHECK(map_base(rec.params, MAP_UP) == moved[1] && map_base(rec.params, MAP_DOWN) == wd.data);
+
+    /* refused: a tensor the launch was prepared without, misaligned data; nothing launched */
+    int launches = rec.launches;
+    const void *gate[8] = {(void *)0x110000, NULL, NULL, (void *)0x500000, NULL, NULL, NULL, (void *)0x410000};
+    CHECK(fuser_ffn_run(&d, &pr, gate, &err) == FUSER_E_VALUE);
+    CHECK_ERR(&err, FUSER_E_VALUE, "w_gate: this launch was prepared without it");
+    const void *odd[8] = {(void *)0x110000, NULL, NULL, NULL, NULL, NULL, NULL, (void *)0x410008};
+    CHECK(fuser_ffn_run(&d, &pr, odd, &err) == FUSER_E_VALUE);
+    CHECK_ERR(&err, FUSER_E_VALUE, "y: the kernel needs 16-byte aligned data");
+    CHECK(rec.launches == launches);
+
+    /* prepare checks what the launch checks: a scratch too small */
+    fuser_scratch_view small = {0x800000, 0, 0, 0};
+    if (zw + wf > 0) {
+        CHECK(fuser_ffn_prepare(&d, &k, &a, &c, &small, NULL, FUSER_OVERLAP_DEFAULT, stream, &pr, &err) ==
+              FUSER_E_VALUE);
+        CHECK_ERR(&err, FUSER_E_VALUE, "scratch: this launch needs");
+    }
+    /* more tokens than the kernel computes */
+    fuser_tensor x17 = cuda2d(0x100000, 17, 256), y17 = cuda2d(0x400000, 17, 128);
+    fuser_ffn_args a17 = {&x17, &wu, &wd, NULL, NULL, NULL, NULL, &y17, "silu"};
+    fuser_chain c17;
+    CHECK(fuser_ffn_validate(&a17, &c17, &err) == FUSER_OK);
+    fuser_plan_scratch(p, c17.m, &zw, &wf);
+    fuser_scratch_view s17 = {0x800000, 0, (zw + 3) / 4 * 4, wf};
+    CHECK(fuser_ffn_prepare(&d, &k, &a17, &c17, &s17, NULL, FUSER_OVERLAP_DEFAULT, stream, &pr, &err) ==
+          FUSER_E_VALUE);
+    CHECK_ERR(&err, FUSER_E_VALUE, "x: 17 tokens; this stream kernel computes at most 16");
+}
