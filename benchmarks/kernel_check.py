@@ -201,7 +201,10 @@ def trace_run(name, m, log, **cons):
         log(f"trace {name} m={m} phase {ph}: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                                                            for k, v in r.items()))
     log(f"trace {name} m={m}: span {float((tr[:, 4].max() - t0) / 1e3):.1f} us | {p.summary()}")
-    return dict(plan=p.summary(), phases=rows)
+    # the raw timeline (ns from the first claim; columns: block, claimed, H ready, first data, done, SM)
+    raw = tr.clone()
+    raw[:, 1:5] -= t0
+    return dict(name=name, m=m, plan=p.summary(), phases=rows, units1=u1, raw=raw.tolist())
 
 
 OVERLAP = [  # name, d_model, d_ff, d_out, gated, act, tokens, plan constraints
@@ -350,7 +353,9 @@ def main():
         result["trace"] = []
         for name, m, cons in (("G1", 128, {}), ("G8", 128, {}), ("S1", 128, {}), ("S1", 128, dict(bn=128, bl=128)),
                               ("llama3-8b", 1, dict(bn=128, bl=256)), ("llama3-8b", 1, dict(bm=16, s1=1, s2=4)),
-                              ("llama3-8b", 1, dict(bm=16, s1=2, s2=8)), ("gpt2", 16, {})):
+                              ("llama3-8b", 1, dict(bm=16, s1=2, s2=8)), ("llama3-8b", 1, dict(bm=16, s1=4, s2=8)),
+                              ("llama3-8b", 1, dict(bm=16, s1=8, s2=16)), ("llama3-8b", 16, dict(bm=16, s1=2, s2=8)),
+                              ("gpt2", 16, {})):
             try:
                 result["trace"].append(trace_run(name, m, log, **cons))
             except Exception:  # noqa: BLE001
