@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 import fuser.custom_op  # noqa: F401  (registers torch.ops.fuser.ffn)
-from fuser import interop, ops, planner, runtime
+from fuser import _C, interop, ops, planner, runtime
 from fuser.recognize import FFNSpec, NearMiss, Unsupported, recognise
 from fuser.reference import ACTIVATIONS, eager
 
@@ -44,6 +44,7 @@ _raw_stream = interop.raw_stream
 _current_device = interop.current_device
 _disabled = interop.disabled
 _kept_scratch = runtime.kept_scratch
+_ffn_run = getattr(_C, "ffn_run", None)
 
 
 def _transpose_weights(module, owners):
@@ -257,7 +258,7 @@ class FusedFFN(nn.Module):
         xr = interop.ready(x)
         route = ops.route(xr, *args)
         y = route.run(xr, *args)
-        self.__dict__["_kept"] = (_KeptLaunch.bind(self, route, xr, w) if route.fused
+        self.__dict__["_kept"] = (_KeptLaunch.bind(self, route, xr, w, y) if route.fused
                                   else _KeptEager.bind(self, route, x, w))
         return y
 
@@ -439,9 +440,11 @@ class _KeptEager:
 
 
 class _KeptLaunch:
-    """A fused route kept for one input shape: the launch with the weights' DLPack capsules exported
-    once and only ever borrowed (bit set in ``borrow``), the scratch and the stream of that moment, so
-    that a call exports just x and y. ``run`` launches only when nothing changed since:
+    """A fused route kept for one input shape: a launch prepared once (``_C.ffn_prepare``: validated in
+    C, tensor maps encoded, parameters filled) with the weights' DLPack capsules, which it holds, the
+    scratch and the stream of that moment, so that a call passes C just the addresses of x and y
+    (``_C.ffn_run``). C does not see the tensors again, so ``run`` launches only when these checks,
+    which cover everything the preparation validated, all hold:
 
       the call     not compiling or tracing (forward checks), no dispatch or function mode, no autocast,
                    FUSER_DISABLE unset, no autograd to record, no active dropout between the GEMMs;
@@ -450,33 +453,34 @@ class _KeptLaunch:
       the stream   the same current stream, whose scratch is still the one kept for it;
       the weights  the same (``_Weights``), so the capsules still describe them.
 
-    The launch validates every tensor again in C against the kernel's chain, so what these checks miss
-    raises there instead of running."""
+    Otherwise the general route runs (and validates)."""
 
-    __slots__ = ("route", "shape", "dtype", "device", "stream", "scratch", "out_shape", "activation",
-                 "weights", "caps", "borrow")
+    __slots__ = ("route", "shape", "dtype", "device", "stream", "scratch", "out_shape", "weights", "prepared")
 
     @classmethod
-    def bind(cls, module, route, x, w):
+    def bind(cls, module, route, x, w, y):
+        """The kept launch of `module` for inputs like `x` (`y`: its output, which the launch is prepared
+        with), or None where the weights cannot be kept."""
         weights = _Weights.of(module) if _to_capsule is not None else None
-        if weights is None:
+        if weights is None or x.device.index != route.device or interop.current_device() != route.device:
             return None
         k = cls()
-        k.route, k.weights, k.activation = route, weights, module.spec.activation
+        k.route, k.weights = route, weights
         k.device = route.device
         k.shape, k.dtype, k.stream = x.shape, x.dtype, _raw_stream(k.device)
         k.out_shape = (*x.shape[:-1], w["down"].shape[0])
         k.scratch = route.launch.scratch(x.numel() // x.shape[-1], k.stream)
         # capsules of detached views: they keep the memory they point at alive even if `.data` is replaced
-        k.caps = tuple(None if w[r] is None else _to_capsule(w[r].detach()) for r in _ROLES)
-        k.borrow = sum(1 << (i + 1) for i, c in enumerate(k.caps) if c is not None)
+        caps = tuple(None if w[r] is None else _to_capsule(w[r].detach()) for r in _ROLES)
+        borrow = sum(1 << (i + 1) for i, c in enumerate(caps) if c is not None)
+        k.prepared = route.launch.prepare(x, caps, module.spec.activation, y, k.scratch, k.stream, borrow)
         return k
 
     def run(self, module, x):
         """The output for `x` through the kept launch, or None when the general route has to run."""
         device = self.device
         if (type(x) is not _Tensor or x.shape != self.shape or x.dtype is not self.dtype
-                or not x.is_contiguous() or x.data_ptr() % 16 or x.get_device() != device
+                or not x.is_contiguous() or x.data_ptr() & 15 or x.get_device() != device
                 or _current_device() != device or _dispatch_modes() or _function_modes()
                 or _autocast("cuda") or _disabled() or self.route.stale):
             return None
@@ -487,8 +491,7 @@ class _KeptLaunch:
                 or not self.weights.same(module)):
             return None
         y = x.new_empty(self.out_shape)
-        self.route.launch(_to_capsule(x), self.caps, self.activation, _to_capsule(y), self.scratch, stream,
-                          self.borrow)
+        _ffn_run(self.prepared, x.data_ptr(), y.data_ptr())
         return y
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from fuser import interop, runtime
+from fuser import _C, interop, runtime
 from fuser.planner import CHAIN_FIELDS
 from fuser.reference import ACTIVATIONS, eager
 
@@ -22,6 +22,11 @@ __all__ = ["Route", "FusedRoute", "route_for", "forget"]
 _FUSED_DTYPES = ("bfloat16", "float16")
 _grad_enabled = torch.is_grad_enabled
 _export = interop.export
+_raw_stream = interop.raw_stream
+_current_device = interop.current_device
+_kept_scratch = runtime.kept_scratch
+_ffn_run = getattr(_C, "ffn_run", None)
+_MAX_PREPARED = 64                 # prepared launches a route keeps (one per layer it serves, per stream)
 
 
 class Route:
@@ -60,15 +65,21 @@ class Route:
 
 class FusedRoute(Route):
     """The fused route: ``plan`` launched on CUDA device ``device`` (``launch``, a ``runtime.Launch``).
-    A call that needs autograd, or made while ``FUSER_DISABLE`` is set, runs the eager ops instead."""
+    A call that needs autograd, or made while ``FUSER_DISABLE`` is set, runs the eager ops instead.
+
+    Launches are prepared (``runtime.Launch.prepare``, validated and filled in C once) per stream,
+    token count and weight addresses, holding no weights; a call then passes C only addresses
+    (``_C.ffn_run``). Its tensors were validated for this route's signature (``fuser.ops``), which fixes
+    everything the preparation checked but the addresses."""
 
     fused = True
-    __slots__ = ("device", "launch")
+    __slots__ = ("device", "launch", "prepared")
 
     def __init__(self, plan, device):
         super().__init__(plan)
         self.device = device
         self.launch = runtime.launch_for(plan, device)
+        self.prepared = {}   # (stream, tokens, w_up, w_down, w_gate addresses) -> (scratch, prepared launch)
 
     def run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out=None):
         if interop.disabled() or (_grad_enabled() and (
@@ -76,18 +87,32 @@ class FusedRoute(Route):
                 or any(t is not None and t.requires_grad for t in (w_gate, b_up, b_gate, b_down)))):
             return Route.run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out)
         device = self.device
-        stream = interop.raw_stream(device)
-        y = x.new_empty((*x.shape[:-1], w_down.shape[0])) if out is None else out
-        weights = (_export(w_up), _export(w_down), None if w_gate is None else _export(w_gate),
-                   None if b_up is None else _export(b_up), None if b_gate is None else _export(b_gate),
-                   None if b_down is None else _export(b_down))
+        stream = _raw_stream(device)
         m = x.numel() // x.shape[-1]
-        if device == interop.current_device():
-            self.launch(_export(x), weights, activation, _export(y), self.launch.scratch(m, stream), stream)
+        y = x.new_empty((*x.shape[:-1], w_down.shape[0])) if out is None else out
+        up, down, gate = w_up.data_ptr(), w_down.data_ptr(), None if w_gate is None else w_gate.data_ptr()
+        key = (stream, m, up, down, gate)
+        e = self.prepared.get(key)
+        if e is None or _kept_scratch(device, stream) is not e[0]:
+            e = self._prepare(key, x, (w_up, w_down, w_gate, b_up, b_gate, b_down), activation, y)
+        args = (e[1], x.data_ptr(), y.data_ptr(), up, down, gate, None if b_up is None else b_up.data_ptr(),
+                None if b_gate is None else b_gate.data_ptr(), None if b_down is None else b_down.data_ptr())
+        if device == _current_device():
+            _ffn_run(*args)
         else:
             with torch.cuda.device(device):
-                self.launch(_export(x), weights, activation, _export(y), self.launch.scratch(m, stream), stream)
+                _ffn_run(*args)
         return y
+
+    def _prepare(self, key, x, weights, activation, y):
+        stream, m = key[0], key[1]
+        scratch = self.launch.scratch(m, stream)
+        if len(self.prepared) >= _MAX_PREPARED:
+            self.prepared.clear()
+        e = self.prepared[key] = (scratch, self.launch.prepare(
+            _export(x), tuple(None if t is None else _export(t) for t in weights), activation, _export(y), scratch,
+            stream, keep=False))
+        return e
 
 
 _EAGER = Route()                   # for tensors that are never fused; never stale

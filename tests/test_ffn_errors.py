@@ -199,35 +199,49 @@ def test_grad_requiring_inputs_are_passed_as_detached_views():
         assert fuser.ffn(out=out, **a) is out
 
 
-def test_fused_route_hands_the_launch_every_tensor_and_the_callers_stream(monkeypatch):
-    """The glue between a fused route and its launch, on CPU with the launch stubbed: the launch gets one
-    DLPack object per tensor in schema order (x, then w_up, w_down, w_gate, b_up, b_gate, b_down; y
-    writable), the token count its scratch is sized for, and the caller's stream."""
-    import fuser.interop
+def test_fused_route_prepares_its_launch_once_and_then_passes_only_addresses(monkeypatch):
+    """The glue between a fused route and its launch, on CPU with the launch stubbed: the route prepares
+    one launch per stream, token count and weight addresses from one DLPack object per tensor in schema
+    order (x, then w_up, w_down, w_gate, b_up, b_gate, b_down; y writable), holding no weights, with the
+    scratch sized for the token count on the caller's stream; each call then runs it with the addresses
+    of that call's tensors. New weights prepare again; a replaced scratch too."""
+    import fuser.route
     from fuser import _C
     from fuser.route import FusedRoute
-    seen = {}
+    prepared, runs = [], []
 
     class FakeLaunch:
         def scratch(self, m, stream):
-            seen.update(m=m, scratch_stream=stream)
-            return "SCRATCH"
+            return kept[(0, stream)]
 
-        def __call__(self, x, weights, activation, y, scratch, stream, borrow=0):
-            seen.update(activation=activation, scratch=scratch, stream=stream, borrow=borrow,
-                        data=[None if t is None else _C.dlpack_info(t, writable=i == 7)["data"]
-                              for i, t in enumerate((x, *weights, y))])
+        def prepare(self, x, weights, activation, y, scratch, stream, borrow=0, keep=True):
+            prepared.append(dict(activation=activation, scratch=scratch, stream=stream, keep=keep,
+                                 data=[None if t is None else _C.dlpack_info(t, writable=i == 7)["data"]
+                                       for i, t in enumerate((x, *weights, y))]))
+            return f"PREPARED{len(prepared)}"
 
+    kept = {(0, 0x1234): ("SCRATCH", M)}
     route = FusedRoute.__new__(FusedRoute)
-    route.plan, route.stale, route.device, route.launch = "PLAN", False, 0, FakeLaunch()
-    monkeypatch.setattr(fuser.interop, "raw_stream", lambda device: 0x1234)
-    monkeypatch.setattr(fuser.interop, "current_device", lambda: 0)
+    route.plan, route.stale, route.device, route.launch, route.prepared = "PLAN", False, 0, FakeLaunch(), {}
+    monkeypatch.setattr(fuser.route, "_raw_stream", lambda device: 0x1234)
+    monkeypatch.setattr(fuser.route, "_current_device", lambda: 0)
+    monkeypatch.setattr(fuser.route, "_kept_scratch", lambda device, stream: kept.get((device, stream)))
+    monkeypatch.setattr(fuser.route, "_ffn_run", lambda *a: runs.append(a))
     a = args(gated=True, bias=True)
-    x3 = a["x"].reshape(1, M, K)
     order = ("w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down")
+    x3 = a["x"].reshape(1, M, K)
     with torch.no_grad():
-        y = route.run(x3, *(a[k] for k in order), "silu")
-    assert y.shape == (1, M, L)
-    assert (seen["activation"], seen["scratch"], seen["stream"], seen["borrow"], seen["m"], seen["scratch_stream"]) == (
-        "silu", "SCRATCH", 0x1234, 0, M, 0x1234)
-    assert seen["data"] == [a["x"].data_ptr()] + [a[k].data_ptr() for k in order] + [y.data_ptr()]
+        ys = [route.run(x3, *(a[k] for k in order), "silu") for _ in range(2)]
+        assert ys[0].shape == (1, M, L) and len(prepared) == 1
+        p = prepared[0]
+        assert (p["activation"], p["scratch"], p["stream"], p["keep"]) == ("silu", ("SCRATCH", M), 0x1234, False)
+        assert p["data"] == [a["x"].data_ptr()] + [a[k].data_ptr() for k in order] + [ys[0].data_ptr()]
+        assert len(runs) == 2
+        for y, run in zip(ys, runs):
+            assert run == ("PREPARED1", a["x"].data_ptr(), y.data_ptr(), *(a[k].data_ptr() for k in order))
+        w_up2 = a["w_up"].clone()                                 # another layer's weights: prepared for them
+        route.run(x3, w_up2, *(a[k] for k in order[1:]), "silu")
+        assert len(prepared) == 2 and runs[-1][0] == "PREPARED2" and runs[-1][3] == w_up2.data_ptr()
+        kept[(0, 0x1234)] = ("BIGGER", M)                         # the stream's scratch was replaced
+        route.run(x3, *(a[k] for k in order), "silu")
+        assert len(prepared) == 3 and runs[-1][0] == "PREPARED3" and prepared[-1]["scratch"] == ("BIGGER", M)

@@ -132,3 +132,58 @@ def test_gemm_probe_matches_torch():
         c = torch.empty(64, 64, device="cuda", dtype=torch.bfloat16)
         _C.gemm_launch(k, a, torch.randn(64, 12, device="cuda", dtype=torch.bfloat16), c, 256, 1,
                        probes.gemm_smem(256, 4), torch.cuda.current_stream().cuda_stream)
+
+
+@pytest.mark.parametrize("kind", ["stream", "cluster"])
+def test_prepared_launch_runs_like_a_launch_at_new_addresses(kind):
+    """A launch prepared once (_C.ffn_prepare) and run at the addresses of other tensors of the same shapes
+    (_C.ffn_run) computes exactly what a full launch of those tensors computes, for both kernel families:
+    new x and y, and (prepared with keep=False) another layer's weights; its misuse is refused before
+    anything runs."""
+    m, d, f, l = 16, 768, 3072, 768
+    cons = dict(kind="stream", bm=16, s1=2, s2=4) if kind == "stream" else dict(kind="cluster")
+    p = fuser.plan(m, d, f, gated=True, activation="silu", target="h200", fused=True, **cons)
+    dev, stream = torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream
+    launch = runtime.launch_for(p, dev)
+    buf = launch.scratch(m, stream)
+    a, b = tensors(m, d, f, l, True, 11), tensors(m, d, f, l, True, 12)
+    roles = ("w_up", "w_down", "w_gate")
+
+    def full(t):
+        y = torch.full((m, l), float("nan"), device="cuda", dtype=torch.bfloat16)
+        _C.ffn_launch(launch.kernel, t["x"], t["w_up"], t["w_down"], t["w_gate"], None, None, None, "silu", y,
+                      buf.capsule, stream)
+        return y
+
+    y0 = torch.empty(m, l, device="cuda", dtype=torch.bfloat16)
+    caps = [torch._C._to_dlpack_versioned(a[r]) for r in roles]
+    kept = _C.ffn_prepare(launch.kernel, a["x"], caps[0], caps[1], caps[2], None, None, None, "silu", y0,
+                          buf.capsule, stream, 0b1110)
+    free = _C.ffn_prepare(launch.kernel, a["x"], a["w_up"], a["w_down"], a["w_gate"], None, None, None, "silu",
+                          y0, buf.capsule, stream, keep=False)
+    ya, yb, yw = (torch.full((m, l), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    xb = b["x"].clone()
+    _C.ffn_run(kept, a["x"].data_ptr(), ya.data_ptr())
+    _C.ffn_run(kept, xb.data_ptr(), yb.data_ptr())               # new x and y, the prepared weights
+    _C.ffn_run(free, b["x"].data_ptr(), yw.data_ptr(), *(b[r].data_ptr() for r in roles), None, None, None)
+    torch.cuda.synchronize()
+    assert torch.equal(ya, full(a))
+    assert torch.equal(yb, full(dict(a, x=b["x"])))
+    assert torch.equal(yw, full(b))
+    assert rel_error(yw, fuser.ffn_reference(activation="silu", compute_dtype=torch.float64, **b)) < 1.5e-2
+
+    with pytest.raises(ValueError, match="keep=False"):
+        _C.ffn_run(free, a["x"].data_ptr(), ya.data_ptr())
+    with pytest.raises(ValueError, match="w_gate: this launch holds no weights"):
+        _C.ffn_run(free, a["x"].data_ptr(), ya.data_ptr(), a["w_up"].data_ptr(), a["w_down"].data_ptr(), None,
+                   None, None, None)
+    with pytest.raises(ValueError, match="b_up: this launch was prepared without it"):
+        _C.ffn_run(kept, a["x"].data_ptr(), ya.data_ptr(), None, None, None, a["w_up"].data_ptr(), None, None)
+    with pytest.raises(ValueError, match="y: the kernel needs 16-byte aligned data"):
+        _C.ffn_run(kept, a["x"].data_ptr(), ya.data_ptr() + 2)
+    with pytest.raises(ValueError, match="must be borrowed"):
+        _C.ffn_prepare(launch.kernel, a["x"], torch._C._to_dlpack_versioned(a["w_up"]), caps[1], caps[2], None,
+                       None, None, "silu", y0, buf.capsule, stream, 0b1100)
+    with pytest.raises(ValueError, match="w_down"):                   # validated like a launch
+        _C.ffn_prepare(launch.kernel, a["x"], a["w_up"], a["w_down"][:, :8], a["w_gate"], None, None, None,
+                       "silu", y0, buf.capsule, stream)

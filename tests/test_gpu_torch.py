@@ -138,16 +138,25 @@ def test_gradients_on_gpu_match(name, op_calls):
         assert rel_error(got[k], g) < 1e-4, k
 
 
+def record_launches(monkeypatch):
+    """Record every launch of a prepared fused launch: "kept" (a FusedFFN's kept launch) or "route" (the
+    general route's); the launches still run."""
+    from fuser import module as module_py, route
+    launches = []
+    for mod, name in ((module_py, "kept"), (route, "route")):
+        real = mod._ffn_run
+        monkeypatch.setattr(mod, "_ffn_run", lambda *a, real=real, name=name: launches.append(name) or real(*a))
+    return launches
+
+
 def test_fused_module_launches_directly_on_later_calls_and_still_validates(monkeypatch, op_calls):
     """A FusedFFN whose route is a fused plan routes its first call (validation, then the route's launch),
     then launches the plan directly through its kept route: the kernel runs (results differ from eager's
     rounding, match float64), on the caller's stream, a misaligned input is copied, and a weight swapped
     for one of another shape raises the clear error instead of running."""
-    from fuser import _C, route, runtime
+    from fuser import route, runtime
     from fuser.module import FusedFFN
-    launches = []
-    real_launch = _C.ffn_launch
-    monkeypatch.setattr(_C, "ffn_launch", lambda *a: launches.append(a[-1] if len(a) == 13 else 0) or real_launch(*a))
+    launches = record_launches(monkeypatch)
     torch.manual_seed(0)
     d, f = 256, 512
     mlp = torch.nn.Sequential(torch.nn.Linear(d, f), torch.nn.SiLU(), torch.nn.Linear(f, d)).cuda().bfloat16().eval()
@@ -175,11 +184,11 @@ def test_fused_module_launches_directly_on_later_calls_and_still_validates(monke
             xm = buf[1:].view(32, d)                          # 2-byte offset: not 16-byte aligned
             xm.copy_(x)
             ys.append(module(xm))
-        # every call launched; the first was routed (the route's launch exports every tensor), the next two
-        # took the kept launch (w_up, w_down, b_up, b_down borrowed: mask 0b1010110; x and y exported), the
-        # new stream and the misaligned input were routed again
+        # every call launched; the first was routed (the route prepares its launch, the module its kept
+        # one), the next two took the kept launch, the new stream and the misaligned input (copied) were
+        # routed again (the new stream prepared once more)
         assert op_calls == ["silu"] * 3 and len(routed) == 3
-        assert launches == [0, 0b1010110, 0b1010110, 0, 0]
+        assert launches == ["route", "kept", "kept", "route", "route"]
         for y in ys:
             assert rel_error(y, ref) <= 2 * rel_error(eager, ref) + 1e-3
             assert not torch.equal(y, eager)
@@ -196,7 +205,7 @@ def test_fast_launch_sees_weight_updates_and_bails_out_when_anything_changes(mon
     `.data = ...` and a new Parameter are exported again, and FUSER_DISABLE (no launch at all), autocast,
     grad mode and a new shape all go the general way; every output matches the float64 reference of the
     weights of the moment."""
-    from fuser import _C, route, runtime
+    from fuser import route, runtime
     from fuser.module import FusedFFN
     torch.manual_seed(0)
     d, f = 256, 512
@@ -204,9 +213,7 @@ def test_fast_launch_sees_weight_updates_and_bails_out_when_anything_changes(mon
     monkeypatch.setattr(runtime, "plan_for", lambda chain, device: fuser.plan(
         chain["m"], d, f, bias=True, activation="silu", dtype="bfloat16", fused=True))
     route.forget()
-    launches = []
-    real_launch = _C.ffn_launch
-    monkeypatch.setattr(_C, "ffn_launch", lambda *a: launches.append(a[-1]) or real_launch(*a))
+    launches = record_launches(monkeypatch)
     module = FusedFFN.from_module(mlp)
     x = torch.randn(32, d, device="cuda", dtype=torch.bfloat16)
 
@@ -218,13 +225,13 @@ def test_fast_launch_sees_weight_updates_and_bails_out_when_anything_changes(mon
         assert rel_error(y, ref) <= 2 * rel_error(eager, ref) + 1e-3
 
     def calls(n=1):
-        """Run n calls; how many launched through the general route (the kept launch borrows)."""
+        """Run n calls; how many launched through the general route (not the kept launch)."""
         before = len(launches)
         with torch.no_grad():
             for _ in range(n):
                 y = module(x)
                 check(y)
-        return sum(1 for mask in launches[before:] if mask == 0)
+        return sum(1 for path in launches[before:] if path == "route")
 
     try:
         calls(2)
@@ -234,7 +241,7 @@ def test_fast_launch_sees_weight_updates_and_bails_out_when_anything_changes(mon
         assert calls() == 0
         with torch.no_grad():
             mlp[2].weight.data = torch.randn(d, f, device="cuda", dtype=torch.bfloat16) * f ** -0.5
-        assert calls() == 1 and calls() == 0                           # .data: exported again once
+        assert calls() == 1 and calls() == 0                           # .data: prepared again once
         mlp[2].bias = torch.nn.Parameter(torch.randn(d, device="cuda", dtype=torch.bfloat16))
         assert calls() == 1 and calls() == 0                           # a new Parameter: the same
         monkeypatch.setenv("FUSER_DISABLE", "1")
