@@ -213,13 +213,8 @@ OVERLAP = [  # name, d_model, d_ff, d_out, gated, act, tokens, plan constraints
                                                              dict(bm=16, s1=2, s2=4)),
     ("llama3-8b", 4096, 14336, 4096, True, "silu", 128, dict(bm=128)), ("gpt2", 768, 3072, 768, False, "gelu", 1, {}),
     ("llama-70b", 8192, 28672, 8192, True, "silu", 16, dict(bm=16)), ("S1", 3072, 8192, 3072, True, "silu", 128, {}),
-] + [(name, 4096, f, 4096, True, "silu", 1, dict(bm=16, s1=s1, s2=s2, ksub=ksub))
-     for name, f in (("llama2-7b", 11008), ("llama3-8b", 14336)) for s1, s2 in ((1, 4), (2, 4), (2, 8), (1, 8))
-     for ksub in (1, 2)] + [
-    ("llama3-8b", 4096, 14336, 4096, True, "silu", 16, dict(bm=16, s1=2, s2=8, ksub=ksub)) for ksub in (1, 2)] + [
-    ("llama-70b", 8192, 28672, 8192, True, "silu", 16, dict(bm=16, s1=1, s2=2, ksub=ksub)) for ksub in (1, 2)] + [
-    ("gpt2", 768, 3072, 768, False, "gelu", 1, dict(bm=16, s1=6, s2=16, ksub=ksub)) for ksub in (1, 2)] + [
-    ("llama3-8b", 4096, 14336, 4096, True, "silu", 128, dict(bm=128, s1=1, s2=4, ksub=ksub)) for ksub in (1, 2)]
+] + [(name, 4096, f, 4096, True, "silu", 1, dict(bm=16, s1=s1, s2=s2))
+     for name, f in (("llama2-7b", 11008), ("llama3-8b", 14336)) for s1, s2 in ((1, 4), (2, 4), (2, 8), (1, 8))]
 
 
 def overlap_section(log):
@@ -360,8 +355,6 @@ def main():
                               ("llama3-8b", 1, dict(bn=128, bl=256)), ("llama3-8b", 1, dict(bm=16, s1=1, s2=4)),
                               ("llama3-8b", 1, dict(bm=16, s1=2, s2=8)), ("llama3-8b", 1, dict(bm=16, s1=4, s2=8)),
                               ("llama3-8b", 1, dict(bm=16, s1=8, s2=16)), ("llama3-8b", 16, dict(bm=16, s1=2, s2=8)),
-                              ("llama3-8b", 1, dict(bm=16, s1=1, s2=4, ksub=2)),
-                              ("llama3-8b", 1, dict(bm=16, s1=2, s2=8, ksub=2)),
                               ("gpt2", 16, {})):
             try:
                 result["trace"].append(trace_run(name, m, log, **cons))

@@ -78,7 +78,7 @@ static int64_t stream_stage_bytes(const fuser_plan *p)
 {
     const int64_t x = (int64_t)p->bm * 128;
     const int64_t b1 = x + (int64_t)p->parts * p->bn * 128, b2 = x + (int64_t)p->bl * 128;
-    return (fuser_max64(b1, b2) + 1023) / 1024 * 1024 * p->ksub;
+    return (fuser_max64(b1, b2) + 1023) / 1024 * 1024;
 }
 
 static int derive_stream(fuser_plan *p, fuser_err *err)
@@ -105,8 +105,6 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
                           "128, got %d", p->bn);
     if (p->stages < 2 || p->stages > 8)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: stages = %d: must be in [2, 8]", p->stages);
-    if (p->ksub != 1 && p->ksub != 2)
-        return fuser_fail(err, FUSER_E_VALUE, "stream plan: ksub = %d K steps per stage: must be 1 or 2", p->ksub);
     if (p->cls_m != 1 || p->cls_n != 1 || p->cls_k != 1 || p->cls_l != 1 || p->n_iters != 1 ||
         p->order != FUSER_ORDER_N_OUTER)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: cluster must be (1, 1, 1, 1), n_iters 1, order n_outer");
@@ -203,8 +201,6 @@ int fuser_plan_derive(fuser_plan *p, fuser_err *err)
     if (p->s1 < 0 || p->s1 > 1 || p->s2 < 0 || p->s2 > 1)
         return fuser_fail(err, FUSER_E_VALUE, "s1 = %d, s2 = %d: a cluster plan has no stream splits (0 or 1)",
                           p->s1, p->s2);
-    if (p->ksub < 0 || p->ksub > 1)
-        return fuser_fail(err, FUSER_E_VALUE, "ksub = %d: a cluster plan has no stream stages (0 or 1)", p->ksub);
     if (!pow2_upto16(p->cls_m) || !pow2_upto16(p->cls_n) || !pow2_upto16(p->cls_k) || !pow2_upto16(p->cls_l))
         return fuser_fail(err, FUSER_E_VALUE, "cluster (%d, %d, %d, %d): every extent must be 1, 2, 4, 8 or 16",
                           p->cls_m, p->cls_n, p->cls_k, p->cls_l);

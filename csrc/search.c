@@ -157,7 +157,6 @@ static void search_stream(const fuser_chain *c, const fuser_target *t, const fus
     for (int b = 0; b < COUNT(stream_split_set); b++) {
         p.bm = stream_bm_set[ib], p.bn = stream_tile_set[jn], p.bl = stream_tile_set[jl];
         p.s1 = stream_split_set[a], p.s2 = stream_split_set[b];
-        p.ksub = cons->ksub > 0 ? cons->ksub : 1;
         if (!free_or(cons->bm, p.bm) || !free_or(cons->bn, p.bn) || !free_or(cons->bl, p.bl) ||
             !free_or(cons->s1, p.s1) || !free_or(cons->s2, p.s2)) {
             st->constrained++;
@@ -233,7 +232,7 @@ int fuser_search(const fuser_chain *c, const fuser_target *t, const fuser_constr
     search_stream(c, t, &cons, &best, st);
     fuser_plan_unfused(c, &p);
     p.fused = 1;
-    if ((cons.kind >= 0 && cons.kind != FUSER_KIND_CLUSTER) || cons.s1 > 1 || cons.s2 > 1 || cons.ksub > 1) {
+    if ((cons.kind >= 0 && cons.kind != FUSER_KIND_CLUSTER) || cons.s1 > 1 || cons.s2 > 1) {
         st->constrained += leaves_all(c);
         goto done;
     }

@@ -16,7 +16,7 @@ __all__ = ["DATAFLOWS", "CHAIN_FIELDS", "Plan", "plan", "plans", "search", "simu
 #: The dataflow primitives, in the order plans list them.
 DATAFLOWS = ("all_exchange", "shuffle", "reduce_scatter", "inter_cluster_reduce")
 _DF_BIT = {name: 1 << i for i, name in enumerate(DATAFLOWS)}
-_CONSTRAINT_KEYS = ("bm", "bn", "bl", "n_iters", "stages", "order", "gate_mode", "kind", "s1", "s2", "ksub")
+_CONSTRAINT_KEYS = ("bm", "bn", "bl", "n_iters", "stages", "order", "gate_mode", "kind", "s1", "s2")
 #: The fields of a chain dict the core plans from (``_C.ffn_check`` adds where the tensors are).
 CHAIN_FIELDS = ("m", "d_model", "d_ff", "d_out", "gated", "activation", "bias_up", "bias_gate", "bias_down", "dtype")
 
@@ -258,7 +258,7 @@ class Plan:
             return ("unfused",)
         p = self._d["params"]
         if self.kind == "stream":  # one family, told apart by its tiles and splits
-            return ("stream", p["bm"], p["bn"], p["bl"], p["s1"], p["s2"], p.get("ksub", 1))
+            return ("stream", p["bm"], p["bn"], p["bl"], p["s1"], p["s2"])
         return (self.dataflow, tuple(p["cluster"]), p["order"], p["gate_mode"])
 
     # ---- serialisation ----
@@ -358,10 +358,8 @@ class Plan:
             return f"unfused (PyTorch eager ops), predicted {self.predicted_us:.1f} us"
         p = self._d["params"]
         if self.kind == "stream":
-            ksub = p.get("ksub", 1)
             return (f"fused stream, bm={p['bm']} bn={p['bn']} bl={p['bl']}, splits {p['s1']}/{p['s2']}, "
-                    f"{p['stages']} stages" + (f" of {ksub} K steps" if ksub > 1 else "")
-                    + f", predicted {self.predicted_us:.1f} us")
+                    f"{p['stages']} stages, predicted {self.predicted_us:.1f} us")
         return (f"fused {self.dataflow}, cluster {tuple(p['cluster'])}, bm={p['bm']} bn={p['bn']}x{p['n_iters']} "
                 f"bl={p['bl']}, {p['stages']} stages, {p['order']}"
                 + (f", gate {p['gate_mode']}" if p["gate_mode"] != "none" else "")

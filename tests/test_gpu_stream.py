@@ -187,24 +187,3 @@ def test_prepared_launch_runs_like_a_launch_at_new_addresses(kind):
     with pytest.raises(ValueError, match="w_down"):                   # validated like a launch
         _C.ffn_prepare(launch.kernel, a["x"], a["w_up"], a["w_down"][:, :8], a["w_gate"], None, None, None,
                        "silu", y0, buf.capsule, stream)
-
-
-@pytest.mark.parametrize("m, bm, s1, s2", [(1, 16, 2, 8), (13, 16, 3, 3), (40, 64, 1, 3), (128, 128, 3, 1)])
-def test_two_step_stages_compute_what_one_step_stages_do(m, bm, s1, s2):
-    """A stream plan whose ring slots carry two K steps (ksub=2: half as many, twice as long) runs the same
-    MMAs in the same order as one with one step a slot: the outputs are bitwise equal, units of an odd
-    number of steps included (their last slot's second step is zeros)."""
-    d, f = 1088, 2944   # 17 and 46 K steps
-    outs = []
-    for ksub in (1, 2):
-        p = fuser.plan(m, d, f, gated=True, activation="silu", target="h200", fused=True, kind="stream", bm=bm,
-                       s1=s1, s2=s2, ksub=ksub)
-        assert p.to_dict()["params"]["ksub"] == ksub
-        t = tensors(m, d, f, d, True, 21)
-        y = torch.full((m, d), float("nan"), device="cuda", dtype=torch.bfloat16)
-        fuser.ffn(activation="silu", out=y, plan=p, **t)
-        outs.append(y)
-    torch.cuda.synchronize()
-    ref = fuser.ffn_reference(activation="silu", compute_dtype=torch.float64, **t)
-    assert rel_error(outs[1], ref) < 1.5e-2
-    assert torch.equal(outs[0], outs[1])

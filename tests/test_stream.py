@@ -47,23 +47,6 @@ def test_every_stream_matrix_variant_compiles_clean():
         assert k.shared_bytes <= 232448
 
 
-def test_the_matrix_covers_two_step_stages_with_half_zero_last_stages():
-    """The GPU matrix runs stages of two K steps for every bm, plain and gated, including units of an odd
-    number of steps in either phase (the last stage's second step then loads zeros)."""
-    two = [c for c in stream_matrix.cases() if c["ksub"] == 2]
-    assert {(c["bm"], c["gated"]) for c in two} == {(bm, g) for bm in stream_matrix.BMS for g in (False, True)}
-    odd = {1: False, 2: False}
-    for c in two:
-        d = stream_matrix.plan_of(c).derived
-        steps = {1: -(-c["d_model"] // 64), 2: -(-c["d_ff"] // 64)}
-        for ph, s in ((1, c["s1"]), (2, c["s2"])):
-            per = -(-steps[ph] // s)
-            sizes = [min(steps[ph], (i + 1) * per) - i * per for i in range(s)]
-            odd[ph] |= any(n % 2 for n in sizes)
-        assert d["smem_pipe"] % 2048 == 0
-    assert odd == {1: True, 2: True}
-
-
 def test_the_planners_stream_choices_compile_clean():
     """The plans the search returns for decode-size model FFNs (the ones fuser.ffn would launch)."""
     needs_nvrtc()

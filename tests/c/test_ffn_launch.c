@@ -75,7 +75,7 @@ void test_ffn_prepared_launch(void)
     fuser_plan *p = &k.plan;
     fuser_plan_unfused(&(fuser_chain){0}, p);
     p->chain = (fuser_chain){.m = 16, .k = 256, .n = 512, .l = 128, .act = FUSER_ACT_SILU, .dtype = FUSER_BF16};
-    p->fused = 1, p->kind = FUSER_KIND_STREAM, p->bm = 16, p->bn = 128, p->bl = 128, p->s1 = 1, p->s2 = 2, p->ksub = 1;
+    p->fused = 1, p->kind = FUSER_KIND_STREAM, p->bm = 16, p->bn = 128, p->bl = 128, p->s1 = 1, p->s2 = 2;
     p->stages = 4, p->cls_m = p->cls_n = p->cls_k = p->cls_l = 1, p->n_iters = 1, p->order = FUSER_ORDER_N_OUTER;
     p->gate_mode = FUSER_GATE_NONE;
     CHECK(fuser_plan_derive(p, &err) == FUSER_OK);

@@ -76,7 +76,7 @@ void test_plan_derive_errors(void)
     const struct { int *field; int value; const char *msg; } bad[] = {
         {&q.bn, -16, "bn = -16"}, {&q.bn, 0, "bn = 0"}, {&q.stages, 0, "stages = 0"},
         {&q.cls_m, 0, "cluster (0, 4, 2, 2)"}, {&q.s1, 4, "a cluster plan has no stream splits"},
-        {&q.s2, -1, "a cluster plan has no stream splits"}, {&q.ksub, 2, "a cluster plan has no stream stages"},
+        {&q.s2, -1, "a cluster plan has no stream splits"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         q = p;
@@ -84,19 +84,6 @@ void test_plan_derive_errors(void)
         CHECK(fuser_plan_derive(&q, &err) == FUSER_E_VALUE);
         CHECK_ERR(&err, FUSER_E_VALUE, bad[i].msg);
     }
-    /* a stream plan: 1 or 2 K steps per stage, and its stages hold that many */
-    fuser_plan s;
-    fuser_plan_unfused(&(fuser_chain){0}, &s);
-    s.chain = chain(16, 4096, 14336, 4096, 1);
-    s.fused = 1, s.kind = FUSER_KIND_STREAM, s.bm = 16, s.bn = 128, s.bl = 128, s.s1 = 2, s.s2 = 8, s.stages = 6;
-    s.cls_m = s.cls_n = s.cls_k = s.cls_l = 1, s.n_iters = 1, s.gate_mode = FUSER_GATE_SEQUENTIAL, s.ksub = 1;
-    CHECK(fuser_plan_derive(&s, &err) == FUSER_OK);
-    const int one = s.smem_pipe;
-    s.ksub = 2, s.stages = 3;
-    CHECK(fuser_plan_derive(&s, &err) == FUSER_OK && s.smem_pipe == one);
-    s.ksub = 3;
-    CHECK(fuser_plan_derive(&s, &err) == FUSER_E_VALUE);
-    CHECK_ERR(&err, FUSER_E_VALUE, "ksub = 3 K steps per stage: must be 1 or 2");
 }
 
 void test_search_accounting(void)

@@ -17,7 +17,6 @@ struct Plan {
     static constexpr int BL = 128;
     static constexpr int S1 = 2;
     static constexpr int S2 = 8;
-    static constexpr int KSUB = 1;
     static constexpr int STAGES = 6;
 };
 } // namespace

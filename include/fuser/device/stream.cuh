@@ -61,7 +61,6 @@ template <class C>
 struct Stream {
     static constexpr int DT = C::DTYPE;
     static constexpr int BM = C::BM, BN = C::BN, BL = C::BL, S1 = C::S1, S2 = C::S2, STAGES = C::STAGES;
-    static constexpr int KSUB = C::KSUB; /* K steps per ring slot: its tiles' rows are KSUB x 128 bytes long */
     static constexpr bool SWAP = BM < 64;                           /* weights on wgmma's M side */
     static constexpr int MT = SWAP ? 0 : BM / 64;
     static constexpr int PARTS = C::GATED ? 2 : 1;
@@ -76,11 +75,8 @@ struct Stream {
     static constexpr int X_BYTES = MP * SW_ROW_BYTES;
     static constexpr int BYTES1 = X_BYTES + PARTS * BN * SW_ROW_BYTES;
     static constexpr int BYTES2 = X_BYTES + BL * SW_ROW_BYTES;
-    /* a slot: KSUB sub-stages, each one K step's X (or H) tile and weight tiles */
-    static constexpr int SUB_BYTES = ceil_div(cmax(BYTES1, BYTES2), SW_GROUP_BYTES) * SW_GROUP_BYTES;
-    static constexpr int STAGE_BYTES = KSUB * SUB_BYTES;
+    static constexpr int STAGE_BYTES = ceil_div(cmax(BYTES1, BYTES2), SW_GROUP_BYTES) * SW_GROUP_BYTES;
     static_assert(BM == 16 || BM == 32 || BM == 64 || BM == 128, "BM");
-    static_assert(KSUB == 1 || KSUB == 2, "KSUB");
     static_assert(!SWAP || (BN == 128 && BL == 128), "swap-AB: each consumer takes 64 weight rows of a 128-row tile");
     static_assert(BN % 64 == 0 && BN <= 256 && BL % 32 == 0 && BL <= 256, "tiles");
     static_assert((S1 - 1) * KS1 < KT1 && (S2 - 1) * KS2 < KT2, "every split has K steps");
@@ -112,40 +108,34 @@ struct Stream {
         return (cmin(KT2, (sp + 1) * KS2) * SW_COLS - 1) / BN - first_tile(sp) + 1;
     }
 
-    /* Fill the ring with one unit's K steps [k0, k1), KSUB to a slot: each sub-stage gets its step's weight
-     * tiles (weights(sub, bar, kb)) and token tile (tokens(...): X, or H from phase 1). A sub-stage past k1
-     * (the unit's last slot, when KSUB does not divide its steps) loads step `k_oob`, wholly outside the
-     * tensors: TMA fills it with zeros, which add nothing, so every slot holds KSUB steps. Weights are read
+    /* Fill the ring with one unit's K steps [k0, k1): each slot gets the unit's weight tiles
+     * (weights(stage, bar, kb)) and its token tile (tokens(...): X, or H from phase 1). Weights are read
      * only, so they are requested at once; the token tiles wait for `dep` (the stream's previous kernel,
      * or the split's ready counter) unless `ready`. So HBM keeps streaming while a dependency resolves:
      * up to a ring of weight tiles is in flight before the first token tile is requested. */
     template <class Weights, class Tokens, class Dep>
-    FUSER_DEVICE void fill(Cursor<STAGES> &c, int u, int k0, int k1, int k_oob, uint32_t bytes, bool ready,
-                           Weights weights, Tokens tokens, Dep dep) const
+    FUSER_DEVICE void fill(Cursor<STAGES> &c, int u, int k0, int k1, uint32_t bytes, bool ready, Weights weights,
+                           Tokens tokens, Dep dep) const
     {
-        Cursor<STAGES> first = c; /* the first slot still without its token tiles */
+        Cursor<STAGES> first = c; /* the first slot still without its token tile */
         int held = 0;
-        auto each = [&](int stage, int kb, auto load) {
-#pragma unroll
-            for (int j = 0; j < KSUB; j++)
-                load(s.stage[stage] + j * SUB_BYTES, &s.ring.full[stage], kb + j < k1 ? kb + j : k_oob);
-        };
-        for (int kb = k0; kb < k1; kb += KSUB, c.next()) {
+        for (int kb = k0; kb < k1; kb++, c.next()) {
             mbar_wait(&s.ring.empty[c.stage], c.phase ^ 1);
             s.unit[c.stage] = u; /* published by the arrive below (release) */
-            mbar_arrive_expect_tx(&s.ring.full[c.stage], bytes * KSUB);
-            each(c.stage, kb, weights);
+            uint64_t *bar = &s.ring.full[c.stage];
+            mbar_arrive_expect_tx(bar, bytes);
+            weights(s.stage[c.stage], bar, kb);
             if (ready) {
-                each(c.stage, kb, tokens);
+                tokens(s.stage[c.stage], bar, kb);
                 continue;
             }
             /* a full ring of slots waiting for their token tiles, or the unit's last: resolve, then request them */
-            if (++held < STAGES && kb + KSUB < k1)
+            if (++held < STAGES && kb + 1 < k1)
                 continue;
             dep();
             ready = true;
             for (int i = held - 1; i >= 0; i--, first.next())
-                each(first.stage, kb - i * KSUB, tokens);
+                tokens(s.stage[first.stage], &s.ring.full[first.stage], kb - i);
         }
     }
 
@@ -180,7 +170,7 @@ struct Stream {
             }
             if (u < U1) {
                 const int nt = u / S1, sp = u % S1;
-                fill(c, u, sp * KS1, cmin(KT1, (sp + 1) * KS1), KT1, BYTES1, after_prev,
+                fill(c, u, sp * KS1, cmin(KT1, (sp + 1) * KS1), BYTES1, after_prev,
                      [&](unsigned char *st, uint64_t *bar, int kb) {
                          if constexpr (C::GATED)
                              tma_load_2d(st + X_BYTES + BN * SW_ROW_BYTES, &p.w_gate, bar, kb * SW_COLS, nt * BN);
@@ -201,7 +191,7 @@ struct Stream {
                 const bool now = ld_acquire_gpu(ready) >= tiles_in(sp);
                 if (now)
                     h_ready();
-                fill(c, u, sp * KS2, cmin(KT2, (sp + 1) * KS2), KT2, BYTES2, now,
+                fill(c, u, sp * KS2, cmin(KT2, (sp + 1) * KS2), BYTES2, now,
                      [&](unsigned char *st, uint64_t *bar, int kb) {
                          tma_load_2d(st + X_BYTES, &p.w_down, bar, kb * SW_COLS, l_t * BL);
                      },
@@ -236,21 +226,18 @@ struct Stream {
         /* not unrolled: an unrolled copy puts the (one-thread) slot release between wgmma groups, where
          * ptxas serialises the MMAs (C7520) */
 #pragma unroll 1
-        for (int kb = k0; kb < k1; kb += KSUB, c.next()) {
+        for (int kb = k0; kb < k1; kb++, c.next()) {
             consume_wait(s.ring, c);
+            const uint32_t st = smem_addr(s.stage[c.stage]);
+            /* A: this consumer's 64 token rows (or, swap-AB, 64 weight rows); B: its columns (or the tokens) */
+            const uint32_t w_rows = st + X_BYTES + (SWAP ? w * 64 : MT == 2 ? 0 : w * NW) * SW_ROW_BYTES;
+            const uint32_t tokens = st + (MT == 2 ? w * 64 * SW_ROW_BYTES : 0);
+            const uint32_t a = SWAP ? w_rows : tokens, b = SWAP ? tokens : w_rows;
+            const uint32_t second = b_rows * SW_ROW_BYTES; /* the gate tile, after the up tile */
             wgmma_fence();
-#pragma unroll
-            for (int j = 0; j < KSUB; j++) { /* every sub-stage: one past k1 holds zeros (fill) */
-                const uint32_t st = smem_addr(s.stage[c.stage]) + j * SUB_BYTES;
-                /* A: this consumer's 64 token rows (or, swap-AB, 64 weight rows); B: its columns (or the tokens) */
-                const uint32_t w_rows = st + X_BYTES + (SWAP ? w * 64 : MT == 2 ? 0 : w * NW) * SW_ROW_BYTES;
-                const uint32_t tokens = st + (MT == 2 ? w * 64 * SW_ROW_BYTES : 0);
-                const uint32_t a = SWAP ? w_rows : tokens, b = SWAP ? tokens : w_rows;
-                const uint32_t second = b_rows * SW_ROW_BYTES; /* the gate tile, after the up tile */
-                mma_k64<DT, NW>(acc, a, b, kb > k0 || j > 0);
-                if constexpr (TWO)
-                    mma_k64<DT, NW>(acc2, SWAP ? a + second : a, SWAP ? b : b + second, kb > k0 || j > 0);
-            }
+            mma_k64<DT, NW>(acc, a, b, kb > k0);
+            if constexpr (TWO)
+                mma_k64<DT, NW>(acc2, SWAP ? a + second : a, SWAP ? b : b + second, kb > k0);
             wgmma_commit();
             wgmma_wait<1>();
             if (prev >= 0)
