@@ -72,10 +72,6 @@ struct Stream {
     /* wgmma N of each consumer's MMAs: phase 1, phase 2 */
     static constexpr int NW1 = SWAP ? BM : MT == 2 ? BN : BN / 2;
     static constexpr int NW2 = SWAP ? BM : MT == 2 ? BL : BL / 2;
-    /* BM = 128, gated: the gate tile lies right after the up tile, so up and gate rows together are one
-     * B operand of 2 x BN rows: one wgmma of twice the width computes both (the X tile is read once per
-     * K step, not twice), its accumulator's first half up, second half gate */
-    static constexpr bool MERGED = MT == 2 && C::GATED;
     static constexpr int X_BYTES = MP * SW_ROW_BYTES;
     static constexpr int BYTES1 = X_BYTES + PARTS * BN * SW_ROW_BYTES;
     static constexpr int BYTES2 = X_BYTES + BL * SW_ROW_BYTES;
@@ -397,15 +393,7 @@ struct Stream {
     {
         const int nt = u / S1, sp = u % S1;
         float up[NW1 / 2], gate[NW1 / 2];
-        if constexpr (MERGED) {
-            float both[NW1];
-            mainloop<2 * NW1, false>(c, sp * KS1, cmin(KT1, (sp + 1) * KS1), BN, both, both);
-#pragma unroll
-            for (int i = 0; i < NW1 / 2; i++) /* 8-column groups 0..BN/8-1 are up's, the rest gate's */
-                up[i] = both[i], gate[i] = both[NW1 / 2 + i];
-        } else {
-            mainloop<NW1, C::GATED>(c, sp * KS1, cmin(KT1, (sp + 1) * KS1), BN, up, gate);
-        }
+        mainloop<NW1, C::GATED>(c, sp * KS1, cmin(KT1, (sp + 1) * KS1), BN, up, gate);
         const int n0 = nt * BN;
         if constexpr (S1 > 1) {
             const int64_t stride = (int64_t)p.m * C::N;
