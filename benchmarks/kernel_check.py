@@ -17,6 +17,7 @@ import torch
 
 import fuser
 from fuser.tools import probes
+from fuser.tools.timing import time_interleaved
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "gpu"))
 from plan_check import check_plan, ffn_tensors, graph_of  # noqa: E402
@@ -86,20 +87,8 @@ def _inputs(d, f, l, gated, m, sets, gen):
 
 
 def _time_graphs(graphs, per, rounds=15):
-    """Median us per call of each graph (replayed interleaved, CUDA events)."""
-    import statistics
-    ts = [[] for _ in graphs]
-    for g in graphs:
-        g.replay()
-    for _ in range(rounds):
-        for i, g in enumerate(graphs):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            ts[i].append(a.elapsed_time(b) * 1e3 / per)
-    return [statistics.median(t) for t in ts]
+    """Median us per call of each graph of `per` calls (replays interleaved in seeded orders, CUDA events)."""
+    return time_interleaved([(g.replay, per) for g in graphs], rounds, warmup=1)
 
 
 DECODE = [  # name, d_model, d_ff, d_out, gated, act, tokens
