@@ -131,7 +131,8 @@ def sweep_section(log, top=6, shapes=None):
         bytes_ = 2 * (f * d * (2 if gated else 1) + l * f)
         sets = max(1, min(6, -(-(150 << 20) // bytes_)))
         ins = _inputs(d, f, l, gated, m, sets, gen)
-        per = max(1, min(20, int(2e6 // bytes_)))
+        # several calls per graph: one replay of a single small call is mostly the graph's own launch
+        per = max(4, min(20, int(2e7 // bytes_)))
         ref_fn = [lambda t=t: fuser.ffn_reference(activation=act, **t) for t in ins]
         eager = graph_of([ref_fn[i % sets] for i in range(per)])
         for p in uniq.values():
