@@ -155,3 +155,14 @@ def test_round_orders_vary_every_variants_predecessor():
         assert len(before) >= 4, v
     assert orders == round_orders(VARIANTS, 30, seed="llama3-8b M=128")
     assert orders != round_orders(VARIANTS, 30, seed="G1 M=128")
+
+
+def test_graphs_hold_several_short_calls_whatever_the_host_probe_says():
+    """A short call goes into a graph several times (a replay of one is mostly the graph's launch), as many
+    as fill the budget when the probe is short, at least GRAPH_MIN_CALLS when host time made it long,
+    never more than the rotating sets; a long call goes in once."""
+    from fuser.tools.bench import GRAPH_MIN_CALLS, GRAPH_SHORT_US, graph_calls
+    assert graph_calls(10.0, 24) == 24 and graph_calls(100.0, 24) == 5
+    assert graph_calls(GRAPH_SHORT_US - 1, 24) == GRAPH_MIN_CALLS == 4
+    assert graph_calls(GRAPH_SHORT_US - 1, 3) == 3 and graph_calls(0.0, 1) == 1
+    assert graph_calls(GRAPH_SHORT_US, 24) == 1 and graph_calls(5000.0, 24) == 1

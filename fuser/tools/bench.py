@@ -49,7 +49,7 @@ from fuser.tools.timing import graphed, hopper_reason, median_event_us, time_int
 from fuser.tools.workloads import MODELS, PAPER
 
 __all__ = ["VARIANTS", "BASELINES", "Workload", "Result", "Sets", "parse_workload", "workload_set",
-           "measure_ceilings", "run", "host_costs", "Clocks"]
+           "measure_ceilings", "run", "host_costs", "Clocks", "graph_calls"]
 
 VARIANTS = ("eager", "eager_graph", "compile", "compile_graph", "autotune", "autotune_graph", "cublas_graph",
             "fuser", "fuser_graph", "fused_graph", "fusedffn")
@@ -61,6 +61,25 @@ AUTOTUNE_SUBSET = (16, 128, 2048)
 L2_BYTES = 60 << 20
 #: A call shorter than this is captured L times per graph, with L rotating sets.
 GRAPH_SHORT_US = 500.0
+#: ...and at least this many times (where there are as many sets): a replay of one short call is mostly the
+#: graph's own launch (~5-7 us on the H200), and the per-call probe that sets L is host time, which can be
+#: long for a short GPU call
+GRAPH_MIN_CALLS = 4
+
+
+def graph_calls(probe_us, sets):
+    """Calls per CUDA graph for a call whose eager probe took `probe_us` (CUDA events around one call made
+    from Python), with `sets` rotating input sets: enough to fill GRAPH_SHORT_US, at least
+    GRAPH_MIN_CALLS (both at most `sets`); one for a call of GRAPH_SHORT_US or more.
+
+    Example:
+        >>> from fuser.tools.bench import graph_calls
+        >>> graph_calls(60.0, 24), graph_calls(300.0, 24), graph_calls(300.0, 2), graph_calls(900.0, 24)
+        (8, 4, 2, 1)
+    """
+    if probe_us >= GRAPH_SHORT_US:
+        return 1
+    return max(1, min(sets, max(GRAPH_MIN_CALLS, int(GRAPH_SHORT_US // max(probe_us, 1.0)))))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,8 +373,7 @@ def _variants(w, sets, want, autotune, log):
                 "autotune_graph": fns.get("autotune"), "cublas_graph": cublas, "fuser_graph": fns["fuser"],
                 "fused_graph": user(fplan)}
     out = {k: (f, 1) for k, f in fns.items() if k in want}
-    probe = median_event_us(fns["eager"], 3)
-    calls = max(1, min(sets.n, int(GRAPH_SHORT_US // max(probe, 1.0)))) if probe < GRAPH_SHORT_US else 1
+    calls = graph_calls(median_event_us(fns["eager"], 3), sets.n)
     # NOTE: the first graph captured in a process runs slower than later captures of the same ops
     # (state set up by the first capture, such as cuBLAS's workspace for the capture stream): a
     # throwaway capture first puts every timed graph in the same conditions (benchmarks/RESULTS.md)
