@@ -4,12 +4,14 @@
 #   bench  build, compute-sanitizer on a stream kernel, the wgmma GEMM probe against torch.mm, and the
 #          stream kernel timed against PyTorch eager in CUDA graphs (the paper's table and decode
 #          shapes, the decode set twice for run-to-run agreement; GEMM=0 and DECODE_RUNS=1 shorten it)
-#   all    both, one after the other (a machine without a 10-minute limit)
+#   fit    build, the stream sweeps (every SWEEP and DECODE shape's candidate plans timed against eager,
+#          several calls per CUDA graph) and benchmarks/fit_stream.py on them: the rows a cost-model refit needs
+#   all    check and bench, one after the other (a machine without a 10-minute limit)
 # Logs go to $OUT/results-<stage>.tgz (OUT defaults to ./gpu-out), the one-line summaries to $OUT/gpu.txt.
-#     bash benchmarks/gpu_session.sh check|bench|all
+#     bash benchmarks/gpu_session.sh check|bench|fit|all
 set -uo pipefail
 STAGE=${1:-all}
-case $STAGE in check|bench|all) ;; *) echo "usage: $0 check|bench|all" >&2; exit 2;; esac
+case $STAGE in check|bench|fit|all) ;; *) echo "usage: $0 check|bench|fit|all" >&2; exit 2;; esac
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-gpu-out}
 OUT=$FINAL/r
@@ -17,6 +19,16 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 python3 -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | grep -v WARNING | tail -3
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
+if [ "$STAGE" = fit ]; then
+    for sec in sweep decode; do   # separately: each writes its log only when it ends
+        timeout 260 python3 benchmarks/kernel_check.py --$sec --out "$OUT/$sec" > "$OUT/$sec.log" 2>&1
+        echo "$sec rc $? $(grep -c ' us (eager' "$OUT/$sec.log") timed plans" | tee -a "$OUT/gpu.txt"
+    done
+    timeout 60 python3 benchmarks/fit_stream.py "$OUT"/sweep/kernel_check.json "$OUT"/decode/kernel_check.json \
+        --json "$OUT/fit.json" > "$OUT/fit.log" 2>&1
+    echo "fit_stream rc $?" | tee -a "$OUT/gpu.txt"; head -8 "$OUT/fit.log" >> "$OUT/gpu.txt"
+    cp "$OUT/gpu.txt" "$FINAL/gpu.txt"; tar czf "$FINAL/results-fit.tgz" -C "$OUT" . && rm -rf "$OUT"; exit 0
+fi
 if [ "$STAGE" != bench ]; then
     FUSER_GPU_STREAM_REPORT=$OUT/stream_matrix.json timeout 400 python3 -m pytest -m gpu -q -p no:cacheprovider \
         --durations=15 2>&1 | tail -45 > "$OUT/pytest_gpu.log"
