@@ -86,23 +86,27 @@ class FusedRoute(Route):
                 x.requires_grad or w_up.requires_grad or w_down.requires_grad
                 or any(t is not None and t.requires_grad for t in (w_gate, b_up, b_gate, b_down)))):
             return Route.run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out)
+        y = x.new_empty((*x.shape[:-1], w_down.shape[0])) if out is None else out
+        if self.device == _current_device():
+            self._launch(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, y)
+        else:
+            with torch.cuda.device(self.device):   # preparing may allocate scratch, launching needs the context
+                self._launch(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, y)
+        return y
+
+    def _launch(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, y):
+        """Run the prepared launch for these tensors' stream, token count and weight addresses (prepared
+        now if there is none, or if the stream's scratch was replaced)."""
         device = self.device
         stream = _raw_stream(device)
         m = x.numel() // x.shape[-1]
-        y = x.new_empty((*x.shape[:-1], w_down.shape[0])) if out is None else out
         up, down, gate = w_up.data_ptr(), w_down.data_ptr(), None if w_gate is None else w_gate.data_ptr()
         key = (stream, m, up, down, gate)
         e = self.prepared.get(key)
         if e is None or _kept_scratch(device, stream) is not e[0]:
             e = self._prepare(key, x, (w_up, w_down, w_gate, b_up, b_gate, b_down), activation, y)
-        args = (e[1], x.data_ptr(), y.data_ptr(), up, down, gate, None if b_up is None else b_up.data_ptr(),
-                None if b_gate is None else b_gate.data_ptr(), None if b_down is None else b_down.data_ptr())
-        if device == _current_device():
-            _ffn_run(*args)
-        else:
-            with torch.cuda.device(device):
-                _ffn_run(*args)
-        return y
+        _ffn_run(e[1], x.data_ptr(), y.data_ptr(), up, down, gate, None if b_up is None else b_up.data_ptr(),
+                 None if b_gate is None else b_gate.data_ptr(), None if b_down is None else b_down.data_ptr())
 
     def _prepare(self, key, x, weights, activation, y):
         stream, m = key[0], key[1]
