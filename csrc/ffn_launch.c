@@ -26,6 +26,7 @@ typedef struct {
     int *sync;
     void *trace;
     int m;
+    int group;
 } stream_params;
 _Static_assert(sizeof(fuser_tmap) == 128 && sizeof(stream_params) % 64 == 0, "StreamParams layout");
 
@@ -142,9 +143,6 @@ static int prepare_stream(const fuser_driver *drv, fuser_ffn_kernel *k, const fu
 {
     const fuser_plan *p = &k->plan;
     const fuser_chain *pc = &p->chain;
-    if (c->m > p->bm)
-        return fuser_fail(err, FUSER_E_VALUE, "x: %lld tokens; this stream kernel computes at most %d",
-                          (long long)c->m, p->bm);
     stream_params *prm = (stream_params *)out->params;
     float *ws = (float *)(uintptr_t)s->ptr + s->zeroed_words;
     const void *h = ws;
@@ -174,8 +172,9 @@ static int prepare_stream(const fuser_driver *drv, fuser_ffn_kernel *k, const fu
     prm->sync = (int *)(uintptr_t)s->ptr;
     prm->trace = trace;
     prm->m = (int)c->m;
+    prm->group = (int)fuser_stream_row_group(p, c->m);
     /* units are claimed dynamically: blocks beyond those resident at once would only find no work */
-    out->grid = (fuser_dim3){(unsigned)fuser_min64(p->units, k->max_active), 1, 1};
+    out->grid = (fuser_dim3){(unsigned)fuser_min64(fuser_stream_units(p, c->m), k->max_active), 1, 1};
     out->cluster = (fuser_dim3){1, 1, 1};
     /* the kernel waits for the previous one (griddepcontrol.wait) before it touches anything but weights */
     out->flags = overlap == FUSER_OVERLAP_NEVER ? 0u : (unsigned)FUSER_LAUNCH_EARLY;
@@ -232,10 +231,12 @@ int fuser_ffn_prepare(const fuser_driver *drv, fuser_ffn_kernel *k, const fuser_
                           "scratch: this launch needs %lld zeroed words and %lld workspace floats on cuda:%d; the "
                           "scratch holds %lld and %lld on cuda:%d", (long long)zw, (long long)wf, k->k.device,
                           (long long)s->zeroed_words, (long long)s->ws_floats, s->device);
+    const int64_t trace_bytes =
+        p->kind == FUSER_KIND_STREAM ? fuser_stream_units(p, c->m) * FUSER_STREAM_TRACE_WORDS * 8 : 0;
     if (trace && (p->kind != FUSER_KIND_STREAM || trace->device != FUSER_CUDA || trace->device_id != k->k.device ||
-                  trace->nbytes < p->units * FUSER_STREAM_TRACE_WORDS * 8))
+                  trace->nbytes < trace_bytes))
         return fuser_fail(err, FUSER_E_VALUE, "trace: a stream kernel's trace needs %lld bytes on cuda:%d (%d 64-bit "
-                          "words per unit); got %lld bytes", (long long)(p->units * FUSER_STREAM_TRACE_WORDS * 8),
+                          "words per unit); got %lld bytes", (long long)trace_bytes,
                           k->k.device, FUSER_STREAM_TRACE_WORDS, (long long)(trace ? trace->nbytes : 0));
     out->k = k;
     out->m = c->m;

@@ -89,9 +89,6 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
     if (p->bm < 64 && (p->bn != 128 || p->bl != 128))
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: bm = %d puts the weights on wgmma's M side (64 rows per "
                           "consumer warpgroup): bn and bl must be 128, got %d and %d", p->bm, p->bn, p->bl);
-    if (c->m > p->bm)
-        return fuser_fail(err, FUSER_E_VALUE, "stream plan: %lld tokens exceed bm = %d (it computes up to %d)",
-                          (long long)c->m, p->bm, p->bm);
     if (c->k % 8 || c->n % 8 || c->l % 8)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: d_model, d_ff and d_out must be multiples of 8 (TMA "
                           "rows are 16-byte aligned), got %lld, %lld, %lld", (long long)c->k, (long long)c->n,
@@ -141,11 +138,15 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
     p->lp = p->l_pad = (int64_t)p->lt2 * p->bl;
     p->lc = p->lt2;
     p->sw = p->bl;
-    p->grid_m = 1;
+    p->grid_m = fuser_ceil_div(c->m, p->bm); /* row tiles */
+    if (p->grid_m * ((int64_t)p->nt1 * p->s1 + (int64_t)p->lt2 * p->s2) > 0x3fffffff)
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: %lld tokens in row tiles of %d make more work units than "
+                          "the kernel's int32 counters hold; use bm = 128 or fewer tokens per call",
+                          (long long)c->m, p->bm);
     p->grid_n = p->nt1;
-    p->units = (int64_t)p->nt1 * p->s1 + (int64_t)p->lt2 * p->s2;
+    p->units = fuser_stream_units(p, c->m);
     p->clusters = p->blocks = p->units;
-    p->m_pad = p->bm;
+    p->m_pad = p->grid_m * p->bm;
     p->threads = FUSER_STREAM_THREADS;
     const int64_t stage = stream_stage_bytes(p);
     p->smem_pipe = (int)(stage * p->stages);
@@ -169,7 +170,8 @@ void fuser_plan_scratch(const fuser_plan *p, int64_t m, int64_t *zeroed_words, i
         return;
     const fuser_chain *c = &p->chain;
     if (p->kind == FUSER_KIND_STREAM) {
-        *zeroed_words = (int64_t)p->nt1 + p->lt2 + p->s2 + 2; /* tickets, ready, done and claim counters */
+        /* claim and done counters, then per row tile its tickets and ready counters */
+        *zeroed_words = 2 + fuser_ceil_div(m, p->bm) * ((int64_t)p->nt1 + p->lt2 + p->s2);
         /* H [m][N] in 16 bits (a multiple of 4 floats: N % 8 == 0), then the split partials */
         *ws_floats = m * c->n / 2 + (p->s1 > 1 ? (int64_t)p->s1 * p->parts * m * c->n : 0) +
                      (p->s2 > 1 ? (int64_t)p->s2 * m * c->l : 0);
@@ -180,6 +182,18 @@ void fuser_plan_scratch(const fuser_plan *p, int64_t m, int64_t *zeroed_words, i
     const int64_t grid_m = fuser_ceil_div(m, (int64_t)p->cls_m * p->bm);
     *zeroed_words = grid_m * p->cls_m * p->cls_l * p->lc * p->cls_reduce;
     *ws_floats = p->grid_n * grid_m * p->cls_m * p->bm * p->l_pad;
+}
+
+int64_t fuser_stream_units(const fuser_plan *p, int64_t m)
+{
+    return fuser_ceil_div(m, p->bm) * ((int64_t)p->nt1 * p->s1 + (int64_t)p->lt2 * p->s2);
+}
+
+int64_t fuser_stream_row_group(const fuser_plan *p, int64_t m)
+{
+    const fuser_chain *c = &p->chain;
+    const double weights = 2.0 * ((double)p->parts * c->n * c->k + (double)c->l * c->n);
+    return weights <= FUSER_STREAM_L2_BYTES ? 1 : fuser_ceil_div(m, p->bm);
 }
 
 int fuser_plan_derive(fuser_plan *p, fuser_err *err)

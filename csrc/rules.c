@@ -157,9 +157,10 @@ static int r_stream_fill(const fuser_plan *p, const fuser_target *t)
         return 0;
     const int64_t want = 3 * (int64_t)t->sm_count / 4;
     const int64_t kt2 = (p->chain.n + FUSER_BK - 1) / FUSER_BK;
-    const int64_t u1 = (int64_t)p->nt1 * p->s1, u2 = (int64_t)p->lt2 * p->s2;
-    return u1 < fuser_min64(want, most_units(p->nt1, p->kt, 16 / p->parts)) ||
-           u2 < fuser_min64(want, most_units(p->lt2, kt2, 16));
+    const int64_t rt = p->grid_m; /* row tiles: each multiplies both phases' units */
+    const int64_t u1 = rt * p->nt1 * p->s1, u2 = rt * p->lt2 * p->s2;
+    return u1 < fuser_min64(want, most_units(rt * p->nt1, p->kt, 16 / p->parts)) ||
+           u2 < fuser_min64(want, most_units(rt * p->lt2, kt2, 16));
 }
 
 /* FULL: shared memory (pipeline stages, exchange buffer, H slices) must fit one block's opt-in limit. */

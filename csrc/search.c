@@ -17,13 +17,12 @@ static const int stage_set[] = {2, 3, 4};
 /* d_ff clusters to aim for; n_iters follows from each (duplicates dropped) */
 static const int grid_n_targets[] = {1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64,
                                      80, 96, 112, 128, 160, 192, 224, 256};
-/* the stream family (m <= 128): token rows, tiles, K splits of either phase; stages: the most that fit */
+/* the stream family: token rows of a row tile, tiles, K splits of either phase; stages: the most that fit */
 static const int stream_bm_set[] = {16, 32, 64, 128};
 static const int stream_tile_set[] = {64, 128, 256};
 const int fuser_stream_splits[] = {1, 2, 3, 4, 6, 8, 12, 16};
 const int fuser_num_stream_splits = (int)(sizeof fuser_stream_splits / sizeof fuser_stream_splits[0]);
 #define stream_split_set fuser_stream_splits
-#define STREAM_MAX_M 128
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 #define N_ORDER_BL (1 + COUNT(bl_set))     /* n_outer: 1 bl, l_outer: bl_set */
 #define MAX_NITERS COUNT(grid_n_targets)
@@ -121,9 +120,9 @@ static int free_or(int want, int have) { return want <= 0 || want == have; }
 
 static int64_t stream_leaves(const fuser_chain *c)
 {
-    return c->m <= STREAM_MAX_M ? (int64_t)COUNT(stream_bm_set) * COUNT(stream_tile_set) * COUNT(stream_tile_set) *
-                                      COUNT(stream_split_set) * COUNT(stream_split_set)
-                                : 0;
+    (void)c;
+    return (int64_t)COUNT(stream_bm_set) * COUNT(stream_tile_set) * COUNT(stream_tile_set) * COUNT(stream_split_set) *
+           COUNT(stream_split_set);
 }
 
 /* The stream family's candidates: every (bm, bn, bl, s1, s2), each with the deepest pipeline that fits. */

@@ -11,13 +11,14 @@
 
 typedef struct {
     int64_t m, K, N, L, parts, bm, bn, bl, s1, s2;
-    int64_t kt1, ks1, kt2, ks2, nt1, lt2, u1, u2;
+    int64_t kt1, ks1, kt2, ks2, nt1, lt2, u1, u2; /* u1, u2: units of each phase per row tile */
+    int64_t rt;                                   /* row tiles of bm tokens */
 } geom;
 
 static geom geom_of(const fuser_plan *p)
 {
     const fuser_chain *c = &p->chain;
-    geom g = {c->m, c->k, c->n, c->l, p->parts, p->bm, p->bn, p->bl, p->s1, p->s2, 0, 0, 0, 0, 0, 0, 0, 0};
+    geom g = {c->m, c->k, c->n, c->l, p->parts, p->bm, p->bn, p->bl, p->s1, p->s2, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     g.kt1 = fuser_ceil_div(g.K, FUSER_BK);
     g.ks1 = fuser_ceil_div(g.kt1, g.s1);
     g.kt2 = fuser_ceil_div(g.N, FUSER_BK);
@@ -26,6 +27,7 @@ static geom geom_of(const fuser_plan *p)
     g.lt2 = p->lt2;
     g.u1 = g.nt1 * g.s1;
     g.u2 = g.lt2 * g.s2;
+    g.rt = fuser_ceil_div(g.m, g.bm);
     return g;
 }
 
@@ -37,19 +39,19 @@ void fuser_stream_traffic(const fuser_plan *p, fuser_traffic *out)
     const geom g = geom_of(p);
     const int64_t e = 2;
     int64_t l2 = 0;
-    /* phase 1: x by every n-tile, the weights once, biases once, H stored once */
-    l2 += e * g.m * g.K * g.nt1 + e * g.parts * g.N * g.K + e * (c->bias_up + c->bias_gate) * g.N + e * g.m * g.N;
+    /* phase 1: x by every n-tile, the weights by every row tile, biases once, H stored once */
+    l2 += e * g.m * g.K * g.nt1 + e * g.parts * g.N * g.K * g.rt + e * (c->bias_up + c->bias_gate) * g.N + e * g.m * g.N;
     if (g.s1 > 1)
         l2 += 2 * 4 * g.s1 * g.parts * g.m * g.N; /* partials written, read back by the last split */
-    /* phase 2: H by every l-tile, W_down once, b_down once, y */
-    l2 += e * g.m * g.N * g.lt2 + e * g.L * g.N + e * c->bias_down * g.L + e * g.m * g.L;
+    /* phase 2: H by every l-tile, W_down by every row tile, b_down once, y */
+    l2 += e * g.m * g.N * g.lt2 + e * g.L * g.N * g.rt + e * c->bias_down * g.L + e * g.m * g.L;
     if (g.s2 > 1)
         l2 += 2 * 4 * g.s2 * g.m * g.L;
     out->l2 = l2;
     out->hbm = e * (g.m * g.K + g.parts * g.N * g.K + g.L * g.N + (c->bias_up + c->bias_gate) * g.N +
                     c->bias_down * g.L + g.m * g.L);
     out->dsm = 0;
-    out->smem = g.nt1 * g.kt1 * (g.bm + g.parts * g.bn) * FUSER_BK * e + g.lt2 * g.kt2 * (g.bm + g.bl) * FUSER_BK * e;
+    out->smem = g.rt * (g.nt1 * g.kt1 * (g.bm + g.parts * g.bn) + g.lt2 * g.kt2 * (g.bm + g.bl)) * FUSER_BK * e;
 }
 
 /* ---- cost ---- */
@@ -62,6 +64,7 @@ static double wgmma_eff(const fuser_target *t, int n)
     return fmin(1.0, t->stream_operand_bytes_per_clk / ((2048.0 + 32.0 * n) / (n / 2.0)));
 }
 
+
 void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
 {
     fuser_stream_traffic(p, &p->traffic);
@@ -69,7 +72,8 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
     const geom g = geom_of(p);
     fuser_cost *k = &p->cost;
     memset(k, 0, sizeof *k);
-    const int64_t G = fuser_min64(g.u1 + g.u2, t->sm_count);
+    const int64_t G = fuser_min64(g.rt * (g.u1 + g.u2), t->sm_count);
+    const double rows = (double)g.m / g.rt; /* token rows of a row tile, on average */
     const double e = 2, clk = t->clock_ghz * 1e9;
     const double mma_sm = t->mma_tflops * 1e12 * t->stream_mma_eff / t->sm_count;
     const double stage = (double)p->smem_pipe / p->stages;
@@ -78,16 +82,20 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
     /* wgmma N of the consumers' MMAs (swap-AB below bm 64: the tokens) */
     const int nw1 = p->bm < 64 ? p->bm : p->bm == 128 ? p->bn : p->bn / 2;
     const int nw2 = p->bm < 64 ? p->bm : p->bm == 128 ? p->bl : p->bl / 2;
-    /* One phase: `units` equal units, each `w` weight bytes (HBM), `x` operand bytes (X or H, from L2),
-     * `f` FLOPs and an epilogue of `epi` bytes. The blocks claim units in order, so the phase takes
-     * ceil(units / G) rounds of one unit on one SM (its loads, or its MMAs plus epilogue, whichever is
-     * longer), or the phase's bytes over HBM or L2 bandwidth, whichever is longest. */
-    const struct { double units, w, x, f, epi; int nw; } ph[2] = {
-        {(double)g.u1, e * g.parts * g.N * g.K / g.u1, e * g.m * g.K * g.nt1 / g.u1,
-         2.0 * g.bm * g.parts * g.bn * g.ks1 * FUSER_BK, (g.s1 > 1 ? 4.0 * g.parts * g.m * g.bn : 0) + e * g.m * g.bn,
-         nw1},
-        {(double)g.u2, e * g.L * g.N / g.u2, e * g.m * g.N * g.lt2 / g.u2, 2.0 * g.bm * g.bl * g.ks2 * FUSER_BK,
-         (g.s2 > 1 ? 4.0 * g.m * g.bl : 0) + e * g.m * g.bl, nw2},
+    /* H through HBM once it outgrows L2: phase 1 writes it, phase 2 reads it */
+    const double h_hbm = e * g.m * g.N > FUSER_STREAM_L2_BYTES ? e * g.m * g.N : 0;
+    /* One phase: `units` equal units (every row tile's), each `w` weight bytes, `x` operand bytes (X or H,
+     * from L2), `f` FLOPs and an epilogue of `epi` bytes; `hbm` bytes the phase moves through HBM (its
+     * weights once: the row tiles of a weight tile are consecutive units, so all but one read it from L2).
+     * The blocks claim units in order, so the phase takes ceil(units / G) rounds of one unit on one SM
+     * (its loads, or its MMAs plus epilogue, whichever is longer), or the phase's bytes over HBM or L2
+     * bandwidth, whichever is longest. */
+    const struct { double units, w, x, f, epi, hbm; int nw; } ph[2] = {
+        {(double)(g.rt * g.u1), e * g.parts * g.N * g.K / g.u1, e * rows * g.K * g.nt1 / g.u1,
+         2.0 * g.bm * g.parts * g.bn * g.ks1 * FUSER_BK, (g.s1 > 1 ? 4.0 * g.parts * rows * g.bn : 0) + e * rows * g.bn,
+         e * g.parts * g.N * g.K + h_hbm, nw1},
+        {(double)(g.rt * g.u2), e * g.L * g.N / g.u2, e * rows * g.N * g.lt2 / g.u2, 2.0 * g.bm * g.bl * g.ks2 * FUSER_BK,
+         (g.s2 > 1 ? 4.0 * rows * g.bl : 0) + e * rows * g.bl, e * g.L * g.N + h_hbm, nw2},
     };
     double T = 0;
     for (int i = 0; i < 2; i++) {
@@ -95,18 +103,18 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
         const double one = fmax((ph[i].w + ph[i].x) / per_sm,
                                 ph[i].f / (mma_sm * wgmma_eff(t, ph[i].nw)) + ph[i].epi / (t->sm_load_gbs * 1e9) + unit);
         const double rounds = ceil(ph[i].units / G);
-        T += fmax(rounds * one, fmax(ph[i].units * ph[i].w / (t->hbm_gbs * 1e9),
+        T += fmax(rounds * one, fmax(ph[i].hbm / (t->hbm_gbs * 1e9),
                                      ph[i].units * (ph[i].w + ph[i].x) / fmin(t->l2_gbs * 1e9, active * per_sm)));
     }
     /* the last split of a tile sums every split's partial before H (or y) exists */
-    const double red1 = g.s1 > 1 ? 4.0 * g.s1 * g.parts * g.m * g.bn / (t->sm_load_gbs * 1e9) : 0;
-    const double red2 = g.s2 > 1 ? 4.0 * g.s2 * g.m * g.bl / (t->sm_load_gbs * 1e9) : 0;
+    const double red1 = g.s1 > 1 ? 4.0 * g.s1 * g.parts * rows * g.bn / (t->sm_load_gbs * 1e9) : 0;
+    const double red2 = g.s2 > 1 ? 4.0 * g.s2 * rows * g.bl / (t->sm_load_gbs * 1e9) : 0;
     T += red1 + red2;
 
-    k->flops = 2.0 * FUSER_BK * g.bm * (g.parts * g.bn * g.nt1 * g.kt1 + g.bl * g.lt2 * g.kt2);
+    k->flops = 2.0 * FUSER_BK * g.bm * g.rt * (g.parts * g.bn * g.nt1 * g.kt1 + g.bl * g.lt2 * g.kt2);
     k->useful_flops = 2.0 * c->m * c->n * ((double)c->k * (c->gated ? 2 : 1) + c->l);
     k->compute = k->flops / (G * mma_sm) * 1e6;
-    k->hbm = p->traffic.hbm / (t->hbm_gbs * 1e9) * 1e6;
+    k->hbm = (p->traffic.hbm + 2 * h_hbm) / (t->hbm_gbs * 1e9) * 1e6;
     k->l2 = p->traffic.l2 / (t->l2_gbs * 1e9) * 1e6;
     k->smem = p->traffic.smem / (G * t->smem_bytes_per_clk * clk) * 1e6;
     k->dsm = 0;
@@ -175,9 +183,10 @@ static void phase1(ssim *S, int64_t nt)
         for (int q = 0; q < g->parts; q++)
             split_product(S, S_X, NULL, d->x, g->K, wi[q], w[q], g->K, n0, nr, k0, k1,
                           S->part + (sp * g->parts + q) * g->m * g->bn, g->bn);
-        S->tr.l2 += 2 * g->m * (k1 - k0) + 2 * g->parts * nr * (k1 - k0);
-        S->tr.smem += steps * (g->bm + g->parts * g->bn) * FUSER_BK * 2;
-        S->flops += 2.0 * steps * FUSER_BK * g->bm * g->parts * g->bn;
+        /* every row tile's unit reads the weight tile */
+        S->tr.l2 += 2 * g->m * (k1 - k0) + 2 * g->parts * nr * (k1 - k0) * g->rt;
+        S->tr.smem += g->rt * steps * (g->bm + g->parts * g->bn) * FUSER_BK * 2;
+        S->flops += 2.0 * g->rt * steps * FUSER_BK * g->bm * g->parts * g->bn;
         if (g->s1 > 1)
             S->tr.l2 += 2 * 4 * g->parts * g->m * nr; /* written, then read back by the last split */
     }
@@ -207,9 +216,9 @@ static void phase2(ssim *S, int64_t lt)
         const int64_t steps = fuser_ceil_div(k1 - k0, FUSER_BK);
         split_product(S, -1, S->h, NULL, g->N, S_WD, d->w_down, g->N, l0, lr, k0, k1, S->part + sp * g->m * g->bl,
                       g->bl);
-        S->tr.l2 += 2 * g->m * (k1 - k0) + 2 * lr * (k1 - k0);
-        S->tr.smem += steps * (g->bm + g->bl) * FUSER_BK * 2;
-        S->flops += 2.0 * steps * FUSER_BK * g->bm * g->bl;
+        S->tr.l2 += 2 * g->m * (k1 - k0) + 2 * lr * (k1 - k0) * g->rt;
+        S->tr.smem += g->rt * steps * (g->bm + g->bl) * FUSER_BK * 2;
+        S->flops += 2.0 * g->rt * steps * FUSER_BK * g->bm * g->bl;
         if (g->s2 > 1)
             S->tr.l2 += 2 * 4 * g->m * lr;
     }

@@ -329,10 +329,11 @@ class Plan:
             >>> p = fuser.plan(16, 1024, 4096, fused=True, kind="stream", bm=16, target="h200")
             >>> p.check("h200", m=16)["derived"] == p.derived
             True
-            >>> p.check("h200", m=17)
+            >>> _ = p.check("h200", m=17)   # two row tiles of 16 tokens
+            >>> p.check("h200", m=2**31 - 1)
             Traceback (most recent call last):
               ...
-            ValueError: plan: stream plan: 17 tokens exceed bm = 16 (it computes up to 16)
+            ValueError: plan: stream plan: 2147483647 tokens in row tiles of 16 make more work units than the kernel's int32 counters hold; use bm = 128 or fewer tokens per call
         """
         target = default_target() if target is None else target
         d = _C.derive(self._d, target)

@@ -58,7 +58,7 @@ def test_measured_hardware_constants_drive_their_cost_terms():
     """dsm_bytes_per_clk (per cluster size), barrier_cycles and fused_mma_eff, as calibrate stores them,
     set the dsm, sync and compute terms of a fused plan: halving a rate doubles its term."""
     t = dict(fuser._C.targets()["h200"])
-    p = fuser.plan(512, 4096, 14336, gated=True, activation="silu", fused=True, target=t)
+    p = fuser.plan(512, 4096, 14336, gated=True, activation="silu", fused=True, kind="cluster", target=t)
     ci = {2: 1, 4: 2, 8: 3, 16: 4}[p.derived["cluster_size"]]
 
     def recost(**fields):   # the same plan, costed on a target with these fields (the caller's own target)

@@ -1,6 +1,6 @@
 """The stream kernel and the wgmma GEMM probe on a Hopper GPU (marked gpu; skipped with a reason
 elsewhere): the stream correctness matrix (tests/gpu/stream_matrix.py), one plan reused across token
-counts (its sync words return to zero after every launch), CUDA graph capture and replay, early
+counts, within one row tile and over several (its sync words return to zero after every launch), CUDA graph capture and replay, early
 (programmatic dependent) launches back to back on one scratch, the unit trace, and the GEMM probe
 against torch."""
 import json
@@ -36,12 +36,13 @@ def test_stream_correctness_matrix():
     assert not bad, bad[:5]
 
 
-def test_one_stream_plan_serves_every_token_count_in_its_range():
-    """bm = 64: 1, 64, 33, 7 tokens in a row on one kernel and one scratch; each launch leaves the tickets,
-    ready counters and claim counter at zero for the next (a stale counter would hang or skip units)."""
+def test_one_stream_plan_serves_every_token_count():
+    """bm = 64: 1, 64, 33, 7 tokens (one row tile) and 200, 129 (four and three) in a row on one kernel;
+    each launch leaves the tickets, ready counters and claim counter at zero for the next (a stale counter
+    would hang or skip units)."""
     p = fuser.plan(64, 1024, 4096, gated=True, activation="silu", target="h200", fused=True, kind="stream",
                    bm=64, s1=3, s2=4)
-    for m in (1, 64, 33, 7, 64):
+    for m in (1, 64, 33, 200, 7, 129, 64):
         t = tensors(m, 1024, 4096, 1024, True, m)
         out = torch.full((m, 1024), float("nan"), device="cuda", dtype=torch.bfloat16)
         fuser.ffn(activation="silu", out=out, plan=p, **t)
@@ -68,13 +69,27 @@ def test_stream_plan_in_a_cuda_graph():
         assert rel_error(out, ref) < 1.5e-2
 
 
-@pytest.mark.parametrize("bm,s1,s2", [(16, 2, 4), (64, 3, 2)])
-def test_back_to_back_early_launches_share_a_scratch_safely(bm, s1, s2):
+@pytest.mark.parametrize("d,f,m", [(1024, 2048, 300), (4096, 4096, 300)])
+def test_row_tiles_in_either_unit_order(d, f, m):
+    """Three row tiles of 128 (the last partial) with weights that stay in L2 (13 MB: row tile by row tile)
+    and with weights that do not (100 MB: every row tile of a weight tile in a row), each against float64."""
+    p = fuser.plan(m, d, f, gated=True, activation="silu", target="h200", fused=True, kind="stream", bm=128,
+                   s1=1, s2=2)
+    assert p.derived["grid_m"] == 3
+    t = tensors(m, d, f, d, True, 7)
+    out = torch.full((m, d), float("nan"), device="cuda", dtype=torch.bfloat16)
+    fuser.ffn(activation="silu", out=out, plan=p, **t)
+    ref = fuser.ffn_reference(activation="silu", compute_dtype=torch.float64, **t)
+    assert rel_error(out, ref) < 1.5e-2
+
+
+@pytest.mark.parametrize("bm,s1,s2,m", [(16, 2, 4, 13), (64, 3, 2, 13), (64, 1, 2, 150)])
+def test_back_to_back_early_launches_share_a_scratch_safely(bm, s1, s2, m):
     """Stream kernels start early (programmatic dependent launch) while the previous one on the stream
     finishes. Eight launches back to back in a graph, on one scratch (split partials, H, tickets, ready and
     claim counters), alternating four input sets: every output matches float64, and is bitwise what the
     same launches give when each waits for the previous one to end."""
-    m, d, f = 13, 1024, 4096
+    d, f = 1024, 4096
     p = fuser.plan(m, d, f, gated=True, activation="silu", target="h200", fused=True, kind="stream", bm=bm,
                    s1=s1, s2=s2)
     dev, stream = torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream
@@ -101,15 +116,17 @@ def test_back_to_back_early_launches_share_a_scratch_safely(bm, s1, s2):
         assert torch.equal(early, serial)
 
 
-def test_stream_trace_records_every_unit_once():
-    p = fuser.plan(16, 1024, 4096, gated=True, activation="silu", target="h200", fused=True, kind="stream", bm=16)
-    t = tensors(16, 1024, 4096, 1024, True, 2)
-    y = torch.empty(16, 1024, device="cuda", dtype=torch.bfloat16)
+@pytest.mark.parametrize("m", [16, 40])
+def test_stream_trace_records_every_unit_once(m):
+    p = fuser.plan(m, 1024, 4096, gated=True, activation="silu", target="h200", fused=True, kind="stream", bm=16)
+    t = tensors(m, 1024, 4096, 1024, True, 2)
+    y = torch.empty(m, 1024, device="cuda", dtype=torch.bfloat16)
     units = p.derived["units"]
+    assert units == -(-m // 16) * (p.derived["nt1"] * p.splits[0] + p.derived["lt2"] * p.splits[1])
     trace = torch.zeros(units * 6 * 2, device="cuda", dtype=torch.float32)
     dev, stream = torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream
     launch = runtime.launch_for(p, dev)
-    buf = launch.scratch(16, stream)
+    buf = launch.scratch(m, stream)
     _C.ffn_launch(launch.kernel, t["x"], t["w_up"], t["w_down"], t["w_gate"], None, None, None, "silu", y,
                   buf.capsule, stream, trace=trace)
     torch.cuda.synchronize()

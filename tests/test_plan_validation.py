@@ -71,8 +71,9 @@ def test_ffn_checks_a_plan_for_the_tokens_of_the_call():
     w1, w2 = torch.randn(4096, 1024).bfloat16(), torch.randn(1024, 4096).bfloat16()
     assert fuser.ffn(torch.randn(16, 1024).bfloat16(), w1, w2, plan=p).shape == (16, 1024)
     assert fuser.ffn(torch.randn(0, 1024).bfloat16(), w1, w2, plan=p).shape == (0, 1024)
-    with pytest.raises(ValueError, match="17 tokens exceed bm = 16"):
-        fuser.ffn(torch.randn(17, 1024).bfloat16(), w1, w2, plan=p)
+    assert fuser.ffn(torch.randn(17, 1024).bfloat16(), w1, w2, plan=p).shape == (17, 1024)  # two row tiles
+    with pytest.raises(ValueError, match="2147483647 tokens in row tiles of 16 make more work units"):
+        p.check("h200", m=2**31 - 1)
 
 
 @pytest.mark.parametrize("path, value, exc, match", [

@@ -120,13 +120,15 @@ def test_unaligned_shapes_run_unfused_and_still_compute_the_ffn():
 
 def stream_limits(p, t):
     """independent_limits for the stream kernel family: its ring of stages (X or H tile + weight tiles,
-    rounded to 1024 bytes) plus 2048 bytes, the consumers' accumulator registers, tokens within bm."""
+    rounded to 1024 bytes) plus 2048 bytes, the consumers' accumulator registers, the tokens in row tiles of bm."""
     c, q = p.chain, p.to_dict()["params"]
     bm, bn, bl, st = q["bm"], q["bn"], q["bl"], q["stages"]
     parts = 2 if c["gated"] else 1
     stage = -(-max(bm * 128 + parts * bn * 128, bm * 128 + bl * 128) // 1024) * 1024
     assert st * stage + 2048 == p.derived["smem_bytes"] <= t["smem_per_block"]
-    assert c["m"] <= bm and tuple(q["cluster"]) == (1, 1, 1, 1)
+    rows = -(-c["m"] // bm)
+    assert p.derived["grid_m"] == rows and tuple(q["cluster"]) == (1, 1, 1, 1)
+    assert p.derived["units"] == rows * (p.derived["nt1"] * q["s1"] + p.derived["lt2"] * q["s2"])
     if bm < 64:
         assert bn == bl == 128 and (parts + 1) * bm // 2 <= 192
     else:
@@ -213,7 +215,7 @@ def test_search_time_under_20ms():
             times.append(time.perf_counter() - t0)
         medians.append(statistics.median(times) * 1e3)
     assert statistics.median(medians) <= 20.0, medians
-    assert len(shapes) == 18 + 35
+    assert len(shapes) == 18 + 6 * 7
 
 
 def test_plan_attributes_explain_and_json_round_trip():
@@ -293,8 +295,10 @@ def test_forced_dataflows_are_honoured():
     assert p.dataflows == () and p.dataflow == "local" and p.kind == "cluster"
     s = fuser.plan(128, 1024, 4096, fused=True, target="h200", kind="stream")
     assert s.kind == "stream" and s.dataflow == "stream" and s.dataflows == () and s.cluster == (1, 1, 1, 1)
+    big = fuser.plan(2048, 1024, 4096, fused=True, target="h200", kind="stream")   # row tiles
+    assert big.kind == "stream" and big.derived["grid_m"] == -(-2048 // big.tiles["bm"])
     with pytest.raises(ValueError, match="no plan satisfies"):
-        fuser.plan(256, 1024, 4096, fused=True, target="h200", kind="stream")   # stream plans stop at 128 tokens
+        fuser.plan(128, 1024, 4096, fused=True, target="h200", kind="stream", dataflows=["shuffle"])
 
 
 def test_cli_plan():

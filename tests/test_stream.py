@@ -1,6 +1,6 @@
 """The stream kernel family on the CPU: every variant of its GPU matrix compiles through NVRTC for sm_90a
 with no spills, no stack frame and no serialised wgmma; the CPU plan interpreter runs stream plans (every
-token-row layout, split counts, ragged shapes) to the float64 reference with byte counts equal to the cost
+token-row layout, one or several row tiles, split counts, ragged shapes) to the float64 reference with byte counts equal to the cost
 model's closed forms; the generated stubs match their golden files; and the core refuses stream plans it
 cannot run, saying why. The wgmma GEMM probe compiles clean too."""
 import os
@@ -71,7 +71,7 @@ def test_stream_plans_compute_the_ffn_and_count_bytes_exactly(seed):
     gen = torch.Generator().manual_seed(seed)
     for _ in range(8):
         bm = rng.choice([16, 32, 64, 128])
-        m = rng.randint(1, bm)
+        m = rng.randint(1, bm) if rng.random() < 0.6 else rng.randint(bm + 1, 3 * bm)  # one or more row tiles
         d, f, l = 8 * rng.randint(2, 48), 8 * rng.randint(2, 96), 8 * rng.randint(1, 40)
         gated = rng.random() < 0.5
         kw = dict(d_out=l, gated=gated, activation=rng.choice(["relu", "gelu", "gelu_tanh", "silu"]),
@@ -121,10 +121,14 @@ def test_bad_stream_plans_are_refused_with_the_reason(kw, match):
         fuser.Plan.from_dict(d)
 
 
-def test_stream_plans_refuse_more_tokens_than_bm():
+def test_stream_plans_cut_tokens_into_row_tiles():
     d = fuser.plan(8, 1024, 4096, target="h200", fused=True, kind="stream", bm=16).to_dict()
+    one = fuser.Plan.from_dict(d).to_dict()["derived"]["units"]
     d["chain"]["m"] = 17
-    with pytest.raises(ValueError, match="17 tokens exceed bm = 16"):
+    p = fuser.Plan.from_dict(d).to_dict()["derived"]
+    assert p["grid_m"] == 2 and p["units"] == 2 * one
+    d["chain"]["m"] = 2 ** 31 - 1
+    with pytest.raises(ValueError, match="more work units than the kernel's int32 counters hold"):
         fuser.Plan.from_dict(d)
     with pytest.raises(ValueError, match="accumulator registers"):
         d = fuser.plan(128, 1024, 4096, target="h200", fused=True, kind="stream", bm=128).to_dict()

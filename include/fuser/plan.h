@@ -41,13 +41,13 @@ extern "C" {
 
 typedef enum { FUSER_ORDER_N_OUTER = 0, FUSER_ORDER_L_OUTER = 1 } fuser_order;
 /* Kernel families. cluster: the cluster-fused kernel (include/fuser/device/ffn.cuh) running the DSM
- * dataflows above. stream: the whole-GPU streaming kernel for up to 128 tokens
- * (include/fuser/device/stream.cuh): one persistent launch; phase 1 computes H tile by tile
- * (n-tiles of bn d_ff columns, each split s1 ways over K) into a global buffer that stays in L2, phase 2
- * computes Y (l-tiles of bl output columns, split s2 ways over d_ff) as soon as the H columns it needs
- * are ready; split partials are summed deterministically by the last split to finish. bm is the token
- * rows every tile computes (m <= bm): 64 or 128 with tokens on wgmma's M side, 16 or 32 with the weights
- * there instead (swap-AB, for decode; bn = bl = 128). */
+ * dataflows above. stream: the whole-GPU streaming kernel (include/fuser/device/stream.cuh): one
+ * persistent launch; phase 1 computes H tile by tile (n-tiles of bn d_ff columns, each split s1 ways
+ * over K) into a global buffer that stays in L2 while it fits, phase 2 computes Y (l-tiles of bl output
+ * columns, split s2 ways over d_ff) as soon as the H columns it needs are ready; split partials are
+ * summed deterministically by the last split to finish. bm is the token rows of a row tile (the tokens
+ * are cut into ceil(m / bm) of them, each with its own units): 64 or 128 with tokens on wgmma's M side,
+ * 16 or 32 with the weights there instead (swap-AB, for decode; bn = bl = 128). */
 typedef enum { FUSER_KIND_CLUSTER = 0, FUSER_KIND_STREAM = 1 } fuser_kind;
 typedef enum { FUSER_GATE_NONE = 0, FUSER_GATE_SPATIAL = 1, FUSER_GATE_SEQUENTIAL = 2 } fuser_gate_mode;
 
@@ -112,7 +112,7 @@ typedef struct fuser_plan {
     int64_t lp;                      /* output columns per output part (a multiple of bl) */
     int lc;                          /* output chunks per part: lp / bl */
     int sw;                          /* share width: bl / cls_reduce */
-    int64_t grid_m, grid_n;          /* clusters along tokens, along d_ff */
+    int64_t grid_m, grid_n;          /* clusters along tokens (stream: row tiles), along d_ff */
     int64_t clusters, blocks;
     int64_t m_pad, l_pad;            /* grid_m*cls_m*bm, cls_l*lp */
     int smem_bytes;                  /* dynamic shared memory per block */
@@ -124,7 +124,7 @@ typedef struct fuser_plan {
     int dataflows;                   /* FUSER_DF_* bits */
     int threads;                     /* threads per block */
     int nt1, lt2;                    /* stream: n-tiles of phase 1, l-tiles of phase 2 */
-    int64_t units;                   /* stream: work units (phase 1 + phase 2): the most blocks worth launching */
+    int64_t units;                   /* stream: work units (phase 1 + phase 2, every row tile) at the chain's m */
     /* --- filled by the cost model --- */
     fuser_traffic traffic;
     fuser_cost cost;
@@ -138,6 +138,19 @@ int fuser_plan_derive(fuser_plan *p, fuser_err *err);
 /** Scratch a launch of plan p with m tokens needs: zeroed 32-bit words (tickets, flags: zero again when
  * the kernel ends) and fp32 workspace words (partials, and the stream kernel's H buffer). */
 void fuser_plan_scratch(const fuser_plan *p, int64_t m, int64_t *zeroed_words, int64_t *ws_floats);
+
+/** The work units of a stream launch of plan p with m tokens (every row tile's units of both phases):
+ * the most blocks worth launching, and the trace's length. */
+int64_t fuser_stream_units(const fuser_plan *p, int64_t m);
+
+/** Bytes of L2 the stream kernel counts on keeping data in (weights shared by row tiles, H between its
+ * phases): about half of the H100's and H200's 50 MB, which also holds the tiles in flight. */
+#define FUSER_STREAM_L2_BYTES (24.0 * 1024 * 1024)
+
+/** Row tiles per group of a stream launch's unit order: 1 (row tile by row tile) when the weights stay
+ * in L2, so each row tile's H is complete early; else every row tile (each weight tile read from HBM
+ * once, by consecutive units). */
+int64_t fuser_stream_row_group(const fuser_plan *p, int64_t m);
 
 /** Check a derived plan against a target's hardware limits (shared memory, registers, cluster size,
  * workspace); FUSER_E_VALUE naming the limit. The unfused plan always passes. */

@@ -143,14 +143,19 @@ void test_ffn_prepared_launch(void)
               FUSER_E_VALUE);
         CHECK_ERR(&err, FUSER_E_VALUE, "scratch: this launch needs");
     }
-    /* more tokens than the kernel computes */
+    /* more tokens than one row tile: two row tiles, each with its own units and sync words; the scratch
+     * sized for 5 tokens is refused */
     fuser_tensor x17 = cuda2d(0x100000, 17, 256), y17 = cuda2d(0x400000, 17, 128);
     fuser_ffn_args a17 = {&x17, &wu, &wd, NULL, NULL, NULL, NULL, &y17, "silu"};
     fuser_chain c17;
     CHECK(fuser_ffn_validate(&a17, &c17, &err) == FUSER_OK);
-    fuser_plan_scratch(p, c17.m, &zw, &wf);
-    fuser_scratch_view s17 = {0x800000, 0, (zw + 3) / 4 * 4, wf};
-    CHECK(fuser_ffn_prepare(&d, &k, &a17, &c17, &s17, NULL, FUSER_OVERLAP_DEFAULT, stream, &pr, &err) ==
-          FUSER_E_VALUE);
-    CHECK_ERR(&err, FUSER_E_VALUE, "x: 17 tokens; this stream kernel computes at most 16");
+    CHECK(fuser_ffn_prepare(&d, &k, &a17, &c17, &s, NULL, FUSER_OVERLAP_DEFAULT, stream, &pr, &err) == FUSER_E_VALUE);
+    CHECK_ERR(&err, FUSER_E_VALUE, "scratch: this launch needs");
+    int64_t zw17, wf17;
+    fuser_plan_scratch(p, c17.m, &zw17, &wf17);
+    CHECK(zw17 == 2 + 2 * (p->nt1 + p->lt2 + p->s2) && wf17 > wf);
+    CHECK(fuser_stream_units(p, 17) == 2 * p->units && p->units == 4 * 1 + 1 * 2);
+    fuser_scratch_view s17 = {0x800000, 0, (zw17 + 3) / 4 * 4, wf17};
+    CHECK(fuser_ffn_prepare(&d, &k, &a17, &c17, &s17, NULL, FUSER_OVERLAP_DEFAULT, stream, &pr, &err) == FUSER_OK);
+    CHECK(pr.m == 17 && pr.grid.x == 12);
 }

@@ -1,5 +1,5 @@
-"""One small stream plan (swap-AB, both phases K-split, biases, ragged tokens) launched twice into
-NaN-poisoned outputs, then checked against a float64 reference computed on the CPU: the workload for
+"""One small stream plan (swap-AB, both phases K-split, biases, ragged tokens in three row tiles) launched
+twice into NaN-poisoned outputs, then checked against a float64 reference computed on the CPU: the workload for
 compute-sanitizer on the stream kernel. The fused kernel runs before any other GPU math, so a tool
 that trips over another library's kernels cannot hide its verdict on this one.
 
@@ -13,7 +13,7 @@ from plan_check import ffn_tensors, rel
 
 
 def main():
-    m, d, f = 9, 512, 2048
+    m, d, f = 41, 512, 2048
     p = fuser.plan(m, d, f, gated=True, activation="silu", bias=True, target="h200", fused=True, kind="stream",
                    bm=16, s1=2, s2=3)
     t = ffn_tensors(torch.Generator(device="cpu").manual_seed(0), m, d, f, d, gated=True, bias=True,

@@ -1,7 +1,7 @@
 """The GPU correctness matrix of the stream kernel (include/fuser/device/stream.cuh): every token-row
 layout (bm 16 and 32 swap-AB, 64, 128) x plain / gated x the four activations x bias or not x bfloat16 /
-float16 x K splits of either phase (none, some, many), over ragged token counts and widths (448 -> 1472
--> 200: odd K step counts, a partial output tile).
+float16 x K splits of either phase (none, some, many), over ragged token counts (one row tile, or several
+with a partial last one) and widths (448 -> 1472 -> 200: odd K step counts, a partial output tile).
 
 Each case forces a stream plan with its bm and splits, draws fresh random inputs, poisons the output with
 NaN, and checks: the relative error against a float64 reference is at most twice PyTorch eager's own
@@ -25,13 +25,13 @@ SHAPES = ((256, 1024, 256), (512, 1536, 384), (1024, 4096, 1024), (448, 1472, 20
 
 def cases():
     """bm x gating x activation x bias, each with the next dtype, splits, shape and token count (1, ragged,
-    full) in rotation: every value of every axis is covered."""
+    full, two and a half row tiles) in rotation: every value of every axis is covered."""
     combos = list(itertools.product(BMS, (False, True), ACTS, (False, True)))
     for j, (bm, gated, act, bias) in enumerate(combos):
         dtype = ("bfloat16", "float16")[j % 2]
         s1, s2 = SPLITS[j % 3]
         d, f, l = SHAPES[(j // 3) % len(SHAPES)]
-        m = (1, bm // 2 + 1, bm)[(j // 2) % 3]
+        m = (1, bm // 2 + 1, bm, 2 * bm + bm // 2 + 3)[(j // 2) % 4]
         yield dict(bm=bm, gated=gated, activation=act, bias=bias, dtype=dtype, s1=s1, s2=s2, m=m,
                    d_model=d, d_ff=f, d_out=l)
 

@@ -1,18 +1,23 @@
-/* stream.cuh: the whole-GPU streaming FFN kernel for up to 128 tokens (decode and the paper's M = 128
- * chains). One persistent launch runs both GEMMs; every weight byte is read once, by one block, and
- * every SM streams weights from the first microsecond to the last.
+/* stream.cuh: the whole-GPU streaming FFN kernel (decode, the paper's M = 128 chains, and row tiles of
+ * any token count). One persistent launch runs both GEMMs; every weight byte is read from HBM once,
+ * and every SM streams weights from the first microsecond to the last.
  *
- * Work is a list of units, claimed in order from a global counter by whichever block's producer asks
- * next (so load balances itself, and a launch needs no co-residency guarantee: a unit is only claimed by a
- * running block, and phase-2 units, the only ones that wait, are claimed after every phase-1 unit):
- *   phase 1, unit (n-tile, split): H[:, n-tile] partial = X[:, K range] * W[n-tile, K range]^T, for
+ * The tokens are cut into row tiles of BM (one tile up to BM tokens). Work is a list of units, claimed in
+ * order from a global counter by whichever block's producer asks next (so load balances itself, and a
+ * launch needs no co-residency guarantee: a unit is only claimed by a running block, and phase-2 units,
+ * the only ones that wait, are claimed after every phase-1 unit). Row tiles are taken in groups of
+ * `group` (the last group may be smaller); within a group consecutive units share their weight tiles and
+ * differ in the row tile. With weights larger than L2 the group is every row tile, so each weight tile is
+ * read from HBM once and from L2 by the other row tiles; with weights that stay in L2 a group is one row
+ * tile, so a row tile's H is complete early and its phase-2 units need not wait for the whole phase 1:
+ *   phase 1, unit (n-tile, split, row tile): H[rows, n-tile] partial = X[rows, K range] * W[n-tile, K range]^T, for
  *     W = W_up (and W_gate when gated: both accumulators in one block, so the gate product is local).
  *     With S1 K splits, fp32 partials go to a workspace and the last split to arrive (an atomic ticket)
  *     sums all of them in split order (deterministic); it adds the biases, activates (and gates), rounds
  *     H to 16 bits into a global buffer (it stays in L2) and counts the n-tile done (release) in the
- *     ready counter of every phase-2 split whose d_ff range the n-tile overlaps.
- *   phase 2, unit (split, l-tile): Y[:, l-tile] partial = H[:, N range] * W_down[l-tile, N range]^T. The
- *     producer acquires its split's ready counter once (every n-tile of the range done) before loading
+ *     row tile's ready counter of every phase-2 split whose d_ff range the n-tile overlaps.
+ *   phase 2, unit (split, l-tile, row tile): Y[rows, l-tile] partial = H[rows, N range] * W_down[l-tile,
+ *     N range]^T. The producer acquires its row tile's split's ready counter once (every n-tile of the range done) before loading
  *     H, so phase 2 starts as soon as the H columns it needs exist (no grid-wide barrier). S2 splits
  *     reduce as in phase 1, then b_down, round, store Y.
  * The last block to finish resets the ready counters and the claim counter: the sync words are zero
@@ -48,9 +53,10 @@ struct StreamParams {
     uint16_t *hbuf;   /* H's memory: [M][N] */
     uint16_t *y;      /* [M, L] */
     float *ws;        /* fp32 partials: phase 1 [S1][PARTS][M][N], then phase 2 [S2][M][L] */
-    int *sync;        /* [NT1 tickets][LT tickets][S2 ready counters][done][claim], zero between launches */
+    int *sync;        /* [claim][done], per row tile [NT1 tickets][LT tickets][S2 ready counters]; zero between launches */
     uint64_t *trace;  /* optional (null: off): per unit TRACE_WORDS words, see Stream::trace_unit */
     int m;
+    int group;        /* row tiles per group of the unit order (>= 1) */
 };
 
 constexpr int STREAM_THREADS = 384;
@@ -66,9 +72,9 @@ struct Stream {
     static constexpr int PARTS = C::GATED ? 2 : 1;
     static constexpr int MP = BM;                                   /* token rows of every tile */
     static constexpr int KT1 = ceil_div(C::K, SW_COLS), KS1 = ceil_div(KT1, S1);
-    static constexpr int NT1 = ceil_div(C::N, BN), U1 = NT1 * S1;
+    static constexpr int NT1 = ceil_div(C::N, BN);
     static constexpr int KT2 = ceil_div(C::N, SW_COLS), KS2 = ceil_div(KT2, S2);
-    static constexpr int LT = ceil_div(C::L, BL), U2 = LT * S2;
+    static constexpr int LT = ceil_div(C::L, BL);
     /* wgmma N of each consumer's MMAs: phase 1, phase 2 */
     static constexpr int NW1 = SWAP ? BM : MT == 2 ? BN : BN / 2;
     static constexpr int NW2 = SWAP ? BM : MT == 2 ? BL : BL / 2;
@@ -82,9 +88,9 @@ struct Stream {
     static_assert((S1 - 1) * KS1 < KT1 && (S2 - 1) * KS2 < KT2, "every split has K steps");
     static_assert(C::N % 8 == 0 && C::L % 8 == 0 && C::K % 8 == 0, "16-byte rows");
 
-    /* sync words */
-    static constexpr int TICKETS1 = 0, TICKETS2 = NT1, READY = NT1 + LT, DONE = READY + S2, CLAIM = DONE + 1;
-    static constexpr int SYNC_WORDS = CLAIM + 1;
+    /* sync words: two per launch, then each row tile's (offsets within its group of ROW_WORDS) */
+    static constexpr int CLAIM = 0, DONE = 1, ROWS0 = 2;
+    static constexpr int TICKETS1 = 0, TICKETS2 = NT1, READY = NT1 + LT, ROW_WORDS = READY + S2;
 
     struct Smem {
         alignas(1024) unsigned char stage[STAGES][STAGE_BYTES];
@@ -96,8 +102,41 @@ struct Stream {
     const StreamParams &p;
     Smem &s;
     int lt, warp, lane, w;   /* consumer thread: index in the consumers, warp in its warpgroup, lane, warpgroup */
+    int m0;                  /* consumer: the first token row of the current unit's row tile */
+    const int rt;            /* row tiles */
+    const int u1, u2;        /* units of each phase */
 
-    FUSER_DEVICE Stream(const StreamParams &prm, Smem &sm) : p(prm), s(sm) {}
+    FUSER_DEVICE Stream(const StreamParams &prm, Smem &sm)
+        : p(prm), s(sm), rt(ceil_div(prm.m, BM)), u1(rt * NT1 * S1), u2(rt * LT * S2)
+    {
+    }
+
+    /* One unit's coordinates: which tile (n-tile or l-tile), which split, which row tile. A phase's
+     * units run group by group (p.group row tiles each, the last group what is left); within a group,
+     * `per` units per row tile, ordered (tile and split, then row tile). */
+    struct Unit {
+        int tile, split, row;
+    };
+    FUSER_DEVICE void locate(int u, int per, int &index, int &row) const
+    {
+        const int g = u / (p.group * per), r0 = g * p.group, rows = cmin(p.group, rt - r0);
+        const int local = u - r0 * per;
+        index = local / rows;
+        row = r0 + local % rows;
+    }
+    FUSER_DEVICE Unit unit1(int u) const
+    {
+        int i, r;
+        locate(u, NT1 * S1, i, r);
+        return {i / S1, i % S1, r};
+    }
+    FUSER_DEVICE Unit unit2(int v) const
+    {
+        int i, r;
+        locate(v, LT * S2, i, r);
+        return {i % LT, i / LT, r};
+    }
+    FUSER_DEVICE int *sync_of(int row, int word) const { return p.sync + ROWS0 + row * ROW_WORDS + word; }
 
     /* ---------------- producer ---------------- */
 
@@ -147,7 +186,7 @@ struct Stream {
          * which the previous launch resets as it ends. A phase-2 unit waits only for phase-1 units that
          * are claimed or fixed to a block; a fixed block that has not started yet (another stream's
          * kernel holds SMs) starts when one is free, since the grid is at most what fits at once. */
-        const int fixed = cmin((int)gridDim.x, U1);
+        const int fixed = cmin((int)gridDim.x, u1);
         bool after_prev = false; /* griddepcontrol.wait done: the previous kernel's writes are visible */
         int u = (int)blockIdx.x < fixed ? (int)blockIdx.x : -1;
         for (;;) {
@@ -157,31 +196,33 @@ struct Stream {
                 after_prev = true;
                 u = fixed + atomic_add_relaxed_gpu(p.sync + CLAIM, 1);
             }
-            if (p.trace && u < U1 + U2) {
+            if (p.trace && u < u1 + u2) {
                 p.trace[u * TRACE_WORDS + 0] = blockIdx.x;
                 p.trace[u * TRACE_WORDS + 1] = global_ns();
                 p.trace[u * TRACE_WORDS + 5] = sm_id();
             }
-            if (u >= U1 + U2) { /* tell the consumers: no more units */
+            if (u >= u1 + u2) { /* tell the consumers: no more units */
                 mbar_wait(&s.ring.empty[c.stage], c.phase ^ 1);
                 s.unit[c.stage] = -1;
                 mbar_arrive(&s.ring.full[c.stage]);
                 return;
             }
-            if (u < U1) {
-                const int nt = u / S1, sp = u % S1;
+            if (u < u1) {
+                const Unit t = unit1(u);
+                const int nt = t.tile, sp = t.split, m0 = t.row * BM;
                 fill(c, u, sp * KS1, cmin(KT1, (sp + 1) * KS1), BYTES1, after_prev,
                      [&](unsigned char *st, uint64_t *bar, int kb) {
                          if constexpr (C::GATED)
                              tma_load_2d(st + X_BYTES + BN * SW_ROW_BYTES, &p.w_gate, bar, kb * SW_COLS, nt * BN);
                          tma_load_2d(st + X_BYTES, &p.w_up, bar, kb * SW_COLS, nt * BN);
                      },
-                     [&](unsigned char *st, uint64_t *bar, int kb) { tma_load_2d(st, &p.x, bar, kb * SW_COLS, 0); },
+                     [&](unsigned char *st, uint64_t *bar, int kb) { tma_load_2d(st, &p.x, bar, kb * SW_COLS, m0); },
                      [&] { griddep_wait(); });
                 after_prev = true;
             } else {
-                const int sp = (u - U1) / LT, l_t = (u - U1) % LT;
-                int *ready = p.sync + READY + sp;
+                const Unit t = unit2(u - u1);
+                const int l_t = t.tile, sp = t.split, m0 = t.row * BM;
+                int *ready = sync_of(t.row, READY + sp);
                 /* the H columns of the split exist and are visible to TMA */
                 auto h_ready = [&] {
                     fence_proxy_async_global();
@@ -195,7 +236,7 @@ struct Stream {
                      [&](unsigned char *st, uint64_t *bar, int kb) {
                          tma_load_2d(st + X_BYTES, &p.w_down, bar, kb * SW_COLS, l_t * BL);
                      },
-                     [&](unsigned char *st, uint64_t *bar, int kb) { tma_load_2d(st, &p.h, bar, kb * SW_COLS, 0); },
+                     [&](unsigned char *st, uint64_t *bar, int kb) { tma_load_2d(st, &p.h, bar, kb * SW_COLS, m0); },
                      [&] {
                          wait_flag(ready, tiles_in(sp));
                          h_ready();
@@ -207,7 +248,7 @@ struct Stream {
 
     /* ---------------- consumers ---------------- */
 
-    FUSER_DEVICE int row_of(int h) const { return (MT == 2 ? 64 * w : 0) + 16 * warp + lane / 4 + 8 * h; }
+    FUSER_DEVICE int row_of(int h) const { return m0 + (MT == 2 ? 64 * w : 0) + 16 * warp + lane / 4 + 8 * h; }
     template <int NW>
     FUSER_DEVICE int col_of(int j) const { return (MT == 2 ? 0 : NW * w) + 8 * j + 2 * (lane % 4); }
 
@@ -276,7 +317,7 @@ struct Stream {
 
     /* Swap-AB fragments: element i of a consumer's accumulator is (token, feature) = (token_of(i),
      * feature_of(i)) of its 64-row block of the tile (columns: tokens). */
-    FUSER_DEVICE int token_of(int i) const { return 8 * (i / 4) + 2 * (lane % 4) + (i & 1); }
+    FUSER_DEVICE int token_of(int i) const { return m0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1); }
     FUSER_DEVICE int feature_of(int i) const { return 64 * w + 16 * warp + lane / 4 + 8 * ((i >> 1) & 1); }
 
     /* Store one fp32 partial tile at column offset c0 of a [m][width] workspace slice. */
@@ -306,8 +347,8 @@ struct Stream {
         }
     }
 
-    /* The last split of a tile: every consumer thread takes 4-column pieces of the [m x W] tile at column
-     * c0 (coalesced), sums the SPLITS partials of each of NP parts in split order (deterministic) and hands
+    /* The last split of a tile: every consumer thread takes 4-column pieces of the [rows x W] tile at row
+     * m0, column c0 (coalesced), sums the SPLITS partials of each of NP parts in split order (deterministic) and hands
      * the sums to fin(row, col, sums). Called after the ticket's barrier: the laundered pointer keeps the
      * loads after it, and the loads, free of volatile, are issued in batches before the first sum. */
     template <int W, int SPLITS, int NP, class Fin>
@@ -316,12 +357,12 @@ struct Stream {
     {
         const float *ws = launder(ws_);
         constexpr int Q = W / 4, B = cmax(1, 16 / (SPLITS * NP));
-        const int items = p.m * Q;
+        const int items = cmin(BM, p.m - m0) * Q;
         for (int base = lt; base < items; base += 256 * B) {
             float4 v[B][NP][SPLITS];
 #pragma unroll
             for (int b = 0; b < B; b++) {
-                const int i = base + 256 * b, r = i / Q, col = c0 + i % Q * 4;
+                const int i = base + 256 * b, r = m0 + i / Q, col = c0 + i % Q * 4;
                 const bool in = i < items && col < limit;
                 const float *q = ws + (in ? (int64_t)r * width + col : 0);
 #pragma unroll
@@ -333,7 +374,7 @@ struct Stream {
             }
 #pragma unroll
             for (int b = 0; b < B; b++) {
-                const int i = base + 256 * b, r = i / Q, col = c0 + i % Q * 4;
+                const int i = base + 256 * b, r = m0 + i / Q, col = c0 + i % Q * 4;
                 if (i >= items || col >= limit)
                     continue;
                 float sum[NP][4];
@@ -391,7 +432,8 @@ struct Stream {
 
     FUSER_DEVICE void phase1(Cursor<STAGES> &c, int u) const
     {
-        const int nt = u / S1, sp = u % S1;
+        const Unit t = unit1(u);
+        const int nt = t.tile, sp = t.split;
         float up[NW1 / 2], gate[NW1 / 2];
         mainloop<NW1, C::GATED>(c, sp * KS1, cmin(KT1, (sp + 1) * KS1), BN, up, gate);
         const int n0 = nt * BN;
@@ -401,7 +443,7 @@ struct Stream {
             store_partial<NW1>(up, ws, C::N, n0, C::N);
             if constexpr (C::GATED)
                 store_partial<NW1>(gate, ws + stride, C::N, n0, C::N);
-            if (!last_of(p.sync + TICKETS1 + nt, S1))
+            if (!last_of(sync_of(t.row, TICKETS1 + nt), S1))
                 return;
             reduce_tile<BN, S1, PARTS>(p.ws, stride, PARTS * stride, C::N, n0, C::N,
                                        [&](int r, int n, const float (&sum)[PARTS][4]) {
@@ -432,16 +474,17 @@ struct Stream {
         consumers_sync();
         if (lt == 0) {
             if constexpr (S1 > 1)
-                store_relaxed_gpu(p.sync + TICKETS1 + nt, 0);
+                store_relaxed_gpu(sync_of(t.row, TICKETS1 + nt), 0);
             const int last_step = (cmin(C::N, n0 + BN) - 1) / SW_COLS;
             for (int sp2 = n0 / SW_COLS / KS2; sp2 <= last_step / KS2; sp2++)
-                red_release_gpu_add(p.sync + READY + sp2, 1);
+                red_release_gpu_add(sync_of(t.row, READY + sp2), 1);
         }
     }
 
     FUSER_DEVICE void phase2(Cursor<STAGES> &c, int u) const
     {
-        const int sp = u / LT, l_t = u % LT;
+        const Unit t = unit2(u);
+        const int l_t = t.tile, sp = t.split;
         float acc[NW2 / 2];
         mainloop<NW2, false>(c, sp * KS2, cmin(KT2, (sp + 1) * KS2), 0, acc, acc);
         const int l0 = l_t * BL;
@@ -449,13 +492,13 @@ struct Stream {
             const int64_t stride = (int64_t)p.m * C::L;
             float *ws2 = p.ws + (S1 > 1 ? (int64_t)S1 * PARTS * p.m * C::N : 0);
             store_partial<NW2>(acc, ws2 + sp * stride, C::L, l0, C::L);
-            if (!last_of(p.sync + TICKETS2 + l_t, S2))
+            if (!last_of(sync_of(t.row, TICKETS2 + l_t), S2))
                 return;
             reduce_tile<BL, S2, 1>(ws2, 0, stride, C::L, l0, C::L,
                                    [&](int r, int l, const float (&sum)[1][4]) { store_y<4>(r, l, sum[0]); });
             consumers_sync();
             if (lt == 0)
-                store_relaxed_gpu(p.sync + TICKETS2 + l_t, 0);
+                store_relaxed_gpu(sync_of(t.row, TICKETS2 + l_t), 0);
         } else if constexpr (SWAP) {
 #pragma unroll
             for (int i = 0; i < NW2 / 2; i++) {
@@ -491,10 +534,13 @@ struct Stream {
                 break;
             if (p.trace && lt == 0)
                 p.trace[u * TRACE_WORDS + 3] = global_ns();
-            if (u < U1)
+            if (u < u1) {
+                m0 = unit1(u).row * BM;
                 phase1(c, u);
-            else
-                phase2(c, u - U1);
+            } else {
+                m0 = unit2(u - u1).row * BM;
+                phase2(c, u - u1);
+            }
             if (p.trace && lt == 0)
                 p.trace[u * TRACE_WORDS + 4] = global_ns();
         }
@@ -503,8 +549,9 @@ struct Stream {
         consumers_sync();
         if (lt == 0) {
             if (atomic_add_gpu(p.sync + DONE, 1) == (int)gridDim.x - 1) {
-                for (int i = 0; i < S2; i++)
-                    store_relaxed_gpu(p.sync + READY + i, 0);
+                for (int r = 0; r < rt; r++)
+                    for (int i = 0; i < S2; i++)
+                        store_relaxed_gpu(sync_of(r, READY + i), 0);
                 store_relaxed_gpu(p.sync + CLAIM, 0);
                 store_relaxed_gpu(p.sync + DONE, 0);
             }
