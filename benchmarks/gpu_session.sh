@@ -6,12 +6,14 @@
 #          shapes, the decode set twice for run-to-run agreement; GEMM=0 and DECODE_RUNS=1 shorten it)
 #   fit    build, the stream sweeps (every SWEEP and DECODE shape's candidate plans timed against eager,
 #          several calls per CUDA graph) and benchmarks/fit_stream.py on them: the rows a cost-model refit needs
+#   prefill build, the stream kernel's GPU tests, memcheck on its sanitizer workload, the prefill sweep
+#          (stream plans of several row tiles timed against eager) and traces of three of them
 #   all    check and bench, one after the other (a machine without a 10-minute limit)
 # Logs go to $OUT/results-<stage>.tgz (OUT defaults to ./gpu-out), the one-line summaries to $OUT/gpu.txt.
-#     bash benchmarks/gpu_session.sh check|bench|fit|all
+#     bash benchmarks/gpu_session.sh check|bench|fit|prefill|all
 set -uo pipefail
 STAGE=${1:-all}
-case $STAGE in check|bench|fit|all) ;; *) echo "usage: $0 check|bench|fit|all" >&2; exit 2;; esac
+case $STAGE in check|bench|fit|prefill|all) ;; *) echo "usage: $0 check|bench|fit|prefill|all" >&2; exit 2;; esac
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-gpu-out}
 OUT=$FINAL/r
@@ -28,6 +30,20 @@ if [ "$STAGE" = fit ]; then
         --json "$OUT/fit.json" > "$OUT/fit.log" 2>&1
     echo "fit_stream rc $?" | tee -a "$OUT/gpu.txt"; head -8 "$OUT/fit.log" >> "$OUT/gpu.txt"
     cp "$OUT/gpu.txt" "$FINAL/gpu.txt"; tar czf "$FINAL/results-fit.tgz" -C "$OUT" . && rm -rf "$OUT"; exit 0
+fi
+if [ "$STAGE" = prefill ]; then
+    timeout 240 python3 -m pytest tests/test_gpu_stream.py -q -p no:cacheprovider --durations=5 2>&1 | tail -30 \
+        > "$OUT/pytest_stream.log"
+    echo "pytest stream rc ${PIPESTATUS[0]} $(grep -E '(passed|failed|error)' "$OUT/pytest_stream.log" | tail -1)" \
+        | tee -a "$OUT/gpu.txt"
+    timeout 90 compute-sanitizer --tool memcheck --error-exitcode 3 --kernel-name regex=fuser_ffn \
+        python3 tests/gpu/sanitize_stream.py > "$OUT/sanitizer_memcheck.txt" 2>&1
+    echo "memcheck rc $? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer_memcheck.txt" | head -1)" | tee -a "$OUT/gpu.txt"
+    timeout 240 python3 benchmarks/kernel_check.py --prefill --out "$OUT/prefill" > "$OUT/prefill.log" 2>&1
+    echo "prefill rc $?" | tee -a "$OUT/gpu.txt"; grep -E ' us \(eager' "$OUT/prefill.log" | cut -c1-200 >> "$OUT/gpu.txt"
+    timeout 60 python3 benchmarks/kernel_check.py --trace prefill --out "$OUT/trace" > "$OUT/trace.log" 2>&1
+    echo "trace rc $?" | tee -a "$OUT/gpu.txt"; grep -E '^trace' "$OUT/trace.log" | cut -c1-300 >> "$OUT/gpu.txt"
+    cp "$OUT/gpu.txt" "$FINAL/gpu.txt"; tar czf "$FINAL/results-prefill.tgz" -C "$OUT" . && rm -rf "$OUT"; exit 0
 fi
 if [ "$STAGE" != bench ]; then
     FUSER_GPU_STREAM_REPORT=$OUT/stream_matrix.json timeout 400 python3 -m pytest -m gpu -q -p no:cacheprovider \

@@ -107,20 +107,38 @@ SWEEP = [  # name, d_model, d_ff, d_out, gated, act, tokens
 ]
 
 
+PREFILL = [  # name, d_model, d_ff, d_out, gated, act, tokens: several row tiles
+    ("gpt2", 768, 3072, 768, False, "gelu", 512), ("gpt2", 768, 3072, 768, False, "gelu", 2048),
+    ("gpt2-medium", 1024, 4096, 1024, False, "gelu", 1024), ("gpt2-medium", 1024, 4096, 1024, False, "gelu", 2048),
+    ("llama3-8b", 4096, 14336, 4096, True, "silu", 256), ("llama3-8b", 4096, 14336, 4096, True, "silu", 1024),
+]
+
+
+def _extras(m, gated):
+    """Plan constraints timed beside the model's best: wide tiles, and for decode the swap-AB splits, for
+    several row tiles the 128-row tiles without or with few splits."""
+    if m <= 32:
+        return [dict(bm=16 if m <= 16 else 32, s1=s1, s2=s2) for s1, s2 in ((1, 4), (2, 8), (4, 8), (8, 16))] + \
+               [dict(bm=64, bn=128, bl=256)]
+    if m > 128:
+        wide = 128 if gated else 256
+        return [dict(bm=128, bn=wide, bl=128, s1=1, s2=s2) for s2 in (1, 2)] + \
+               [dict(bm=128, bn=128, bl=128, s1=1, s2=1), dict(bm=128, bn=128, bl=64, s1=1, s2=1),
+                dict(bm=64, bn=wide, bl=128, s1=1, s2=1)]
+    return [dict(bn=128, bl=256), dict(bn=128, bl=128), dict(bn=256 if not gated else 128, bl=128),
+            dict(bm=64) if m <= 64 else dict(bn=128, bl=64)]
+
+
 def sweep_section(log, top=6, shapes=None):
     """For each SWEEP shape: the `top` best predicted stream plans plus wide-tile ones, each timed in a CUDA
-    graph interleaved with eager in a graph (rotating input sets): rows for fitting the cost model."""
+    graph interleaved with eager in a graph (rotating input sets): rows for fitting the cost model. Each
+    plan's output for the first input set is checked against a float64 reference."""
     gen = torch.Generator(device="cuda").manual_seed(3)
     rows = []
     for name, d, f, l, gated, act, m in shapes or SWEEP:
         kw = dict(d_out=l, gated=gated, activation=act, target="h200", fused=True, kind="stream")
         ps = fuser.plans(m, d, f, k=top, **kw)
-        extras = [dict(bn=128, bl=256), dict(bn=128, bl=128), dict(bn=256 if not gated else 128, bl=128),
-                  dict(bm=64) if m <= 64 else dict(bn=128, bl=64)]
-        if m <= 32:
-            extras = [dict(bm=16 if m <= 16 else 32, s1=s1, s2=s2) for s1, s2 in ((1, 4), (2, 8), (4, 8), (8, 16))] + \
-                     [dict(bm=64, bn=128, bl=256)]
-        for extra in extras:
+        for extra in _extras(m, gated):
             try:
                 ps += fuser.plans(m, d, f, k=2, **kw, **extra)
             except ValueError:
@@ -135,21 +153,25 @@ def sweep_section(log, top=6, shapes=None):
         per = max(4, min(20, int(2e7 // bytes_)))
         ref_fn = [lambda t=t: fuser.ffn_reference(activation=act, **t) for t in ins]
         eager = graph_of([ref_fn[i % sets] for i in range(per)])
+        ref = fuser.ffn_reference(activation=act, **{k: x.double() for k, x in ins[0].items()})
         for p in uniq.values():
             try:
                 outs = [torch.empty(m, l, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
                 calls = [lambda t=t, o=o: fuser.ffn(activation=act, out=o, plan=p, **t) for t, o in zip(ins, outs)]
                 g = graph_of([calls[i % sets] for i in range(per)])
                 te, tf = _time_graphs([eager, g], per)
+                err = float((outs[0].double() - ref).norm() / ref.norm())
                 row = dict(name=name, m=m, plan=p.summary(), params=p.raw["params"], predicted=p.predicted_us,
-                           measured=tf, eager=te, speedup=te / tf, floor=p.floor_us)
+                           measured=tf, eager=te, speedup=te / tf, floor=p.floor_us, rel_err=err, ok=err < 2e-2,
+                           tflops=p.raw["cost"]["useful_flops"] / tf / 1e6)
                 rows.append(row)
                 log(f"{name:10s} m={m:<4d} {tf:8.1f} us (eager {te:7.1f}, {te / tf:.2f}x; predicted "
-                    f"{p.predicted_us:7.1f}; floor {p.floor_us:.1f}) {p.summary()}")
+                    f"{p.predicted_us:7.1f}; floor {p.floor_us:.1f}; {row['tflops']:.0f} TFLOP/s; err {err:.1e}"
+                    f"{'' if row['ok'] else ' BAD'}) {p.summary()}")
                 del g
             except Exception as e:  # noqa: BLE001
                 log(f"{name} m={m} {p.summary()}: {type(e).__name__}: {e}")
-        del eager
+        del eager, ref
         torch.cuda.empty_cache()
     return rows
 
@@ -158,7 +180,7 @@ def trace_run(name, m, log, **cons):
     """One stream plan of a SWEEP shape, launched with its trace: when each unit was claimed, could load,
     got its first data and was done (global timer), summarised per phase."""
     from fuser import _C, runtime
-    (_, d, f, l, gated, act, _), = [w for w in SWEEP if w[0] == name][:1]
+    (_, d, f, l, gated, act, _), = [w for w in SWEEP + PREFILL if w[0] == name][:1]
     p = fuser.plan(m, d, f, d_out=l, gated=gated, activation=act, target="h200", fused=True, kind="stream", **cons)
     t = _inputs(d, f, l, gated, m, 1, torch.Generator(device="cuda").manual_seed(1))[0]
     y = torch.empty(m, l, device="cuda", dtype=torch.bfloat16)
@@ -175,7 +197,7 @@ def trace_run(name, m, log, **cons):
     torch.cuda.synchronize()
     tr = trace.view(torch.int64).reshape(units, 6).cpu()
     t0 = int(tr[:, 1].min())
-    u1 = p.derived["nt1"] * p.splits[0]
+    u1 = p.derived["grid_m"] * p.derived["nt1"] * p.splits[0]
     rows = []
     for lo, hi, ph in ((0, u1, 1), (u1, units, 2)):
         seg = tr[lo:hi]
@@ -304,8 +326,10 @@ def main():
     ap.add_argument("--splits", action="store_true")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--decode", action="store_true", help="sweep the decode shapes (swap-AB and the rest)")
+    ap.add_argument("--prefill", action="store_true", help="sweep shapes of several row tiles (256-2048 tokens)")
     ap.add_argument("--bench", default=None, help="paper, quick, models, all, or workloads (G4,S1,llama3-8b:16)")
-    ap.add_argument("--trace", action="store_true", help="trace a few stream plans (unit timelines)")
+    ap.add_argument("--trace", nargs="?", const="decode", choices=("decode", "prefill"),
+                    help="trace a few stream plans (unit timelines): decode-size (default) or prefill-size")
     ap.add_argument("--overlap", action="store_true", help="early (PDL) against serial launches of stream plans")
     ap.add_argument("--one", default=None, help="run one SWEEP shape's best stream plan 3 times (for ncu) and exit")
     ap.add_argument("--out", default=".")
@@ -331,6 +355,7 @@ def main():
     for flag, name, fn in ((a.gemm, "gemm", gemm_section), (a.stream, "stream", stream_section),
                            (a.splits, "splits", splits_section), (a.sweep, "sweep", sweep_section),
                            (a.decode, "decode", lambda log: sweep_section(log, top=4, shapes=DECODE)),
+                           (a.prefill, "prefill", lambda log: sweep_section(log, top=3, shapes=PREFILL)),
                            (a.overlap, "overlap", overlap_section)):
         if flag:
             t0 = time.time()
@@ -341,11 +366,15 @@ def main():
             log(f"[{name}: {time.time() - t0:.1f} s]")
     if a.trace:
         result["trace"] = []
-        for name, m, cons in (("G1", 128, {}), ("G8", 128, {}), ("S1", 128, {}), ("S1", 128, dict(bn=128, bl=128)),
-                              ("llama3-8b", 1, dict(bn=128, bl=256)), ("llama3-8b", 1, dict(bm=16, s1=1, s2=4)),
-                              ("llama3-8b", 1, dict(bm=16, s1=2, s2=8)), ("llama3-8b", 1, dict(bm=16, s1=4, s2=8)),
-                              ("llama3-8b", 1, dict(bm=16, s1=8, s2=16)), ("llama3-8b", 16, dict(bm=16, s1=2, s2=8)),
-                              ("gpt2", 16, {})):
+        decode = (("G1", 128, {}), ("G8", 128, {}), ("S1", 128, {}), ("S1", 128, dict(bn=128, bl=128)),
+                  ("llama3-8b", 1, dict(bn=128, bl=256)), ("llama3-8b", 1, dict(bm=16, s1=1, s2=4)),
+                  ("llama3-8b", 1, dict(bm=16, s1=2, s2=8)), ("llama3-8b", 1, dict(bm=16, s1=4, s2=8)),
+                  ("llama3-8b", 1, dict(bm=16, s1=8, s2=16)), ("llama3-8b", 16, dict(bm=16, s1=2, s2=8)),
+                  ("gpt2", 16, {}))
+        prefill = (("gpt2", 2048, dict(bm=128, bn=256, bl=128, s1=1, s2=1)),
+                   ("gpt2", 2048, dict(bm=128, bn=256, bl=128, s1=1, s2=2)),
+                   ("llama3-8b", 1024, dict(bm=128, bn=128, bl=128, s1=1, s2=1)))
+        for name, m, cons in prefill if a.trace == "prefill" else decode:
             try:
                 result["trace"].append(trace_run(name, m, log, **cons))
             except Exception:  # noqa: BLE001
@@ -360,6 +389,7 @@ def main():
     with open(os.path.join(a.out, "kernel_check.json"), "w") as f:
         json.dump(dict(result=result, log=log_lines), f, indent=1, default=str)
     bad = sum(1 for sec in ("stream", "splits", "overlap") for r in result.get(sec, []) if not r.get("ok"))
+    bad += sum(1 for sec in ("sweep", "decode", "prefill") for r in result.get(sec, []) if r.get("ok") is False)
     bad += sum(1 for r in result.get("gemm", []) if r.get("ok") is False)
     log(f"failures: {bad}")
     sys.exit(1 if bad else 0)

@@ -25,7 +25,7 @@ def test_workload_sets_hold_the_paper_and_model_shapes():
     assert [w.name for w in paper] == [f"G{i}" for i in range(1, 11)] + [f"S{i}" for i in range(1, 9)]
     assert all(w.m == 128 for w in paper)
     models = workload_set("models")
-    assert {w.name for w in models} == {"gpt2", "llama2-7b", "llama3-8b", "llama-70b", "gpt3-6.7b"}
+    assert {w.name for w in models} == {"gpt2", "gpt2-medium", "llama2-7b", "llama3-8b", "llama-70b", "gpt3-6.7b"}
     assert sorted({w.m for w in models}) == [1, 16, 128, 512, 2048, 8192]
     with pytest.raises(ValueError, match="paper, models, all or quick"):
         workload_set("everything")

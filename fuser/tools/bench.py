@@ -153,7 +153,7 @@ def workload_set(name):
     Example:
         >>> from fuser.tools.bench import workload_set
         >>> len(workload_set("paper")), len(workload_set("models")), len(workload_set("all"))
-        (18, 30, 48)
+        (18, 36, 54)
     """
     if name == "paper":
         return [parse_workload(n) for n in PAPER]

@@ -22,9 +22,10 @@ for _name, (_n, _k, _l) in PAPER_G.items():
 for _name, (_n, _k, _l) in PAPER_S.items():
     PAPER[_name] = dict(m=128, d_model=_k, d_ff=_n, d_out=_l, gated=True, activation="silu")
 
-#: Model FFNs measured in the H200 baselines (any token count).
+#: Model FFNs measured in the H200 baselines, and GPT-2 medium's (any token count).
 MODELS = {
     "gpt2": dict(d_model=768, d_ff=3072, d_out=768, gated=False, activation="gelu"),
+    "gpt2-medium": dict(d_model=1024, d_ff=4096, d_out=1024, gated=False, activation="gelu"),  # BERT-large's too
     "llama2-7b": dict(d_model=4096, d_ff=11008, d_out=4096, gated=True, activation="silu"),
     "llama3-8b": dict(d_model=4096, d_ff=14336, d_out=4096, gated=True, activation="silu"),
     "llama-70b": dict(d_model=8192, d_ff=28672, d_out=8192, gated=True, activation="silu"),
