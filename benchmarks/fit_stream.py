@@ -1,6 +1,6 @@
-"""Refit the stream kernel's cost-model constants to timed plans, and say what the fit changes.
+"""Refit the planner's stream-kernel and eager-path constants to timed plans, and say what the fit changes.
 
-Reads the timed stream plans of `benchmarks/kernel_check.py` logs (its sweep, decode and overlap sections:
+Reads the timed stream plans of `benchmarks/kernel_check.py` logs (its sweep, decode, prefill and overlap sections:
 each row a plan summary, its token count, its measured time and eager's), predicts every plan under the
 built-in H200 target with candidate values of the five fitted constants (``stream_fixed_us``,
 ``stream_unit_us``, ``stream_time_scale``, ``stream_sm_gbs``, ``stream_operand_bytes_per_clk``) and keeps
@@ -8,6 +8,12 @@ the values with the least mean squared log error (coordinate descent over multip
 same rows and start always give the same answer). Then, before and after, per shape: the rank
 correlation of predicted and measured times, the regret of the predicted-best plan (its measured time
 over the best measured), and whether that plan beat eager.
+
+The eager path's constants (``eager_op_us``, ``eager_mma_eff``, ``eager_ramp_us``, ``eager_ramp_mb``,
+``small_gemm_eff``) are fitted the same way to eager's times (the median of each shape's rows, every row
+timing eager beside a plan). With both fitted, the planner itself (``fuser.plan`` on the fitted target)
+chooses for every shape, and its choice's measured time is set against the best measured (eager or any
+stream plan): the backtest of the joint fit.
 
 A plan timed in several logs keeps its newest time (logs are read in the order given: put the newest
 last). Overlap rows count their early launch, the kernel's default.
@@ -30,6 +36,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from planner_accuracy import spearman  # noqa: E402
 
 FITTED = ("stream_fixed_us", "stream_unit_us", "stream_time_scale", "stream_sm_gbs", "stream_operand_bytes_per_clk")
+EAGER_FITTED = ("eager_op_us", "eager_mma_eff", "eager_ramp_us", "eager_ramp_mb", "small_gemm_eff")
+EAGER_START = dict(eager_ramp_us=2.0)   # a multiplicative search cannot leave 0
 STEPS = (0.5, 0.7, 0.85, 0.95, 1.05, 1.2, 1.4, 2.0)
 _SUMMARY = re.compile(r"bm=(\d+) bn=(\d+) bl=(\d+), splits (\d+)/(\d+), (\d+) stages")
 
@@ -40,7 +48,7 @@ def rows_of(paths):
     for path in paths:
         with open(path) as f:
             result = json.load(f)["result"]
-        for section in ("sweep", "decode", "overlap"):
+        for section in ("sweep", "decode", "prefill", "overlap"):
             for r in result.get(section) or []:
                 if "stream" not in r.get("plan", "") or not r.get("ok", True):
                     continue
@@ -65,15 +73,36 @@ def msle(rows, target):
     return statistics.mean((math.log(predict(k, target)) - math.log(t)) ** 2 for k, (t, _) in rows.items())
 
 
-def fit(rows, target, sweeps=20):
+def eager_rows(rows):
+    """{(name, m): median eager us} over every row of the shape."""
+    by = {}
+    for k, (_, eager) in rows.items():
+        by.setdefault(k[:2], []).append(eager)
+    return {k: statistics.median(v) for k, v in by.items()}
+
+
+def predict_eager(shape, target):
+    name, m = shape
+    w = parse_workload(f"{name}:{m}")
+    return fuser.plan(m, w.d_model, w.d_ff, d_out=w.d_out, gated=w.gated, activation=w.activation, target=target,
+                      fused=False).predicted_us
+
+
+def msle_eager(eager, target):
+    return statistics.mean((math.log(predict_eager(k, target)) - math.log(t)) ** 2 for k, t in eager.items())
+
+
+def fit(rows, target, sweeps=20, names=FITTED, err_of=msle):
     t = dict(target)
-    best = msle(rows, t)
+    best = err_of(rows, t)
     for _ in range(sweeps):
         improved = False
-        for name in FITTED:
+        for name in names:
             for step in STEPS:
                 cand = dict(t, **{name: t[name] * step})
-                e = msle(rows, cand)
+                if name.endswith("_eff") and cand[name] > 1:
+                    continue
+                e = err_of(rows, cand)
                 if e < best - 1e-6:
                     best, t, improved = e, cand, True
         if not improved:
@@ -96,6 +125,33 @@ def per_shape(rows, target):
     return out
 
 
+def backtest(rows, eager, target):
+    """Per shape: what the planner picks on `target` (eager, or a stream plan: its measured time when the
+    sweep timed it), against the best measured time (eager or any stream plan)."""
+    out = {}
+    for (name, m), t_eager in sorted(eager.items()):
+        w = parse_workload(f"{name}:{m}")
+        p = fuser.plan(m, w.d_model, w.d_ff, d_out=w.d_out, gated=w.gated, activation=w.activation, target=target)
+        timed = {k[2]: t for k, (t, _) in rows.items() if k[:2] == (name, m)}
+        best = min([t_eager] + list(timed.values()))
+        if not p.fused:
+            pick, meas = "eager", t_eager
+        else:
+            s = _SUMMARY.search(p.summary())
+            pick = s.group(0) if s else p.summary()
+            meas = timed.get(pick)
+        out[(name, m)] = dict(pick=pick, predicted_us=p.predicted_us, measured_us=meas, eager_us=t_eager,
+                              best_us=best, regret=None if meas is None else meas / best,
+                              vs_eager=None if meas is None else t_eager / meas)
+    return out
+
+
+def show_fit(what, before, after, names, base, fitted):
+    print(f"{what}; msle {before:.4f} with the built-in constants, {after:.4f} fitted")
+    for name in names:
+        print(f"  {name:30s} {base[name]:8.3f} -> {fitted[name]:8.3f}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("logs", nargs="+", help="kernel_check JSON logs, oldest first")
@@ -104,10 +160,7 @@ def main(argv=None):
     rows = rows_of(a.logs)
     base = dict(fuser._C.targets()["h200"])
     fitted, err = fit(rows, base)
-    print(f"{len(rows)} timed stream plans; msle {msle(rows, base):.4f} with the built-in constants, "
-          f"{err:.4f} fitted")
-    for name in FITTED:
-        print(f"  {name:30s} {base[name]:8.3f} -> {fitted[name]:8.3f}")
+    show_fit(f"{len(rows)} timed stream plans", msle(rows, base), err, FITTED, base, fitted)
     tables = {}
     for label, t in (("built-in", base), ("fitted", fitted)):
         tables[label] = per_shape(rows, t)
@@ -116,9 +169,25 @@ def main(argv=None):
             print(f"  {name:10s} m={m:<4d} {r['plans']:3d} plans  rho {r['spearman']:5.2f}  regret "
                   f"{r['regret']:.3f}  pick {r['pick_us']:7.1f} us (predicted {r['predicted_us']:7.1f}) vs eager "
                   f"{r['eager_us']:7.1f}: {r['vs_eager']:.2f}x  {r['pick']}")
+    eager = eager_rows(rows)
+    start = dict(base, **{k: v for k, v in EAGER_START.items() if base[k] == 0})
+    both, e_err = fit(eager, dict(start, **{k: fitted[k] for k in FITTED}), names=EAGER_FITTED, err_of=msle_eager)
+    show_fit(f"{len(eager)} eager shapes", msle_eager(eager, base), e_err, EAGER_FITTED, base, both)
+    checks = {}
+    for label, t in (("built-in", base), ("fitted", both)):
+        checks[label] = backtest(rows, eager, t)
+        print(f"== {label}: the planner's pick per shape, measured, against the best measured ==")
+        for (name, m), r in checks[label].items():
+            meas = "not timed" if r["measured_us"] is None else f"{r['measured_us']:7.1f} us"
+            rel = "" if r["regret"] is None else f"regret {r['regret']:.3f}, {r['vs_eager']:.2f}x eager"
+            print(f"  {name:11s} m={m:<5d} {r['pick']:44s} {meas} (predicted {r['predicted_us']:7.1f}; eager "
+                  f"{r['eager_us']:7.1f}, best {r['best_us']:7.1f}) {rel}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(dict(fitted={k: fitted[k] for k in FITTED}, built_in={k: base[k] for k in FITTED},
+            json.dump(dict(fitted={k: both[k] for k in FITTED + EAGER_FITTED},
+                           built_in={k: base[k] for k in FITTED + EAGER_FITTED},
+                           backtest={label: {f"{n}:{m}": r for (n, m), r in tab.items()}
+                                     for label, tab in checks.items()},
                            shapes={label: {f"{n}:{m}": r for (n, m), r in tab.items()}
                                    for label, tab in tables.items()}), f, indent=1)
     return 0

@@ -98,13 +98,15 @@ static double l2_bw(const fuser_target *t, const fuser_plan *p, double sms, doub
     return fmin(t->l2_gbs * 1e9, sms * per_sm);
 }
 
-/* Time of one library GEMM [m x k] x [k x n] (+ bias) as a separate kernel. */
+/* Time of one library GEMM [m x k] x [k x n] (+ bias) as a separate kernel, without its fixed cost:
+ * compute or bandwidth, whichever is longer, plus a ramp that grows with its bytes (a small GEMM's fill
+ * and drain are most of it; a large one's saturate). */
 static double gemm_us(const fuser_target *t, double m, double k, double n, double e)
 {
-    /* NOTE: cuBLAS reaches ~0.87 of the burst matmul rate at large shapes (1.12-1.16x floor). */
-    double tc = 2 * m * k * n / (t->mma_tflops * 0.87 * 1e6);
-    double tm = e * (m * k + k * n + m * n) / (t->hbm_gbs * t->small_gemm_eff * 1e3);
-    return t->launch_us + (tc > tm ? tc : tm);
+    const double bytes = e * (m * k + k * n + m * n);
+    const double tc = 2 * m * k * n / (t->mma_tflops * t->eager_mma_eff * 1e6);
+    const double tm = bytes / (t->hbm_gbs * t->small_gemm_eff * 1e3);
+    return (tc > tm ? tc : tm) + t->eager_ramp_us * (1 - exp(-bytes / (t->eager_ramp_mb * 1e6)));
 }
 
 /* The unfused path as fuser runs it: PyTorch eager ops (cuBLAS GEMMs with fused bias, separate
@@ -120,10 +122,10 @@ static void cost_unfused(fuser_plan *p, const fuser_target *t)
      * The gated path also reads x twice. */
     double ew_bytes = c->gated ? e * M * N * 5 : e * M * N * 2; /* the elementwise kernels' share */
     double hbm = compulsory_bytes(c) + e * M * N * (c->gated ? 8 : 4) + (c->gated ? e * M * K : 0);
-    k->compute = gemm_us(t, M, K, N, e) * (c->gated ? 2 : 1) + gemm_us(t, M, N, L, e) - t->launch_us * (c->gated ? 3 : 2);
+    k->compute = gemm_us(t, M, K, N, e) * (c->gated ? 2 : 1) + gemm_us(t, M, N, L, e);
     k->hbm = ew_bytes / (t->hbm_gbs * 1e3);
     k->l2 = k->dsm = k->smem = k->sync = k->tail = 0;
-    k->launch = t->launch_us * (c->gated ? 5 : 3);
+    k->launch = t->eager_op_us * (c->gated ? 5 : 3); /* gated: 3 GEMMs, activation, product; else 2 + 1 */
     k->total = k->compute + k->hbm + k->launch;
     k->useful_flops = k->flops = chain_flops(c);
     k->waves = 0;

@@ -71,20 +71,28 @@ static const fuser_target builtin[] = {
         .fused_scale_compute = 1.585, .fused_scale_hbm = 0.459, .fused_scale_l2 = 0.782,
         .fused_scale_dsm = 1.221, .fused_scale_smem = 1.000, .fused_scale_sync = 1.418,
         .fused_scale_tail = 1.102,
-        .small_gemm_eff = 0.80,
-        /* NOTE: stream_*: stream_mma_eff is the wgmma GEMM probe's rate over the matmul rate (0.82 at
-         * 8192^3 on the H200, 2026-12-01, benchmarks/RESULTS.md); the other four were fitted (grid search,
-         * mean squared log error 0.012) to 164 stream plans of 14 shapes timed in CUDA graphs on the H200
-         * (benchmarks/results/2026-12-01-h200-stream-{sweep,decode}.json): the kernel's SS wgmma are
-         * fed at ~100 of shared memory's 127 B/clk (so N <= 32 is operand-bound); ~3 us per unit of
-         * epilogue and ring restart; ~2 us per launch of fill and hand-off; 1.2x the modelled rest. */
-        .stream_mma_eff = 0.80, .stream_fixed_us = 2.0, .stream_time_scale = 1.2,
-        .stream_operand_bytes_per_clk = 100.0, .stream_unit_us = 3.0, .stream_sm_gbs = 60.0,
+        /* NOTE: the eager path's constants and the stream ones below (all but stream_mma_eff) were fitted
+         * together by benchmarks/fit_stream.py (coordinate descent on mean squared log error) to the
+         * H200 runs of 2026-12-02 (benchmarks/results/2026-12-02-h200-{fit-sweep,fit-decode,prefill-a,
+         * prefill-b}.json): 173 stream plans of 20 shapes (1-1024 tokens, GPT-2 to LLaMA-70B, the paper's
+         * 128-token chains) and eager in a CUDA graph beside each, four or more calls per graph. Eager:
+         * msle 0.139 -> 0.002 (small chains were predicted 2x too fast: each eager kernel costs ~2.2 us
+         * in a graph and each GEMM ~2.8 us of ramp); stream: 0.038 -> 0.015. With stream_margin 0.02
+         * the planner's pick beats or ties eager on every one of the 20 shapes (geomean regret 1.02 over
+         * the best measured); 1.25x at GPT-2 decode, 1.06-1.11x on 7B decode, eager from 128 tokens on. */
+        .small_gemm_eff = 0.972,
+        .eager_op_us = 2.182, .eager_mma_eff = 0.959, .eager_ramp_us = 2.807, .eager_ramp_mb = 2.508,
+        /* stream_mma_eff is the wgmma GEMM probe's rate over the matmul rate (0.82 at 8192^3 on the H200,
+         * 2026-12-01, benchmarks/RESULTS.md): the kernel's SS wgmma are fed at ~94 of shared memory's 127
+         * B/clk (so N <= 32 is operand-bound); ~2 us per unit of epilogue and ring restart; ~1.2 us per
+         * launch of fill and hand-off; 1.14x the modelled rest. */
+        .stream_mma_eff = 0.80, .stream_fixed_us = 1.194, .stream_time_scale = 1.14,
+        .stream_operand_bytes_per_clk = 93.713, .stream_unit_us = 1.985, .stream_sm_gbs = 75.6,
         .fusion_margin = 0.10,      /* policy: the calibrated model's typical error is ~20% (log error
                                        0.037 leave-one-shape-out), so gains under 10% are not trusted */
-        .stream_margin = 0.06,      /* policy: the stream model's picks among measured decode plans beat
-                                       eager wherever it predicts more than 6% (LLaMA-70B, predicted 5%
-                                       faster because the eager model overrates its time, measured 0.96-1.01x) */
+        .stream_margin = 0.02,      /* policy: with both models fitted (above), 0 to 2% leave no measured
+                                       shape slower than eager; 4% and more drop GPT-3-6.7B at 16 tokens
+                                       (1.06x), 10% the LLaMA-3-8B decode rows (1.08-1.09x) */
         .max_workspace = (int64_t)256 << 20,
     },
     {
@@ -110,11 +118,12 @@ static const fuser_target builtin[] = {
         .fused_time_scale = 2.618,  /* the H200's median, until measured here */
         .fused_scale_compute = 1, .fused_scale_hbm = 1, .fused_scale_l2 = 1, .fused_scale_dsm = 1,
         .fused_scale_smem = 1, .fused_scale_sync = 1, .fused_scale_tail = 1,
-        .small_gemm_eff = 0.80,   /* the H200's, until measured here */
-        .stream_mma_eff = 0.80, .stream_fixed_us = 2.0, .stream_time_scale = 1.2, /* the H200's */
-        .stream_operand_bytes_per_clk = 100.0, .stream_unit_us = 3.0, .stream_sm_gbs = 60.0,
+        .small_gemm_eff = 0.972,  /* the H200's, until measured here */
+        .eager_op_us = 2.182, .eager_mma_eff = 0.959, .eager_ramp_us = 2.807, .eager_ramp_mb = 2.508,
+        .stream_mma_eff = 0.80, .stream_fixed_us = 1.194, .stream_time_scale = 1.14, /* the H200's */
+        .stream_operand_bytes_per_clk = 93.713, .stream_unit_us = 1.985, .stream_sm_gbs = 75.6,
         .fusion_margin = 0.10,
-        .stream_margin = 0.06,
+        .stream_margin = 0.02,
         .max_workspace = (int64_t)256 << 20,
     },
 };
@@ -177,13 +186,14 @@ int fuser_target_check(const fuser_target *t, fuser_err *err)
         {"fused_scale_tail", t->fused_scale_tail}, {"small_gemm_eff", t->small_gemm_eff},
         {"stream_mma_eff", t->stream_mma_eff}, {"stream_fixed_us", t->stream_fixed_us},
         {"stream_time_scale", t->stream_time_scale}, {"stream_operand_bytes_per_clk", t->stream_operand_bytes_per_clk},
-        {"stream_sm_gbs", t->stream_sm_gbs},
+        {"stream_sm_gbs", t->stream_sm_gbs}, {"eager_op_us", t->eager_op_us}, {"eager_mma_eff", t->eager_mma_eff},
+        {"eager_ramp_mb", t->eager_ramp_mb},
     };
     for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
         if (!(pos[i].v > 0) || !isfinite(pos[i].v))
             return fuser_fail(err, FUSER_E_VALUE, "target %s: %s must be positive, got %g", t->name, pos[i].name,
                               pos[i].v);
-    if (t->fused_mma_eff > 1 || t->small_gemm_eff > 1 || t->stream_mma_eff > 1)
+    if (t->fused_mma_eff > 1 || t->small_gemm_eff > 1 || t->stream_mma_eff > 1 || t->eager_mma_eff > 1)
         return fuser_fail(err, FUSER_E_VALUE, "target %s: efficiencies must be in (0, 1]", t->name);
     if (t->max_cluster != 8 && t->max_cluster != 16)
         return fuser_fail(err, FUSER_E_VALUE, "target %s: max_cluster must be 8 or 16, got %d", t->name,
@@ -205,6 +215,9 @@ int fuser_target_check(const fuser_target *t, fuser_err *err)
     if (!(t->stream_unit_us >= 0) || !isfinite(t->stream_unit_us))
         return fuser_fail(err, FUSER_E_VALUE, "target %s: stream_unit_us must be >= 0, got %g", t->name,
                           t->stream_unit_us);
+    if (!(t->eager_ramp_us >= 0) || !isfinite(t->eager_ramp_us))
+        return fuser_fail(err, FUSER_E_VALUE, "target %s: eager_ramp_us must be >= 0, got %g", t->name,
+                          t->eager_ramp_us);
     if (t->max_workspace < 0)
         return fuser_fail(err, FUSER_E_VALUE, "target %s: max_workspace must be >= 0", t->name);
     return FUSER_OK;

@@ -99,9 +99,9 @@ def test_e2e_decode_step_repeats_without_running_off_the_cache():
 
 
 def test_fit_stream_refits_the_constants_to_timed_plans(tmp_path):
-    """benchmarks/fit_stream.py on the committed sweep logs: it reads every timed stream plan, the fit
-    never ends worse than the built-in constants, and each shape gets a pick, a regret >= 1 and a rank
-    correlation."""
+    """benchmarks/fit_stream.py on the committed sweep logs: it reads every timed stream plan, neither fit
+    (stream, eager) ends worse than the built-in constants, each shape gets a pick, a regret >= 1 and a
+    rank correlation, and the planner's backtest covers every shape."""
     out = tmp_path / "fit.json"
     logs = [ROOT / "benchmarks/results" / f for f in ("2026-12-01-h200-stream-decode.json",
                                                        "2026-12-02-h200-overlap-trace.json")]
@@ -111,9 +111,17 @@ def test_fit_stream_refits_the_constants_to_timed_plans(tmp_path):
     m = re.search(r"^(\d+) timed stream plans; msle ([\d.]+) with the built-in constants, ([\d.]+) fitted$",
                   r.stdout, re.M)
     assert m and int(m.group(1)) >= 60 and float(m.group(3)) <= float(m.group(2)), r.stdout
+    e = re.search(r"^(\d+) eager shapes; msle ([\d.]+) with the built-in constants, ([\d.]+) fitted$", r.stdout, re.M)
+    assert e and int(e.group(1)) >= 5 and float(e.group(3)) <= float(e.group(2)), r.stdout
     res = json.loads(out.read_text())
-    assert set(res["fitted"]) == set(res["built_in"]) and len(res["fitted"]) == 5
+    assert set(res["fitted"]) == set(res["built_in"]) and len(res["fitted"]) == 10
     shapes = res["shapes"]["fitted"]
     assert "llama3-8b:1" in shapes and "llama2-7b:1" in shapes
     for s in shapes.values():
         assert s["regret"] >= 1.0 and s["pick_us"] > 0 and s["plans"] >= 1
+    # the backtest: the planner on the fitted target picks eager or a plan, never beating the best measured
+    checks = res["backtest"]["fitted"]
+    assert set(checks) == set(shapes)
+    for c in checks.values():
+        assert c["pick"] and c["best_us"] <= c["eager_us"]
+        assert c["measured_us"] is None or c["measured_us"] >= c["best_us"]

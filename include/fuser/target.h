@@ -46,6 +46,10 @@ typedef struct fuser_target {
     double fused_scale_compute, fused_scale_hbm, fused_scale_l2, fused_scale_dsm, fused_scale_smem,
         fused_scale_sync, fused_scale_tail;
     double small_gemm_eff;       /* fraction of hbm_gbs library GEMMs reach when weight-streaming */
+    /* the unfused path (PyTorch eager ops in a CUDA graph): each kernel's fixed cost, the fraction of
+     * mma_tflops its GEMMs reach when compute-bound, and each GEMM's ramp: eager_ramp_us x (1 -
+     * exp(-bytes / eager_ramp_mb)) of fill and drain on top of its bandwidth or compute time */
+    double eager_op_us, eager_mma_eff, eager_ramp_us, eager_ramp_mb;
     /* the stream kernel family (csrc/stream.c): its wgmma main loop's fraction of mma_tflops, its fixed
      * cost per launch beyond launch_us (pipeline fill, the H hand-off, the last reduction), and the
      * measured / modelled ratio of its time */
