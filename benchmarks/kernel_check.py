@@ -331,14 +331,17 @@ def main():
     ap.add_argument("--trace", nargs="?", const="decode", choices=("decode", "prefill"),
                     help="trace a few stream plans (unit timelines): decode-size (default) or prefill-size")
     ap.add_argument("--overlap", action="store_true", help="early (PDL) against serial launches of stream plans")
-    ap.add_argument("--one", default=None, help="run one SWEEP shape's best stream plan 3 times (for ncu) and exit")
+    ap.add_argument("--one", default=None, help="NAME:M[:bm=128,s1=1,...]: run one SWEEP or PREFILL shape's best "
+                    "stream plan (under the constraints) 3 times, for ncu, and exit")
     ap.add_argument("--out", default=".")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     if a.one:
-        name, m = a.one.split(":")
-        (_, d, f, l, gated, act, _), = [w for w in SWEEP if w[0] == name][:1]
-        p = fuser.plan(int(m), d, f, d_out=l, gated=gated, activation=act, target="h200", fused=True, kind="stream")
+        name, m, *cons = a.one.split(":")
+        cons = {k: int(v) for k, v in (c.split("=") for c in cons[0].split(","))} if cons else {}
+        (_, d, f, l, gated, act, _), = [w for w in SWEEP + PREFILL if w[0] == name][:1]
+        p = fuser.plan(int(m), d, f, d_out=l, gated=gated, activation=act, target="h200", fused=True, kind="stream",
+                       **cons)
         t = _inputs(d, f, l, gated, int(m), 1, torch.Generator(device="cuda").manual_seed(1))[0]
         for _ in range(3):
             fuser.ffn(activation=act, plan=p, **t)

@@ -137,7 +137,9 @@ static int r_stream_geometry(const fuser_plan *p, const fuser_target *t)
 /* CHOICE (splits left free): a stream phase with fewer units than 3/4 of the SMs leaves SMs idle while
  * it runs, and its units stream from fewer SMs than HBM needs (measured on the H200: LLaMA-3-8B's phase
  * 2 with 64 units took 108-119 us where 128 units took 94-96; the cost model misses much of that):
- * a phase must have units for 3/4 of the SMs, or as many as any split of the search gives it. */
+ * a phase must have units for 3/4 of the SMs, or as many as any split of the search gives it. Except
+ * at decode (up to 64 tokens) for a phase whose weights fit L2: it is short and latency-bound, and its
+ * best plans have fewer, longer units (GPT-2 at 16 tokens: 96 phase-1 units 10.8 us, 144 13.7). */
 /* The most units a phase of `tiles` tiles reaches with a split of the search's set that leaves no split
  * empty (at most `cap` splits). */
 static int64_t most_units(int64_t tiles, int64_t steps, int cap)
@@ -159,8 +161,11 @@ static int r_stream_fill(const fuser_plan *p, const fuser_target *t)
     const int64_t kt2 = (p->chain.n + FUSER_BK - 1) / FUSER_BK;
     const int64_t rt = p->grid_m; /* row tiles: each multiplies both phases' units */
     const int64_t u1 = rt * p->nt1 * p->s1, u2 = rt * p->lt2 * p->s2;
-    return u1 < fuser_min64(want, most_units(rt * p->nt1, p->kt, 16 / p->parts)) ||
-           u2 < fuser_min64(want, most_units(rt * p->lt2, kt2, 16));
+    const int decode = p->chain.m <= 64;
+    const int small1 = decode && 2.0 * p->parts * p->chain.n * p->chain.k <= FUSER_STREAM_L2_BYTES;
+    const int small2 = decode && 2.0 * p->chain.l * p->chain.n <= FUSER_STREAM_L2_BYTES;
+    return (!small1 && u1 < fuser_min64(want, most_units(rt * p->nt1, p->kt, 16 / p->parts))) ||
+           (!small2 && u2 < fuser_min64(want, most_units(rt * p->lt2, kt2, 16)));
 }
 
 /* FULL: shared memory (pipeline stages, exchange buffer, H slices) must fit one block's opt-in limit. */
@@ -209,9 +214,10 @@ const fuser_rule fuser_rules[] = {
     {"warp_tiling_bl", "bl divisible by warps and reduce-scatter shares", FUSER_LEVEL_BL, r_warp_tiling_bl},
     {"output_waste", "no output part or chunk entirely padding", FUSER_LEVEL_BL, r_output_waste},
     {"stages", "at least two pipeline stages", FUSER_LEVEL_FULL, r_stages},
-    {"stream_geometry", "stream kernel: m <= bm, wgmma tile widths, accumulators fit, no empty split",
+    {"stream_geometry", "stream kernel: wgmma tile widths, accumulators fit, no empty split, int32 units",
      FUSER_LEVEL_FULL, r_stream_geometry},
-    {"stream_fill", "stream kernel: each phase has units for 3/4 of the SMs (or the most any split gives)",
+    {"stream_fill", "stream kernel: each phase has units for 3/4 of the SMs (or the most any split gives), "
+     "but a decode phase whose weights fit L2",
      FUSER_LEVEL_CHOICE, r_stream_fill},
     {"smem_capacity", "shared memory within the per-block limit", FUSER_LEVEL_FULL, r_smem_capacity},
     {"registers", "estimated registers within the per-thread budget", FUSER_LEVEL_FULL, r_registers},

@@ -243,7 +243,7 @@ def test_llama_explanations():
 
 
 def test_tampered_or_impossible_plans_are_rejected():
-    p = fuser.plan(64, 768, 3072, activation="gelu", fused=True, target="h200").to_dict()
+    p = fuser.plan(64, 768, 3072, activation="gelu", fused=True, kind="cluster", target="h200").to_dict()
     bad = json.loads(json.dumps(p))
     bad["params"]["cluster"] = [1, 3, 1, 1]
     with pytest.raises(ValueError, match="every extent must be 1, 2, 4, 8 or 16"):
