@@ -13,13 +13,15 @@ The eager path's constants (``eager_op_us``, ``eager_mma_eff``, ``eager_ramp_us`
 ``small_gemm_eff``) are fitted the same way to eager's times (the median of each shape's rows, every row
 timing eager beside a plan). With both fitted, the planner itself (``fuser.plan`` on the fitted target)
 chooses for every shape, and its choice's measured time is set against the best measured (eager or any
-stream plan): the backtest of the joint fit.
+stream plan): the backtest of the joint fit. Every fit starts from the same constants (``START``), so it
+does not depend on what the table holds. ``--loso`` repeats both fits without each shape in turn and
+asks the planner about the shape left out: how the fit does on a shape it has not seen.
 
 A plan timed in several logs keeps its newest time (logs are read in the order given: put the newest
 last). Overlap rows count their early launch, the kernel's default.
 
-    python benchmarks/fit_stream.py benchmarks/results/2026-12-01-h200-stream-sweep.json \\
-        benchmarks/results/2026-12-01-h200-stream-decode.json benchmarks/results/2026-12-02-h200-overlap-trace.json
+    python benchmarks/fit_stream.py benchmarks/results/2026-12-02-h200-{fit-sweep,fit-decode,prefill-a,prefill-b}.json \\
+        [--loso] [--json FILE]
 """
 import argparse
 import json
@@ -37,7 +39,11 @@ from planner_accuracy import spearman  # noqa: E402
 
 FITTED = ("stream_fixed_us", "stream_unit_us", "stream_time_scale", "stream_sm_gbs", "stream_operand_bytes_per_clk")
 EAGER_FITTED = ("eager_op_us", "eager_mma_eff", "eager_ramp_us", "eager_ramp_mb", "small_gemm_eff")
-EAGER_START = dict(eager_ramp_us=2.0)   # a multiplicative search cannot leave 0
+#: Where every fit starts (the table's values before the first fit, a ramp of 2 us where there was none:
+#: a multiplicative search cannot leave 0), so a fit does not depend on what the table holds now.
+START = dict(stream_fixed_us=2.0, stream_unit_us=3.0, stream_time_scale=1.2, stream_sm_gbs=60.0,
+             stream_operand_bytes_per_clk=100.0, eager_op_us=1.24, eager_mma_eff=0.87, eager_ramp_us=2.0,
+             eager_ramp_mb=1.0, small_gemm_eff=0.8)
 STEPS = (0.5, 0.7, 0.85, 0.95, 1.05, 1.2, 1.4, 2.0)
 _SUMMARY = re.compile(r"bm=(\d+) bn=(\d+) bl=(\d+), splits (\d+)/(\d+), (\d+) stages")
 
@@ -146,6 +152,39 @@ def backtest(rows, eager, target):
     return out
 
 
+def joint_fit(rows, base):
+    """The stream constants fitted to `rows`, then the eager ones to eager's times: (stream-fitted
+    target, both-fitted target, stream msle, eager msle)."""
+    fitted, err = fit(rows, dict(base, **START))
+    both, e_err = fit(eager_rows(rows), fitted, names=EAGER_FITTED, err_of=msle_eager)
+    return fitted, both, err, e_err
+
+
+def loso(rows, base):
+    """Leave one shape out: for each shape, both models fitted to the other shapes' rows, then the planner's
+    pick for the left-out shape, measured: how the joint fit does on a shape it has not seen."""
+    eager = eager_rows(rows)
+    out = {}
+    for shape in sorted(eager):
+        rest = {k: v for k, v in rows.items() if k[:2] != shape}
+        _, both, _, _ = joint_fit(rest, base)
+        out[shape] = backtest({k: v for k, v in rows.items() if k[:2] == shape}, {shape: eager[shape]}, both)[shape]
+    return out
+
+
+def show_checks(title, checks):
+    print(f"== {title} ==")
+    for (name, m), r in checks.items():
+        meas = "not timed" if r["measured_us"] is None else f"{r['measured_us']:7.1f} us"
+        rel = "" if r["regret"] is None else f"regret {r['regret']:.3f}, {r['vs_eager']:.2f}x eager"
+        print(f"  {name:11s} m={m:<5d} {r['pick']:44s} {meas} (predicted {r['predicted_us']:7.1f}; eager "
+              f"{r['eager_us']:7.1f}, best {r['best_us']:7.1f}) {rel}")
+    timed = [r["regret"] for r in checks.values() if r["regret"] is not None]
+    if timed:
+        print(f"  geomean regret {math.exp(statistics.mean(map(math.log, timed))):.3f} over {len(timed)} timed "
+              f"picks; worst {max(timed):.3f}; {len(checks) - len(timed)} picks not timed")
+
+
 def show_fit(what, before, after, names, base, fitted):
     print(f"{what}; msle {before:.4f} with the built-in constants, {after:.4f} fitted")
     for name in names:
@@ -156,10 +195,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("logs", nargs="+", help="kernel_check JSON logs, oldest first")
     ap.add_argument("--json", help="write the fitted constants and the tables here")
+    ap.add_argument("--loso", action="store_true", help="also fit without each shape and check its pick")
     a = ap.parse_args(argv)
     rows = rows_of(a.logs)
     base = dict(fuser._C.targets()["h200"])
-    fitted, err = fit(rows, base)
+    fitted, both, err, e_err = joint_fit(rows, base)
     show_fit(f"{len(rows)} timed stream plans", msle(rows, base), err, FITTED, base, fitted)
     tables = {}
     for label, t in (("built-in", base), ("fitted", fitted)):
@@ -170,18 +210,14 @@ def main(argv=None):
                   f"{r['regret']:.3f}  pick {r['pick_us']:7.1f} us (predicted {r['predicted_us']:7.1f}) vs eager "
                   f"{r['eager_us']:7.1f}: {r['vs_eager']:.2f}x  {r['pick']}")
     eager = eager_rows(rows)
-    start = dict(base, **{k: v for k, v in EAGER_START.items() if base[k] == 0})
-    both, e_err = fit(eager, dict(start, **{k: fitted[k] for k in FITTED}), names=EAGER_FITTED, err_of=msle_eager)
     show_fit(f"{len(eager)} eager shapes", msle_eager(eager, base), e_err, EAGER_FITTED, base, both)
     checks = {}
     for label, t in (("built-in", base), ("fitted", both)):
         checks[label] = backtest(rows, eager, t)
-        print(f"== {label}: the planner's pick per shape, measured, against the best measured ==")
-        for (name, m), r in checks[label].items():
-            meas = "not timed" if r["measured_us"] is None else f"{r['measured_us']:7.1f} us"
-            rel = "" if r["regret"] is None else f"regret {r['regret']:.3f}, {r['vs_eager']:.2f}x eager"
-            print(f"  {name:11s} m={m:<5d} {r['pick']:44s} {meas} (predicted {r['predicted_us']:7.1f}; eager "
-                  f"{r['eager_us']:7.1f}, best {r['best_us']:7.1f}) {rel}")
+        show_checks(f"{label}: the planner's pick per shape, measured, against the best measured", checks[label])
+    if a.loso:
+        checks["left out"] = loso(rows, base)
+        show_checks("each shape left out of the fit: the planner's pick for it", checks["left out"])
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(fitted={k: both[k] for k in FITTED + EAGER_FITTED},
