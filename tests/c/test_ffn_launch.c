@@ -158,4 +158,10 @@ void test_ffn_prepared_launch(void)
     fuser_scratch_view s17 = {0x800000, 0, (zw17 + 3) / 4 * 4, wf17};
     CHECK(fuser_ffn_prepare(&d, &k, &a17, &c17, &s17, NULL, FUSER_OVERLAP_DEFAULT, stream, &pr, &err) == FUSER_OK);
     CHECK(pr.m == 17 && pr.grid.x == 12);
+
+    /* the unit order: weights that stay in L2 row tile by row tile; larger ones every row tile in a row */
+    CHECK(fuser_stream_row_group(p, 17) == 1 && fuser_stream_row_group(p, 1000) == 1);
+    fuser_plan big = *p;
+    big.chain.k = big.chain.n = 4096;
+    CHECK(fuser_stream_row_group(&big, 17) == 2 && fuser_stream_row_group(&big, 1000) == 63);
 }
