@@ -20,8 +20,8 @@ asks the planner about the shape left out: how the fit does on a shape it has no
 A plan timed in several logs keeps its newest time (logs are read in the order given: put the newest
 last). Overlap rows count their early launch, the kernel's default.
 
-    python benchmarks/fit_stream.py benchmarks/results/2026-12-02-h200-{fit-sweep,fit-decode,prefill-a,prefill-b}.json \\
-        [--loso] [--json FILE]
+    python benchmarks/fit_stream.py \\
+        benchmarks/results/2026-12-02-h200-{fit-sweep,fit-decode,prefill-a,prefill-b}.json [--loso] [--json FILE]
 """
 import argparse
 import json

@@ -40,7 +40,8 @@ void fuser_stream_traffic(const fuser_plan *p, fuser_traffic *out)
     const int64_t e = 2;
     int64_t l2 = 0;
     /* phase 1: x by every n-tile, the weights by every row tile, biases once, H stored once */
-    l2 += e * g.m * g.K * g.nt1 + e * g.parts * g.N * g.K * g.rt + e * (c->bias_up + c->bias_gate) * g.N + e * g.m * g.N;
+    l2 += e * g.m * g.K * g.nt1 + e * g.parts * g.N * g.K * g.rt + e * (c->bias_up + c->bias_gate) * g.N +
+          e * g.m * g.N;
     if (g.s1 > 1)
         l2 += 2 * 4 * g.s1 * g.parts * g.m * g.N; /* partials written, read back by the last split */
     /* phase 2: H by every l-tile, W_down by every row tile, b_down once, y */
@@ -94,8 +95,9 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
         {(double)(g.rt * g.u1), e * g.parts * g.N * g.K / g.u1, e * rows * g.K * g.nt1 / g.u1,
          2.0 * g.bm * g.parts * g.bn * g.ks1 * FUSER_BK, (g.s1 > 1 ? 4.0 * g.parts * rows * g.bn : 0) + e * rows * g.bn,
          e * g.parts * g.N * g.K + h_hbm, nw1},
-        {(double)(g.rt * g.u2), e * g.L * g.N / g.u2, e * rows * g.N * g.lt2 / g.u2, 2.0 * g.bm * g.bl * g.ks2 * FUSER_BK,
-         (g.s2 > 1 ? 4.0 * rows * g.bl : 0) + e * rows * g.bl, e * g.L * g.N + h_hbm, nw2},
+        {(double)(g.rt * g.u2), e * g.L * g.N / g.u2, e * rows * g.N * g.lt2 / g.u2,
+         2.0 * g.bm * g.bl * g.ks2 * FUSER_BK, (g.s2 > 1 ? 4.0 * rows * g.bl : 0) + e * rows * g.bl,
+         e * g.L * g.N + h_hbm, nw2},
     };
     double T = 0;
     for (int i = 0; i < 2; i++) {

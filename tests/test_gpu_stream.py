@@ -1,8 +1,8 @@
 """The stream kernel and the wgmma GEMM probe on a Hopper GPU (marked gpu; skipped with a reason
 elsewhere): the stream correctness matrix (tests/gpu/stream_matrix.py), one plan reused across token
-counts, within one row tile and over several (its sync words return to zero after every launch), CUDA graph capture and replay, early
-(programmatic dependent) launches back to back on one scratch, the unit trace, and the GEMM probe
-against torch."""
+counts, within one row tile and over several (its sync words return to zero after every launch), both
+unit orders of row tiles, CUDA graph capture and replay, early (programmatic dependent) launches back to
+back on one scratch, the unit trace, and the GEMM probe against torch."""
 import json
 import os
 import sys

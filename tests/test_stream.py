@@ -1,8 +1,8 @@
 """The stream kernel family on the CPU: every variant of its GPU matrix compiles through NVRTC for sm_90a
 with no spills, no stack frame and no serialised wgmma; the CPU plan interpreter runs stream plans (every
-token-row layout, one or several row tiles, split counts, ragged shapes) to the float64 reference with byte counts equal to the cost
-model's closed forms; the generated stubs match their golden files; and the core refuses stream plans it
-cannot run, saying why. The wgmma GEMM probe compiles clean too."""
+token-row layout, one or several row tiles, split counts, ragged shapes) to the float64 reference with
+byte counts equal to the cost model's closed forms; the generated stubs match their golden files; and the
+core refuses stream plans it cannot run, saying why. The wgmma GEMM probe compiles clean too."""
 import os
 import random
 import sys

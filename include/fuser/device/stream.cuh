@@ -10,16 +10,17 @@
  * differ in the row tile. With weights larger than L2 the group is every row tile, so each weight tile is
  * read from HBM once and from L2 by the other row tiles; with weights that stay in L2 a group is one row
  * tile, so a row tile's H is complete early and its phase-2 units need not wait for the whole phase 1:
- *   phase 1, unit (n-tile, split, row tile): H[rows, n-tile] partial = X[rows, K range] * W[n-tile, K range]^T, for
- *     W = W_up (and W_gate when gated: both accumulators in one block, so the gate product is local).
+ *   phase 1, unit (n-tile, split, row tile): H[rows, n-tile] partial = X[rows, K range] *
+ *     W[n-tile, K range]^T, for W = W_up (and W_gate when gated: both accumulators in one block, so the
+ *     gate product is local).
  *     With S1 K splits, fp32 partials go to a workspace and the last split to arrive (an atomic ticket)
  *     sums all of them in split order (deterministic); it adds the biases, activates (and gates), rounds
  *     H to 16 bits into a global buffer (it stays in L2) and counts the n-tile done (release) in the
  *     row tile's ready counter of every phase-2 split whose d_ff range the n-tile overlaps.
  *   phase 2, unit (split, l-tile, row tile): Y[rows, l-tile] partial = H[rows, N range] * W_down[l-tile,
- *     N range]^T. The producer acquires its row tile's split's ready counter once (every n-tile of the range done) before loading
- *     H, so phase 2 starts as soon as the H columns it needs exist (no grid-wide barrier). S2 splits
- *     reduce as in phase 1, then b_down, round, store Y.
+ *     N range]^T. The producer acquires its row tile's split's ready counter once (every n-tile of the
+ *     range done) before loading H, so phase 2 starts as soon as the H columns it needs exist (no
+ *     grid-wide barrier). S2 splits reduce as in phase 1, then b_down, round, store Y.
  * The last block to finish resets the ready counters and the claim counter: the sync words are zero
  * between launches.
  *
@@ -53,7 +54,8 @@ struct StreamParams {
     uint16_t *hbuf;   /* H's memory: [M][N] */
     uint16_t *y;      /* [M, L] */
     float *ws;        /* fp32 partials: phase 1 [S1][PARTS][M][N], then phase 2 [S2][M][L] */
-    int *sync;        /* [claim][done], per row tile [NT1 tickets][LT tickets][S2 ready counters]; zero between launches */
+    int *sync;        /* [claim][done], then per row tile [NT1 tickets][LT tickets][S2 ready counters]; all
+                         zero between launches */
     uint64_t *trace;  /* optional (null: off): per unit TRACE_WORDS words, see Stream::trace_unit */
     int m;
     int group;        /* row tiles per group of the unit order (>= 1) */
