@@ -91,8 +91,9 @@ static const fuser_target builtin[] = {
         .fusion_margin = 0.10,      /* policy: the calibrated model's typical error is ~20% (log error
                                        0.037 leave-one-shape-out), so gains under 10% are not trusted */
         .stream_margin = 0.04,      /* policy: fitted without S8, the models pick for it a stream plan
-                                       predicted 2.5% faster than eager that measures 0.90x; 4% keeps every
-                                       shape left out of the fit off such plans. It drops GPT-3-6.7B at 16
+                                       predicted 2.5% faster than eager that measures 0.90x; at 4% no shape
+                                       left out of the fit gets a plan measured to lose (LLaMA-3-8B at one
+                                       token gets an unmeasured bm 64 plan). It drops GPT-3-6.7B at 16
                                        tokens (1.06x in the sweep, 0.99-1.00x in four bench runs); 5% and
                                        more start to drop LLaMA-3-8B decode (1.07-1.08x) */
         .max_workspace = (int64_t)256 << 20,
