@@ -189,10 +189,15 @@ int64_t fuser_stream_units(const fuser_plan *p, int64_t m)
     return fuser_ceil_div(m, p->bm) * ((int64_t)p->nt1 * p->s1 + (int64_t)p->lt2 * p->s2);
 }
 
-int64_t fuser_stream_row_group(const fuser_plan *p, int64_t m)
+double fuser_stream_phase_weights(const fuser_plan *p, int phase)
 {
     const fuser_chain *c = &p->chain;
-    const double weights = 2.0 * ((double)p->parts * c->n * c->k + (double)c->l * c->n);
+    return phase == 1 ? 2.0 * p->parts * (double)c->n * c->k : 2.0 * (double)c->l * c->n;
+}
+
+int64_t fuser_stream_row_group(const fuser_plan *p, int64_t m)
+{
+    const double weights = fuser_stream_phase_weights(p, 1) + fuser_stream_phase_weights(p, 2);
     return weights <= FUSER_STREAM_L2_BYTES ? 1 : fuser_ceil_div(m, p->bm);
 }
 

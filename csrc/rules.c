@@ -162,8 +162,8 @@ static int r_stream_fill(const fuser_plan *p, const fuser_target *t)
     const int64_t rt = p->grid_m; /* row tiles: each multiplies both phases' units */
     const int64_t u1 = rt * p->nt1 * p->s1, u2 = rt * p->lt2 * p->s2;
     const int decode = p->chain.m <= 64;
-    const int small1 = decode && 2.0 * p->parts * p->chain.n * p->chain.k <= FUSER_STREAM_L2_BYTES;
-    const int small2 = decode && 2.0 * p->chain.l * p->chain.n <= FUSER_STREAM_L2_BYTES;
+    const int small1 = decode && fuser_stream_phase_weights(p, 1) <= FUSER_STREAM_L2_BYTES;
+    const int small2 = decode && fuser_stream_phase_weights(p, 2) <= FUSER_STREAM_L2_BYTES;
     return (!small1 && u1 < fuser_min64(want, most_units(rt * p->nt1, p->kt, 16 / p->parts))) ||
            (!small2 && u2 < fuser_min64(want, most_units(rt * p->lt2, kt2, 16)));
 }

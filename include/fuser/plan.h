@@ -147,6 +147,9 @@ int64_t fuser_stream_units(const fuser_plan *p, int64_t m);
  * phases): about half of the H100's and H200's 50 MB, which also holds the tiles in flight. */
 #define FUSER_STREAM_L2_BYTES (24.0 * 1024 * 1024)
 
+/** Bytes of a stream plan's weights in phase 1 (W_up and W_gate) or phase 2 (W_down), 16-bit. */
+double fuser_stream_phase_weights(const fuser_plan *p, int phase);
+
 /** Row tiles per group of a stream launch's unit order: 1 (row tile by row tile) when the weights stay
  * in L2, so each row tile's H is complete early; else every row tile (each weight tile read from HBM
  * once, by consecutive units). */
