@@ -185,7 +185,8 @@ def trace_run(name, m, log, **cons):
     t = _inputs(d, f, l, gated, m, 1, torch.Generator(device="cuda").manual_seed(1))[0]
     y = torch.empty(m, l, device="cuda", dtype=torch.bfloat16)
     units = p.derived["units"]
-    trace = torch.zeros(units * 6 * 2, device="cuda", dtype=torch.float32)
+    words = _C.STREAM_TRACE_WORDS
+    trace = torch.zeros(units * words * 2, device="cuda", dtype=torch.float32)
     dev = torch.cuda.current_device()
     stream = torch.cuda.current_stream().cuda_stream
     launch = runtime.launch_for(p, dev)
@@ -195,27 +196,34 @@ def trace_run(name, m, log, **cons):
         fuser.ffn(activation=act, plan=p, **t)
     _C.ffn_launch(launch.kernel, *args, act, y, buf.capsule, stream, trace=trace)
     torch.cuda.synchronize()
-    tr = trace.view(torch.int64).reshape(units, 6).cpu()
+    tr = trace.view(torch.int64).reshape(units, words).cpu()
     t0 = int(tr[:, 1].min())
     u1 = p.derived["grid_m"] * p.derived["nt1"] * p.splits[0]
     rows = []
     for lo, hi, ph in ((0, u1, 1), (u1, units, 2)):
         seg = tr[lo:hi]
-        claim, ready, first, done = ((seg[:, i] - t0).double() / 1e3 for i in (1, 2, 3, 4))
+        claim, ready, first, done, mma, issued = ((seg[:, i] - t0).double() / 1e3 for i in (1, 2, 3, 4, 6, 8))
         busy = (done - first)
         r = dict(phase=ph, units=hi - lo, blocks=len(set(seg[:, 0].tolist())), first_claim=float(claim.min()),
                  last_claim=float(claim.max()), first_done=float(done.min()), last_done=float(done.max()),
                  unit_us_median=float(busy.median()), unit_us_max=float(busy.max()),
-                 wait_us_median=float((first - claim).median()))
+                 wait_us_median=float((first - claim).median()),
+                 # a unit's time split: its main loop (of which waiting for data), then its epilogue
+                 mainloop_us_median=float((mma - first).median()),
+                 data_wait_us_median=float(seg[:, 7].double().median() / 1e3),
+                 epilogue_us_median=float((done - mma).median()),
+                 issue_us_median=float((issued - claim).median()))
         if ph == 2:
             r["ready_wait_us_median"] = float((ready - claim).median())
         rows.append(r)
         log(f"trace {name} m={m} phase {ph}: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                                                            for k, v in r.items()))
     log(f"trace {name} m={m}: span {float((tr[:, 4].max() - t0) / 1e3):.1f} us | {p.summary()}")
-    # the raw timeline (ns from the first claim; columns: block, claimed, H ready, first data, done, SM)
+    # the raw timeline (ns from the first claim; columns: block, claimed, H ready, first data, done, SM,
+    # MMAs done, ns waited for data in the main loop, last slot requested)
     raw = tr.clone()
-    raw[:, 1:5] -= t0
+    for i in (1, 2, 3, 4, 6, 8):
+        raw[:, i] -= t0
     return dict(name=name, m=m, plan=p.summary(), phases=rows, units1=u1, raw=raw.tolist())
 
 
@@ -376,6 +384,7 @@ def main():
                   ("gpt2", 16, {}))
         prefill = (("gpt2", 2048, dict(bm=128, bn=256, bl=128, s1=1, s2=1)),
                    ("gpt2", 2048, dict(bm=128, bn=256, bl=128, s1=1, s2=2)),
+                   ("gpt2", 2048, dict(bm=128, bn=128, bl=128, s1=1, s2=1)),
                    ("llama3-8b", 1024, dict(bm=128, bn=128, bl=128, s1=1, s2=1)))
         for name, m, cons in prefill if a.trace == "prefill" else decode:
             try:

@@ -1,6 +1,7 @@
 /* module.c: the extension module fuser._C: multi-phase initialisation (PEP 489), module state holding
  * the exception types, the method table, and the mapping from core status codes to exceptions. */
 #include "binding.h"
+#include "fuser/ffn_launch.h"
 
 #include <stdlib.h>
 
@@ -170,7 +171,8 @@ static int module_exec(PyObject *m)
     if (!st->s_dlpack || !st->s_dlpack_device || !st->s_stream || !st->s_max_version || !st->max_version)
         return -1;
     if (PyModule_AddIntConstant(m, "DLPACK_MAJOR", 1) || PyModule_AddIntConstant(m, "DLPACK_MINOR", 0) ||
-        PyModule_AddIntConstant(m, "ALIGN_BYTES", FUSER_ALIGN_BYTES))
+        PyModule_AddIntConstant(m, "ALIGN_BYTES", FUSER_ALIGN_BYTES) ||
+        PyModule_AddIntConstant(m, "STREAM_TRACE_WORDS", FUSER_STREAM_TRACE_WORDS))
         return -1;
     return 0;
 }

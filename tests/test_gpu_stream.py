@@ -123,16 +123,20 @@ def test_stream_trace_records_every_unit_once(m):
     y = torch.empty(m, 1024, device="cuda", dtype=torch.bfloat16)
     units = p.derived["units"]
     assert units == -(-m // 16) * (p.derived["nt1"] * p.splits[0] + p.derived["lt2"] * p.splits[1])
-    trace = torch.zeros(units * 6 * 2, device="cuda", dtype=torch.float32)
+    words = _C.STREAM_TRACE_WORDS
+    trace = torch.zeros(units * words * 2, device="cuda", dtype=torch.float32)
     dev, stream = torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream
     launch = runtime.launch_for(p, dev)
     buf = launch.scratch(m, stream)
     _C.ffn_launch(launch.kernel, t["x"], t["w_up"], t["w_down"], t["w_gate"], None, None, None, "silu", y,
                   buf.capsule, stream, trace=trace)
     torch.cuda.synchronize()
-    tr = trace.view(torch.int64).reshape(units, 6).cpu()
-    claimed, first, done = tr[:, 1], tr[:, 3], tr[:, 4]
+    tr = trace.view(torch.int64).reshape(units, words).cpu()
+    claimed, first, done, mma, waited, issued = tr[:, 1], tr[:, 3], tr[:, 4], tr[:, 6], tr[:, 7], tr[:, 8]
     assert bool((claimed > 0).all()) and bool((done >= first).all()) and bool((first >= claimed).all())
+    # the main loop ends between the first data and the end, and waited at most its own length
+    assert bool((mma >= first).all()) and bool((done >= mma).all()) and bool((waited <= mma - first).all())
+    assert bool((issued >= claimed).all())
     assert int(tr[:, 0].max()) < _C.kernel_info(launch.kernel)["persistent_clusters"]
     with pytest.raises(ValueError, match="trace"):
         _C.ffn_launch(launch.kernel, t["x"], t["w_up"], t["w_down"], t["w_gate"], None, None, None, "silu", y,

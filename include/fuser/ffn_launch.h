@@ -45,8 +45,10 @@ typedef struct {
 } fuser_scratch_view;
 
 /* A stream kernel's optional trace: per work unit, the block, the SM and global-timer nanoseconds when it
- * was claimed, its loads could start, its first data arrived and it was done. */
-#define FUSER_STREAM_TRACE_WORDS 6
+ * was claimed, its loads could start, its first data arrived, it was done and its MMAs were done, the
+ * nanoseconds its consumers waited for data after the first slot, and when its last slot was requested
+ * (word order: include/fuser/device/stream.cuh, TRACE_WORDS). */
+#define FUSER_STREAM_TRACE_WORDS 9
 
 /* How a launch may overlap the stream's previous kernel: the family's default (stream kernels start
  * early: they request their first weight tiles, which no kernel writes, while the previous kernel

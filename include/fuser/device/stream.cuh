@@ -63,7 +63,9 @@ struct StreamParams {
 
 constexpr int STREAM_THREADS = 384;
 constexpr int CONSUMER_WARPS = 8; /* warpgroups 1-2 */
-constexpr int TRACE_WORDS = 6; /* per unit: block, claimed, loads issued, first data, done (ns), SM */
+/* per unit: block, claimed, H ready (phase 2), first data, done, SM, MMAs done, consumer ns spent waiting for
+ * data after the first slot, producer's last slot issued (times: global ns) */
+constexpr int TRACE_WORDS = 9;
 
 template <class C>
 struct Stream {
@@ -221,6 +223,8 @@ struct Stream {
                      [&](unsigned char *st, uint64_t *bar, int kb) { tma_load_2d(st, &p.x, bar, kb * SW_COLS, m0); },
                      [&] { griddep_wait(); });
                 after_prev = true;
+                if (p.trace)
+                    p.trace[u * TRACE_WORDS + 8] = global_ns();
             } else {
                 const Unit t = unit2(u - u1);
                 const int l_t = t.tile, sp = t.split, m0 = t.row * BM;
@@ -243,6 +247,8 @@ struct Stream {
                          wait_flag(ready, tiles_in(sp));
                          h_ready();
                      });
+                if (p.trace)
+                    p.trace[u * TRACE_WORDS + 8] = global_ns();
             }
             u = -1;
         }
@@ -257,8 +263,10 @@ struct Stream {
     /* Run the K steps [k0, k1) of one unit into acc (and acc2 when TWO: the gate tile after the up tile).
      * A tile rows: this warpgroup's 64 token rows; B tile rows: its columns. */
     template <int NW, bool TWO, int R>
-    FUSER_DEVICE void mainloop(Cursor<STAGES> &c, int k0, int k1, int b_rows, float (&acc)[R], float (&acc2)[R]) const
+    FUSER_DEVICE void mainloop(Cursor<STAGES> &c, int k0, int k1, int b_rows, float (&acc)[R], float (&acc2)[R],
+                               uint64_t *trace) const
     {
+        uint64_t waited = 0; /* traced: ns this thread waited for full slots after the unit's first */
         if (k0 >= k1) {
 #pragma unroll
             for (int i = 0; i < R; i++)
@@ -270,7 +278,13 @@ struct Stream {
          * ptxas serialises the MMAs (C7520) */
 #pragma unroll 1
         for (int kb = k0; kb < k1; kb++, c.next()) {
-            consume_wait(s.ring, c);
+            if (trace && kb > k0) {
+                const uint64_t t0 = global_ns();
+                consume_wait(s.ring, c);
+                waited += global_ns() - t0;
+            } else {
+                consume_wait(s.ring, c);
+            }
             const uint32_t st = smem_addr(s.stage[c.stage]);
             /* A: this consumer's 64 token rows (or, swap-AB, 64 weight rows); B: its columns (or the tokens) */
             const uint32_t w_rows = st + X_BYTES + (SWAP ? w * 64 : MT == 2 ? 0 : w * NW) * SW_ROW_BYTES;
@@ -292,6 +306,10 @@ struct Stream {
         if constexpr (TWO)
             fence_operands(acc2);
         release(prev);
+        if (trace) {
+            trace[6] = global_ns();
+            trace[7] = waited;
+        }
     }
 
     FUSER_DEVICE void consumers_sync() const { named_sync(1, 256); }
@@ -349,9 +367,13 @@ struct Stream {
         }
     }
 
+    /* The column of the 4-column pieces this consumer thread sums in reduce_tile (the same in every row). */
+    template <int W>
+    FUSER_DEVICE int reduce_col(int c0) const { return c0 + lt % (W / 4) * 4; }
+
     /* The last split of a tile: every consumer thread takes 4-column pieces of the [rows x W] tile at row
-     * m0, column c0 (coalesced), sums the SPLITS partials of each of NP parts in split order (deterministic) and hands
-     * the sums to fin(row, col, sums). Called after the ticket's barrier: the laundered pointer keeps the
+     * m0, column c0 (coalesced; a thread always the same column, reduce_col), sums the SPLITS partials of
+     * each of NP parts in split order (deterministic) and hands the sums to fin(row, col, sums). Called after the ticket's barrier: the laundered pointer keeps the
      * loads after it, and the loads, free of volatile, are issued in batches before the first sum. */
     template <int W, int SPLITS, int NP, class Fin>
     FUSER_DEVICE void reduce_tile(const float *ws_, int64_t part_stride, int64_t split_stride, int width, int c0,
@@ -359,6 +381,7 @@ struct Stream {
     {
         const float *ws = launder(ws_);
         constexpr int Q = W / 4, B = cmax(1, 16 / (SPLITS * NP));
+        static_assert(256 % Q == 0, "a thread's pieces share one column");
         const int items = cmin(BM, p.m - m0) * Q;
         for (int base = lt; base < items; base += 256 * B) {
             float4 v[B][NP][SPLITS];
@@ -393,30 +416,49 @@ struct Stream {
         }
     }
 
-    /* H[row][n .. n+E) = act(up + b_up) (gated: act(gate + b_gate) * (up + b_up)), rounded. */
+    /* E biases from column n on (zeros without the bias). Epilogues load every bias they need before
+     * their first store: H and Y are 16-bit like the biases, so a bias load after a store of the same
+     * type cannot be moved above it (they may alias), and each would pay its own L2 round trip. */
+    template <bool HAS, int E>
+    static FUSER_DEVICE void bias(const uint16_t *b, int n, float (&v)[E])
+    {
+#pragma unroll
+        for (int e = 0; e < E; e++)
+            v[e] = HAS ? to_float<DT>(__ldg(b + n + e)) : 0.f;
+    }
+
+    /* The biases of columns n and n + 1 (n even), as they are stored (zero without the bias). */
+    template <bool HAS>
+    static FUSER_DEVICE uint32_t bias2(const uint16_t *b, int n)
+    {
+        return HAS ? __ldg((const unsigned int *)(b + n)) : 0u;
+    }
+    static FUSER_DEVICE void unpack2(uint32_t v, float (&f)[2])
+    {
+        f[0] = to_float<DT>((uint16_t)(v & 0xffff));
+        f[1] = to_float<DT>((uint16_t)(v >> 16));
+    }
+
+    /* H[row][n .. n+E) = act(up + bu) (gated: act(gate + bg) * (up + bu)), rounded. */
     template <int E>
-    FUSER_DEVICE void store_h(int row, int n, const float (&up)[E], const float (&gate)[E]) const
+    FUSER_DEVICE void store_h(int row, int n, const float (&up)[E], const float (&gate)[E], const float (&bu)[E],
+                              const float (&bg)[E]) const
     {
         float v[E];
 #pragma unroll
-        for (int e = 0; e < E; e++) {
-            const float x = up[e] + (C::BIAS_UP ? to_float<DT>(p.b_up[n + e]) : 0.f);
-            if constexpr (C::GATED)
-                v[e] = activate<C::ACT>(gate[e] + (C::BIAS_GATE ? to_float<DT>(p.b_gate[n + e]) : 0.f)) * x;
-            else
-                v[e] = activate<C::ACT>(x);
-        }
+        for (int e = 0; e < E; e++)
+            v[e] = C::GATED ? activate<C::ACT>(gate[e] + bg[e]) * (up[e] + bu[e]) : activate<C::ACT>(up[e] + bu[e]);
         store16<E>(p.hbuf + (int64_t)row * C::N + n, v);
     }
 
-    /* Y[row][l .. l+E) = v + b_down, rounded. */
+    /* Y[row][l .. l+E) = v + bd, rounded. */
     template <int E>
-    FUSER_DEVICE void store_y(int row, int l, const float (&v)[E]) const
+    FUSER_DEVICE void store_y(int row, int l, const float (&v)[E], const float (&bd)[E]) const
     {
         float o[E];
 #pragma unroll
         for (int e = 0; e < E; e++)
-            o[e] = v[e] + (C::BIAS_DOWN ? to_float<DT>(p.b_down[l + e]) : 0.f);
+            o[e] = v[e] + bd[e];
         store16<E>(p.y + (int64_t)row * C::L + l, o);
     }
 
@@ -432,12 +474,15 @@ struct Stream {
             *(uint2 *)dst = make_uint2(pack2<DT>(v[0], v[1]), pack2<DT>(v[2], v[3]));
     }
 
+    /* where consumer thread 0 records its unit's mainloop (null: no trace, or another thread) */
+    FUSER_DEVICE uint64_t *unit_trace(int u) const { return p.trace && lt == 0 ? p.trace + u * TRACE_WORDS : nullptr; }
+
     FUSER_DEVICE void phase1(Cursor<STAGES> &c, int u) const
     {
         const Unit t = unit1(u);
         const int nt = t.tile, sp = t.split;
         float up[NW1 / 2], gate[NW1 / 2];
-        mainloop<NW1, C::GATED>(c, sp * KS1, cmin(KT1, (sp + 1) * KS1), BN, up, gate);
+        mainloop<NW1, C::GATED>(c, sp * KS1, cmin(KT1, (sp + 1) * KS1), BN, up, gate, unit_trace(u));
         const int n0 = nt * BN;
         if constexpr (S1 > 1) {
             const int64_t stride = (int64_t)p.m * C::N;
@@ -447,27 +492,52 @@ struct Stream {
                 store_partial<NW1>(gate, ws + stride, C::N, n0, C::N);
             if (!last_of(sync_of(t.row, TICKETS1 + nt), S1))
                 return;
+            const int col = reduce_col<BN>(n0);
+            float bu[4], bg[4];
+            bias<C::BIAS_UP>(p.b_up, col < C::N ? col : 0, bu);
+            bias<C::BIAS_GATE>(p.b_gate, col < C::N ? col : 0, bg);
             reduce_tile<BN, S1, PARTS>(p.ws, stride, PARTS * stride, C::N, n0, C::N,
                                        [&](int r, int n, const float (&sum)[PARTS][4]) {
-                                           store_h<4>(r, n, sum[0], sum[PARTS - 1]);
+                                           store_h<4>(r, n, sum[0], sum[PARTS - 1], bu, bg);
                                        });
         } else if constexpr (SWAP) {
+            /* a thread's features: feature_of(i) for i % 4 < 2 and for i % 4 >= 2 */
+            float bu[2], bg[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int n = cmin(n0 + feature_of(2 * h), C::N - 1);
+                float u[1], g[1];
+                bias<C::BIAS_UP>(p.b_up, n, u);
+                bias<C::BIAS_GATE>(p.b_gate, n, g);
+                bu[h] = u[0], bg[h] = g[0];
+            }
 #pragma unroll
             for (int i = 0; i < NW1 / 2; i++) {
-                const int t = token_of(i), n = n0 + feature_of(i);
+                const int t = token_of(i), n = n0 + feature_of(i), h = (i >> 1) & 1;
                 if (t < p.m && n < C::N)
-                    store_h<1>(t, n, {up[i]}, {gate[i]});
+                    store_h<1>(t, n, {up[i]}, {gate[i]}, {bu[h]}, {bg[h]});
             }
         } else {
+            /* the biases of the thread's column pairs first (16-bit pairs, every load before the first store) */
+            uint32_t bu[NW1 / 8], bg[NW1 / 8];
+#pragma unroll
+            for (int j = 0; j < NW1 / 8; j++) {
+                const int n = cmin(n0 + col_of<NW1>(j), C::N - 2);
+                bu[j] = bias2<C::BIAS_UP>(p.b_up, n);
+                bg[j] = bias2<C::BIAS_GATE>(p.b_gate, n);
+            }
 #pragma unroll
             for (int j = 0; j < NW1 / 8; j++) {
                 const int n = n0 + col_of<NW1>(j);
+                float bu2[2], bg2[2];
+                unpack2(bu[j], bu2);
+                unpack2(bg[j], bg2);
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const int row = row_of(h);
                     if (n < C::N && row < p.m)
                         store_h<2>(row, n, {up[4 * j + 2 * h], up[4 * j + 2 * h + 1]},
-                                   {gate[4 * j + 2 * h], gate[4 * j + 2 * h + 1]});
+                                   {gate[4 * j + 2 * h], gate[4 * j + 2 * h + 1]}, bu2, bg2);
                 }
             }
         }
@@ -488,7 +558,7 @@ struct Stream {
         const Unit t = unit2(u);
         const int l_t = t.tile, sp = t.split;
         float acc[NW2 / 2];
-        mainloop<NW2, false>(c, sp * KS2, cmin(KT2, (sp + 1) * KS2), 0, acc, acc);
+        mainloop<NW2, false>(c, sp * KS2, cmin(KT2, (sp + 1) * KS2), 0, acc, acc, unit_trace(u1 + u));
         const int l0 = l_t * BL;
         if constexpr (S2 > 1) {
             const int64_t stride = (int64_t)p.m * C::L;
@@ -496,27 +566,43 @@ struct Stream {
             store_partial<NW2>(acc, ws2 + sp * stride, C::L, l0, C::L);
             if (!last_of(sync_of(t.row, TICKETS2 + l_t), S2))
                 return;
+            const int col = reduce_col<BL>(l0);
+            float bd[4];
+            bias<C::BIAS_DOWN>(p.b_down, col < C::L ? col : 0, bd);
             reduce_tile<BL, S2, 1>(ws2, 0, stride, C::L, l0, C::L,
-                                   [&](int r, int l, const float (&sum)[1][4]) { store_y<4>(r, l, sum[0]); });
+                                   [&](int r, int l, const float (&sum)[1][4]) { store_y<4>(r, l, sum[0], bd); });
             consumers_sync();
             if (lt == 0)
                 store_relaxed_gpu(sync_of(t.row, TICKETS2 + l_t), 0);
         } else if constexpr (SWAP) {
+            float bd[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float b[1];
+                bias<C::BIAS_DOWN>(p.b_down, cmin(l0 + feature_of(2 * h), C::L - 1), b);
+                bd[h] = b[0];
+            }
 #pragma unroll
             for (int i = 0; i < NW2 / 2; i++) {
                 const int t = token_of(i), l = l0 + feature_of(i);
                 if (t < p.m && l < C::L)
-                    store_y<1>(t, l, {acc[i]});
+                    store_y<1>(t, l, {acc[i]}, {bd[(i >> 1) & 1]});
             }
         } else {
+            uint32_t bd[NW2 / 8];
+#pragma unroll
+            for (int j = 0; j < NW2 / 8; j++)
+                bd[j] = bias2<C::BIAS_DOWN>(p.b_down, cmin(l0 + col_of<NW2>(j), C::L - 2));
 #pragma unroll
             for (int j = 0; j < NW2 / 8; j++) {
                 const int l = l0 + col_of<NW2>(j);
+                float bd2[2];
+                unpack2(bd[j], bd2);
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const int row = row_of(h);
                     if (l < C::L && row < p.m)
-                        store_y<2>(row, l, {acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]});
+                        store_y<2>(row, l, {acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]}, bd2);
                 }
             }
         }
