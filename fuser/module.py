@@ -45,6 +45,16 @@ _current_device = interop.current_device
 _disabled = interop.disabled
 _kept_scratch = runtime.kept_scratch
 _ffn_run = getattr(_C, "ffn_run", None)
+_any_autocast = torch._C._is_any_autocast_enabled
+_any_requires_grad = torch._C._any_requires_grad
+_tracing_state = torch._C._get_tracing_state
+_scratch_of = runtime.scratch_table().get
+_empty_like = torch.empty_like
+_Module = nn.Module
+# the hooks every module runs (torch.nn.modules.module keeps them in these dicts, updated in place)
+from torch.nn.modules import module as _nn_module  # noqa: E402
+_GLOBAL_HOOKS = (_nn_module._global_backward_pre_hooks, _nn_module._global_backward_hooks,
+                 _nn_module._global_forward_pre_hooks, _nn_module._global_forward_hooks)
 
 
 def _transpose_weights(module, owners):
@@ -75,8 +85,10 @@ class FusedFFN(nn.Module):
     the same FFN with PyTorch ops instead (the fused op has neither dropout nor autocast). The first
     call of an input shape is routed as ``fuser.ffn`` routes it (validated once, then the fused launch
     or the PyTorch ops); the module keeps that route for the next calls of the shape while nothing it
-    depends on changes. Calls autograd must record, and calls under torch.compile, tracing or a dispatch
-    mode, go through ``torch.ops.fuser.ffn``.
+    depends on changes, and serves them from the module's own ``__call__`` where ``nn.Module.__call__``
+    would only reach ``forward`` (no hooks, not ``module.compile()``d, no ``forward`` set on the
+    instance). Calls autograd must record, and calls under torch.compile, tracing or a dispatch mode,
+    go through ``torch.ops.fuser.ffn``.
 
     Example:
         >>> import torch, fuser
@@ -225,6 +237,25 @@ class FusedFFN(nn.Module):
         return eager(x, w["up"], w["down"], w["gate"], w["b_up"], w["b_gate"], w["b_down"],
                      ACTIVATIONS[self.spec.activation], mid)
 
+    def __call__(self, *args, **kwargs):
+        # nn.Module.__call__, less its two frames where they would only reach forward: with one input, no
+        # hook (the module's or global), not compiled (module.compile()), forward not replaced on the
+        # instance, not under torch.compile or tracing, the kept route of the last shape serves the call
+        # directly. Everything else, and every call the kept route declines, is nn.Module.__call__,
+        # looked up at each call so that patches of it (torch.fx's tracer) apply.
+        if not _is_compiling() and len(args) == 1 and not kwargs:
+            d = self.__dict__
+            kept = d.get("_kept")
+            if (kept is not None and "forward" not in d and self._compiled_call_impl is None
+                    and not (self._forward_hooks or self._forward_pre_hooks or self._backward_hooks
+                             or self._backward_pre_hooks or _GLOBAL_HOOKS[0] or _GLOBAL_HOOKS[1]
+                             or _GLOBAL_HOOKS[2] or _GLOBAL_HOOKS[3] or _tracing_state())):
+                y = kept.run(self, args[0])
+                if y is not None:
+                    post = kept.post
+                    return y if post is None else d["_modules"][post](y)
+        return _Module.__call__(self, *args, **kwargs)
+
     def forward(self, x):
         if self.training and self.spec.train_source:   # the module's forward differs in training: run it
             source = self.__dict__["_source"]
@@ -371,23 +402,29 @@ class FusedFFN(nn.Module):
 # ---- the kept route of the last input shape --------------------------------------------------------
 
 class _Weights:
-    """A FusedFFN's weights as they were when its route was kept: each owner module by name, and each
-    Parameter with its address and shape. ``same(module)`` says whether all still hold: in-place updates
-    (``mul_``, optimizer steps, ``load_state_dict``) keep the memory and pass; a new Parameter, a new
-    owner or ``.data = ...`` does not."""
+    """A FusedFFN's weights as they were when its route was kept: each owner module in the registry it
+    was found in, and each Parameter with its address and shape. ``same(module)`` says whether all
+    still hold: in-place updates (``mul_``, optimizer steps, ``load_state_dict``) keep the memory and
+    pass; a new Parameter, a new owner or ``.data = ...`` does not. Each row is flat (registry, owner's
+    name, owner, its _parameters, parameter name, Parameter, address, shape): a check per call reads two
+    dicts and two properties of each weight."""
 
-    __slots__ = ("held",)
+    __slots__ = ("held", "params")
 
     def __init__(self, module):
-        self.held = []      # (owner's name, owner, its _parameters, parameter name, Parameter, address, shape)
+        held = []
+        linked, modules = module._linked, module._modules
         for _role, ref in module.__dict__["_refs"]:
             if ref is None:
                 continue
-            owner = module._owner(ref)
+            registry = linked if ref.owner in linked else modules   # where module._owner finds it
+            owner = registry.get(ref.owner)
             p = owner._parameters.get(ref.name) if isinstance(owner, nn.Module) else None
             if p is None:
                 raise LookupError(ref.name)
-            self.held.append((ref.owner, owner, owner._parameters, ref.name, p, p.data_ptr(), p.shape))
+            held.append((registry, ref.owner, owner, owner._parameters, ref.name, p, p.data_ptr(), p.shape))
+        self.held = tuple(held)
+        self.params = tuple(h[5] for h in held)
 
     @classmethod
     def of(cls, module):
@@ -397,25 +434,30 @@ class _Weights:
         except LookupError:
             return None
 
-    def same(self, module):
-        modules = module._modules
-        for name, owner, params, pname, p, ptr, shape in self.held:
-            if modules.get(name) is not owner and module._linked.get(name) is not owner:
-                return False
-            if params.get(pname) is not p or p.data_ptr() != ptr or p.shape != shape:
+    def same(self):
+        for registry, name, owner, params, pname, p, ptr, shape in self.held:
+            if registry.get(name) is not owner or params.get(pname) is not p or p.data_ptr() != ptr \
+                    or p.shape != shape:
                 return False
         return True
 
-    def need_grad(self):
-        return any(h[4].requires_grad for h in self.held)
+    def same_contiguous(self):
+        """``same()``, and each weight still contiguous (a view of the same memory and shape may have other
+        strides: ``as_strided``, or ``.t()`` of a square weight)."""
+        for registry, name, owner, params, pname, p, ptr, shape in self.held:
+            if registry.get(name) is not owner or params.get(pname) is not p or p.data_ptr() != ptr \
+                    or p.shape != shape or not p.is_contiguous():
+                return False
+        return True
 
 
 class _KeptEager:
     """An eager route kept for one input shape: the PyTorch ops with the weights as read then (row slices
-    included), while x has that shape, dtype, device and layout and the weights are the same.
-    Autograd, autocast and the dropout between the GEMMs are the ops' own business here."""
+    included), while x is a plain tensor of that shape, dtype and device and the weights are the same
+    (contiguity does not matter to the ops). Autograd, autocast and the dropout between the GEMMs are
+    the ops' own business here."""
 
-    __slots__ = ("route", "shape", "dtype", "device", "contiguous", "weights", "w", "act", "mid")
+    __slots__ = ("route", "shape", "dtype", "device", "weights", "w", "act", "mid", "post", "train_source")
 
     @classmethod
     def bind(cls, module, route, x, w):
@@ -424,15 +466,15 @@ class _KeptEager:
             return None
         k = cls()
         k.route, k.weights, k.w = route, weights, tuple(w[r] for r in _ROLES)
-        k.act, k.mid = ACTIVATIONS[module.spec.activation], module.spec.mid_dropout
-        k.shape, k.dtype, k.device, k.contiguous = x.shape, x.dtype, x.device, x.is_contiguous()
+        k.act, k.mid, k.post = ACTIVATIONS[module.spec.activation], module.spec.mid_dropout, module.spec.post_dropout
+        k.train_source = module.spec.train_source
+        k.shape, k.dtype, k.device = x.shape, x.dtype, x.device
         return k
 
     def run(self, module, x):
-        """The output for `x`, or None when the general route has to run."""
-        if (type(x) is not _Tensor or x.shape != self.shape or x.dtype is not self.dtype
-                or x.device != self.device or x.is_contiguous() is not self.contiguous or self.route.stale
-                or not self.weights.same(module)):
+        """The output for `x` (before the dropout after the FFN), or None when the general route has to run."""
+        if (type(x) is not _Tensor or x.shape != self.shape or x.dtype is not self.dtype or x.device != self.device
+                or self.route.stale or (self.train_source and module.training) or not self.weights.same()):
             return None
         w_up, w_down, w_gate, b_up, b_gate, b_down = self.w
         return eager(x, w_up, w_down, w_gate, b_up, b_gate, b_down, self.act,
@@ -447,28 +489,34 @@ class _KeptLaunch:
     which cover everything the preparation validated, all hold:
 
       the call     not compiling or tracing (forward checks), no dispatch or function mode, no autocast,
-                   FUSER_DISABLE unset, no autograd to record, no active dropout between the GEMMs;
-      x            a plain ``torch.Tensor`` of the same shape and dtype, contiguous, 16-byte aligned, on
+                   FUSER_DISABLE unset, no autograd to record, no active dropout between the GEMMs, not
+                   training a module whose own forward runs then;
+      x            a plain ``torch.Tensor`` of the same shape and dtype, 16-byte aligned, contiguous, on
                    the kernel's device, which is the current device;
       the stream   the same current stream, whose scratch is still the one kept for it;
-      the weights  the same (``_Weights``), so the capsules still describe them.
+      the weights  the same (``_Weights``), contiguous, so the capsules still describe them.
 
-    Otherwise the general route runs (and validates)."""
+    The checks run cheapest and most telling first, and each reads torch once (x's address is read
+    once, checked for alignment and launched with). Otherwise the general route runs (and validates)."""
 
-    __slots__ = ("route", "shape", "dtype", "device", "stream", "scratch", "out_shape", "weights", "prepared")
+    __slots__ = ("route", "shape", "dtype", "device", "stream", "scratch", "skey", "out_shape", "same_shape",
+                 "weights", "prepared", "mid", "post", "train_source")
 
     @classmethod
     def bind(cls, module, route, x, w, y):
         """The kept launch of `module` for inputs like `x` (`y`: its output, which the launch is prepared
         with), or None where the weights cannot be kept."""
         weights = _Weights.of(module) if _to_capsule is not None else None
-        if weights is None or x.device.index != route.device or interop.current_device() != route.device:
+        if weights is None or x.get_device() != route.device or _current_device() != route.device:
             return None
         k = cls()
         k.route, k.weights = route, weights
         k.device = route.device
         k.shape, k.dtype, k.stream = x.shape, x.dtype, _raw_stream(k.device)
+        k.skey = (k.device, k.stream)
         k.out_shape = (*x.shape[:-1], w["down"].shape[0])
+        k.same_shape = k.out_shape == tuple(x.shape)       # y = empty_like(x): the cheapest allocation
+        k.mid, k.post, k.train_source = module.spec.mid_dropout, module.spec.post_dropout, module.spec.train_source
         k.scratch = route.launch.scratch(x.numel() // x.shape[-1], k.stream)
         # capsules of detached views: they keep the memory they point at alive even if `.data` is replaced
         caps = tuple(None if w[r] is None else _to_capsule(w[r].detach()) for r in _ROLES)
@@ -477,21 +525,21 @@ class _KeptLaunch:
         return k
 
     def run(self, module, x):
-        """The output for `x` through the kept launch, or None when the general route has to run."""
+        """The output for `x` (before the dropout after the FFN) through the kept launch, or None when
+        the general route has to run."""
+        if type(x) is not _Tensor or x.shape != self.shape or x.dtype is not self.dtype:
+            return None
+        ptr = x.data_ptr()
         device = self.device
-        if (type(x) is not _Tensor or x.shape != self.shape or x.dtype is not self.dtype
-                or not x.is_contiguous() or x.data_ptr() & 15 or x.get_device() != device
-                or _current_device() != device or _dispatch_modes() or _function_modes()
-                or _autocast("cuda") or _disabled() or self.route.stale):
+        if (ptr & 15 or not x.is_contiguous() or x.get_device() != device or _current_device() != device
+                or _dispatch_modes() or _function_modes() or _any_autocast() or _disabled() or self.route.stale
+                or (self.train_source and module.training)
+                or (_grad_enabled() and _any_requires_grad(x, *self.weights.params))
+                or _raw_stream(device) != self.stream or _scratch_of(self.skey) is not self.scratch
+                or (self.mid is not None and module._mid() is not None) or not self.weights.same_contiguous()):
             return None
-        if _grad_enabled() and (x.requires_grad or self.weights.need_grad()):
-            return None
-        stream = _raw_stream(device)
-        if (stream != self.stream or _kept_scratch(device, stream) is not self.scratch or module._mid() is not None
-                or not self.weights.same(module)):
-            return None
-        y = x.new_empty(self.out_shape)
-        _ffn_run(self.prepared, x.data_ptr(), y.data_ptr())
+        y = _empty_like(x) if self.same_shape else x.new_empty(self.out_shape)
+        _ffn_run(self.prepared, ptr, y.data_ptr())
         return y
 
 

@@ -172,6 +172,12 @@ def kept_scratch(device, stream):
     return _scratch.get((device, stream))
 
 
+def scratch_table():
+    """The table of kept scratch, (device, stream) -> Scratch, to read only (its ``get`` is what a kept
+    launch checks per call: one dict lookup with a key made once)."""
+    return _scratch
+
+
 class Launch:
     """One fused plan loaded on one CUDA device, ready to launch: the kernel, whose C side sizes the
     scratch of a launch (``_C.scratch_need``). Made once per (plan, device): ``launch_for``."""

@@ -93,3 +93,167 @@ def test_kept_route_declines_what_the_general_route_must_judge(bad):
     with torch.no_grad():
         m(torch.randn(2, 8))
     assert kept_eager(m).run(m, bad) is None
+
+
+# ---- FusedFFN.__call__: the kept route without nn.Module.__call__, and everything that must still see it -----
+
+def _kept_module(*layers):
+    torch.manual_seed(0)
+    m = FusedFFN.from_module(nn.Sequential(*layers)).eval()
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        m(x)
+    kept_eager(m)
+    return m, x
+
+
+def test_kept_route_serves_the_call_without_module_call(monkeypatch):
+    """With a kept route and nothing that needs nn.Module.__call__, a call goes straight to the route; a
+    call the route declines (another shape) goes through nn.Module.__call__ as looked up at that moment
+    (so patches of it, as torch.fx's tracer makes, apply)."""
+    m, x = _kept_module(nn.Linear(8, 24), nn.ReLU(), nn.Linear(24, 8))
+    entered = []
+    real = nn.Module.__call__
+    monkeypatch.setattr(nn.Module, "__call__", lambda self, *a, **k: entered.append(type(self)) or real(self, *a, **k))
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), reference(m, x))
+        assert FusedFFN not in entered
+        x2 = torch.randn(2, 3, 8)
+        torch.testing.assert_close(m(x2), reference(m, x2))
+        assert entered.count(FusedFFN) == 1
+        torch.testing.assert_close(m(x=x), reference(m, x))            # a keyword argument: the module's path
+        assert entered.count(FusedFFN) == 2
+
+
+@pytest.mark.parametrize("how", ["forward_hook", "forward_pre_hook", "global_forward_hook", "forward_on_instance"])
+def test_kept_route_leaves_hooks_and_patched_forwards_to_module_call(how):
+    m, x = _kept_module(nn.Linear(8, 24), nn.GELU(), nn.Linear(24, 8))
+    seen = []
+    if how == "forward_hook":
+        handle = m.register_forward_hook(lambda mod, args, out: seen.append(1) or out * 2)
+    elif how == "forward_pre_hook":
+        handle = m.register_forward_pre_hook(lambda mod, args: seen.append(1) or (args[0] * 2,))
+    elif how == "global_forward_hook":
+        handle = nn.modules.module.register_module_forward_hook(
+            lambda mod, args, out: (seen.append(1) or out * 2) if mod is m else None)
+    else:   # as accelerate's hooks do: a wrapper of forward set on the instance
+        plain = m.forward
+        m.forward = lambda x: seen.append(1) or plain(x * 2)
+        handle = None
+    try:
+        with torch.no_grad():
+            y = m(x)
+        assert seen == [1]
+        expected = reference(m, x) * 2 if how in ("forward_hook", "global_forward_hook") else reference(m, x * 2)
+        torch.testing.assert_close(y, expected)
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+def test_kept_route_applies_the_dropout_after_the_ffn_and_sees_training_mode():
+    torch.manual_seed(0)
+    seq = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8), nn.Dropout(0.5))
+    m = FusedFFN.from_module(seq)
+    assert m.spec.post_dropout == "3"
+    x = torch.randn(6, 8)
+    with torch.no_grad():
+        m(x)
+        kept_eager(m)
+        torch.manual_seed(1)
+        y = m(x)                                                       # training: the kept route, then dropout
+        torch.manual_seed(1)
+        torch.testing.assert_close(y, seq(x))
+        assert (y == 0).any()
+        m.eval()
+        torch.testing.assert_close(m(x), reference(m, x))              # eval: no dropout
+
+
+def test_kept_launch_runs_only_what_its_preparation_validated(monkeypatch):
+    """The kept fused launch (a Hopper GPU runs it for real: tests/test_gpu_torch.py), here with the
+    launch, the device and the stream stood in for: it launches with x's and a new y's addresses while
+    everything the preparation validated holds, and declines (None: the general route runs) on each
+    change of x, the call's state, the stream or its scratch, and the weights."""
+    import fuser.module as fm
+    from fuser.module import _KeptLaunch
+    runs, prepared = [], []
+    scratch = {(-1, 0x1234): "SCRATCH"}
+
+    class FakeLaunch:
+        def scratch(self, m, stream):
+            return scratch[(-1, stream)]
+
+        def prepare(self, x, caps, activation, y, scratch, stream, borrow):
+            prepared.append((x.shape, activation, scratch, stream, borrow))
+            return "PREPARED"
+
+    class FakeRoute:
+        fused, stale, device, launch = True, False, -1, FakeLaunch()
+
+    monkeypatch.setattr(fm, "_current_device", lambda: -1)
+    monkeypatch.setattr(fm, "_raw_stream", lambda device: stream[0])
+    monkeypatch.setattr(fm, "_scratch_of", scratch.get)
+    monkeypatch.setattr(fm, "_ffn_run", lambda *a: runs.append(a))
+    stream = [0x1234]
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(16, 48), nn.GELU(), nn.Linear(48, 24))
+    m = FusedFFN.from_module(mlp).eval()
+    x = torch.randn(2, 5, 16)
+    w = m.weights()
+    k = _KeptLaunch.bind(m, FakeRoute(), x, w, torch.empty(2, 5, 24))
+    assert prepared == [((2, 5, 16), "gelu", "SCRATCH", 0x1234, 0b1010110)]   # w_up, w_down, b_up, b_down kept
+
+    def launches(xin):
+        before = len(runs)
+        y = k.run(m, xin)
+        if y is None:
+            assert len(runs) == before
+            return False
+        assert y.shape == (2, 5, 24) and y.dtype == xin.dtype and runs[-1] == ("PREPARED", xin.data_ptr(), y.data_ptr())
+        return True
+
+    with torch.no_grad():
+        assert launches(x)
+        assert not launches(torch.randn(3, 5, 16))                                # another shape
+        assert not launches(x.double())                                           # another dtype
+        assert not launches(torch.randn(2, 16, 5).transpose(1, 2))                # not contiguous
+        assert not launches(torch.randn(161)[1:].view(2, 5, 16))                  # not 16-byte aligned
+        assert not launches(nn.Parameter(x))                                      # not a plain tensor
+        stream[0] = 0x5678
+        assert not launches(x)                                                    # another stream
+        stream[0] = 0x1234
+        scratch[(-1, 0x1234)] = "BIGGER"
+        assert not launches(x)                                                    # the stream's scratch replaced
+        scratch[(-1, 0x1234)] = "SCRATCH"
+        assert launches(x)
+        monkeypatch.setenv("FUSER_DISABLE", "1")
+        assert not launches(x)
+        monkeypatch.delenv("FUSER_DISABLE")
+        with torch.autocast("cpu"):
+            assert not launches(x)
+        m.train()
+        assert launches(x)            # no dropout and no forward of its own in training: the kept launch
+        m.eval()
+    assert not launches(x)                                                        # autograd to record
+    with torch.no_grad():
+        assert launches(x)
+        mlp[0].weight.mul_(2)                                                     # in place: same memory
+        assert launches(x)
+        up = mlp[0].weight
+        up.data = torch.as_strided(up.data, up.shape, (1, 48))                    # same memory and shape, strided
+        assert not launches(x)
+        up.data = up.data.contiguous()
+        assert not launches(x)                                                    # another address
+    k = _KeptLaunch.bind(m, FakeRoute(), x, m.weights(), torch.empty(2, 5, 24))
+    with torch.no_grad():
+        assert launches(x)
+        mlp[2].bias = nn.Parameter(torch.randn(24))                               # a new Parameter
+        assert not launches(x)
+        k = _KeptLaunch.bind(m, FakeRoute(), x, m.weights(), torch.empty(2, 5, 24))
+        assert launches(x)
+        setattr(m, "2", nn.Linear(48, 24))                                        # a new owner
+        assert not launches(x)
+        k = _KeptLaunch.bind(m, FakeRoute(), x, m.weights(), torch.empty(2, 5, 24))
+        assert launches(x)
+        FakeRoute.stale = True                                                    # plans forgotten
+        assert not launches(x)
