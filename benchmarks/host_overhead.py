@@ -155,7 +155,7 @@ def fused_variants(m=16, d=256, f=512):
         "| FusedFFN.forward": lambda: module.forward(x),
         "| kept route run": lambda: kept.run(module, x),
         "| ffn_run (kept)": lambda: _C.ffn_run(kept.prepared, x.data_ptr(), y.data_ptr()),
-        "| call signature": lambda: fuser.ops._signature(x, wu, wd, None, None, None, None, "silu"),
+        "| route key": lambda: fuser.ops._key(x, wu, wd, None, None, None, None, "silu"),
         "| route.run": lambda: route.run(x, wu, wd, None, None, None, None, "silu"),
     })
     return plan, variants

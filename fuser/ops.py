@@ -1,10 +1,10 @@
 """``fuser.ffn``: one FFN call, validated in C and run on its route (``fuser.route``).
 
-The first call with a given signature (each tensor's type, shape, dtype, device, contiguity and 16-byte
-alignment, and the activation) is validated by the core through DLPack (``_C.ffn_check``: the same
-errors on every device) and its route decided; later calls with that signature take the kept route
-directly. A call with ``out=`` or ``plan=``, or with tensors from another DLPack producer, is validated
-every time.
+Every call is validated by the core through DLPack (the same errors on every device). A call of torch
+tensors takes the short path: one capsule per tensor and one ``_C.ffn_key`` call, which validates them
+and returns what the route depends on (the chain and the device); the route kept under that key runs.
+The first call of a key, and a call with ``out=`` or ``plan=`` or with tensors of another DLPack
+producer, takes the general path (``_C.ffn_check``, the route decided by ``fuser.route.route_for``).
 """
 from __future__ import annotations
 
@@ -18,28 +18,24 @@ from fuser.target import default_target
 __all__ = ["ffn", "route"]
 
 _Tensor = torch.Tensor
-_routes = {}                       # call signature -> Route
+_routes = {}                       # route key (_C.ffn_key) -> Route
 _MAX_SIGNATURES = 4096
+_ffn_key = getattr(_C, "ffn_key", None)
+_cap = interop.to_capsule
 _NAMES = ("x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down", "out")
 _NOT_EXPORTABLE = (BufferError, RuntimeError, AssertionError)   # what torch raises for tensors it cannot share
 _PLAN_KEYS = ("d_model", "d_ff", "d_out", "gated", "activation", "bias_up", "bias_gate", "bias_down", "dtype")
 
 
-def _signature(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation):
-    """What the validation and the route of a call depend on: the activation and, per tensor, its shape,
-    dtype, device, contiguity and alignment (None where an argument is not a tensor: no signature)."""
-    if type(activation) is not str:
-        return None
+def _key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation):
+    """The route key of a call of torch tensors (``_C.ffn_key``: validated in C), or None where the
+    general path must judge the call (not a torch tensor, one torch cannot export, a bad argument: the
+    general path raises what is wrong)."""
     try:
-        return (activation, x.shape, x.dtype, x.device, x.is_contiguous(), x.data_ptr() & 15,
-                w_up.shape, w_up.dtype, w_up.device, w_up.is_contiguous(), w_up.data_ptr() & 15,
-                w_down.shape, w_down.dtype, w_down.device, w_down.is_contiguous(), w_down.data_ptr() & 15,
-                None if w_gate is None else (w_gate.shape, w_gate.dtype, w_gate.device, w_gate.is_contiguous(),
-                                             w_gate.data_ptr() & 15),
-                None if b_up is None and b_gate is None and b_down is None else tuple(
-                    None if t is None else (t.shape, t.dtype, t.device, t.is_contiguous(), t.data_ptr() & 15)
-                    for t in (b_up, b_gate, b_down)))
-    except Exception:  # noqa: BLE001 (not a tensor, or one without storage: validation says what is wrong)
+        return _ffn_key(_cap(x), _cap(w_up), _cap(w_down), None if w_gate is None else _cap(w_gate),
+                        None if b_up is None else _cap(b_up), None if b_gate is None else _cap(b_gate),
+                        None if b_down is None else _cap(b_down), activation)
+    except Exception:  # noqa: BLE001 (the general path says what is wrong)
         return None
 
 
@@ -63,8 +59,9 @@ def _check(tensors, activation, out=None):
 
 
 def route(x, w_up, w_down, w_gate=None, b_up=None, b_gate=None, b_down=None, activation="gelu"):
-    """The route ``fuser.ffn`` takes for these arguments (a :class:`fuser.route.Route`), validated and
-    decided once per call signature and kept. Raises what ``fuser.ffn`` raises for bad arguments.
+    """The route ``fuser.ffn`` takes for these arguments (a :class:`fuser.route.Route`), validated at
+    every call and decided once per route key and kept. Raises what ``fuser.ffn`` raises for bad
+    arguments.
 
     Example:
         >>> import torch
@@ -74,7 +71,7 @@ def route(x, w_up, w_down, w_gate=None, b_up=None, b_gate=None, b_down=None, act
         >>> r.fused, r is ops.route(x, w1, w2, activation="relu")
         (False, True)
     """
-    key = _signature(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
+    key = _key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation) if _cap is not None else None
     r = _routes.get(key) if key is not None else None
     if r is None or r.stale:
         tensors = (x, w_up, w_down, w_gate, b_up, b_gate, b_down)
@@ -83,9 +80,8 @@ def route(x, w_up, w_down, w_gate=None, b_up=None, b_gate=None, b_down=None, act
 
 
 def _remember(key, tensors, r):
-    """Keep route `r` under call signature `key` when every argument is a torch tensor (a foreign object
-    with tensor-like attributes is validated at every call); returns `r`."""
-    if key is not None and all(t is None or isinstance(t, _Tensor) for t in tensors):
+    """Keep route `r` under route key `key` (None: nothing kept); returns `r`."""
+    if key is not None:
         if len(_routes) >= _MAX_SIGNATURES:
             _routes.clear()
         _routes[key] = r
@@ -162,12 +158,12 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
         torch.Size([2, 5, 64])
     """
     key = None
-    if out is None and plan is None:
-        key = _signature(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
+    if out is None and plan is None and _cap is not None:
+        key = _key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
         r = _routes.get(key) if key is not None else None
         if r is not None and not r.stale:
             return r.run(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
-    # the first call of its signature, or one with out=, plan= or tensors of another DLPack producer
+    # the first call of its route key, or one with out=, plan= or tensors of another DLPack producer
     tensors = (x, w_up, w_down, w_gate, b_up, b_gate, b_down)
     chain = _check(tensors, activation, out)
     if plan is not None:

@@ -21,6 +21,7 @@ __all__ = ["Route", "FusedRoute", "route_for", "forget"]
 
 _FUSED_DTYPES = ("bfloat16", "float16")
 _grad_enabled = torch.is_grad_enabled
+_any_requires_grad = torch._C._any_requires_grad
 _export = interop.export
 _raw_stream = interop.raw_stream
 _current_device = interop.current_device
@@ -82,9 +83,7 @@ class FusedRoute(Route):
         self.prepared = {}   # (stream, tokens, w_up, w_down, w_gate addresses) -> (scratch, prepared launch)
 
     def run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out=None):
-        if interop.disabled() or (_grad_enabled() and (
-                x.requires_grad or w_up.requires_grad or w_down.requires_grad
-                or any(t is not None and t.requires_grad for t in (w_gate, b_up, b_gate, b_down)))):
+        if interop.disabled() or (_grad_enabled() and _any_requires_grad(x, w_up, w_down, w_gate, b_up, b_gate, b_down)):
             return Route.run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out)
         y = x.new_empty((*x.shape[:-1], w_down.shape[0])) if out is None else out
         if self.device == _current_device():

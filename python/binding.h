@@ -70,6 +70,7 @@ const char *fuser_exact_str(PyObject *v, const char *what, const char *key);
 /* ---- module functions, one file each ---- */
 PyObject *fuser_py_dlpack_info(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs);
+PyObject *fuser_py_ffn_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_env(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fuser_py_embedded_headers(PyObject *module, PyObject *noargs);
 PyObject *fuser_py_search(PyObject *module, PyObject *args, PyObject *kwargs);

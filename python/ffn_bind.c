@@ -74,3 +74,59 @@ done:
         fuser_release(&held[i]);
     return res;
 }
+
+/* ffn_key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation) -> tuple: the per-call form of
+ * ffn_check for fuser.ffn's kept routes. The tensors are DLPack capsules fuser exported itself (borrowed,
+ * not consumed) or None; they are validated exactly as ffn_check validates them (the same errors), and
+ * the result is what a call's route depends on, as a tuple of ints to key a dict with: the chain (m,
+ * d_model, d_ff, d_out, gated, activation, the three biases, dtype) and the device (kind, index). No
+ * keywords and no dict: the cheapest call that validates. */
+PyObject *fuser_py_ffn_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != A_OUT + 1)
+        return PyErr_Format(PyExc_TypeError, "ffn_key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation): "
+                            "got %zd arguments", nargs);
+    PyObject *act_obj = args[A_OUT];
+    if (!PyUnicode_Check(act_obj))
+        return PyErr_Format(PyExc_TypeError, "activation: expected a str (one of %s), got %s", fuser_act_choices(),
+                            Py_TYPE(act_obj)->tp_name);
+    const char *activation = fuser_exact_str(act_obj, "activation", NULL);
+    if (!activation)
+        return NULL;
+    fuser_state *st = fuser_get_state(module);
+    fuser_held held[A_OUT];
+    const fuser_tensor *t[A_OUT] = {NULL};
+    memset(held, 0, sizeof held);
+    PyObject *res = NULL;
+    for (int i = 0; i < A_OUT; i++) {
+        if (args[i] == Py_None)
+            continue;
+        if (!PyCapsule_CheckExact(args[i])) {
+            PyErr_Format(PyExc_TypeError, "%s: ffn_key takes DLPack capsules (or None), got %s", tensor_names[i],
+                         Py_TYPE(args[i])->tp_name);
+            goto done;
+        }
+        if (fuser_take(st, args[i], tensor_names[i], Py_None, FUSER_TAKE_BORROW, &held[i]))
+            goto done;
+        t[i] = &held[i].t;
+    }
+    if (!t[A_X] || !t[A_W_UP] || !t[A_W_DOWN]) {
+        PyErr_SetString(PyExc_TypeError, "ffn_key: x, w_up and w_down are required");
+        goto done;
+    }
+    fuser_ffn_args a = {t[A_X], t[A_W_UP], t[A_W_DOWN], t[A_W_GATE], t[A_B_UP], t[A_B_GATE], t[A_B_DOWN], NULL,
+                        activation};
+    fuser_chain c;
+    fuser_err err;
+    fuser_err_clear(&err);
+    if (fuser_ffn_validate(&a, &c, &err))
+        fuser_raise(st, &err);
+    else
+        res = Py_BuildValue("(LLLLiiiiiiii)", (long long)c.m, (long long)c.k, (long long)c.n, (long long)c.l,
+                            c.gated, (int)c.act, c.bias_up, c.bias_gate, c.bias_down, (int)c.dtype,
+                            (int)t[A_X]->device, t[A_X]->device_id);
+done:
+    for (int i = 0; i < A_OUT; i++)
+        fuser_release(&held[i]);
+    return res;
+}

@@ -84,6 +84,10 @@ static PyMethodDef module_methods[] = {
     {"dlpack_info", (PyCFunction)(void (*)(void))fuser_py_dlpack_info, METH_VARARGS | METH_KEYWORDS,
      dlpack_info_doc},
     {"ffn_check", (PyCFunction)(void (*)(void))fuser_py_ffn_check, METH_VARARGS | METH_KEYWORDS, ffn_check_doc},
+    {"ffn_key", (PyCFunction)(void (*)(void))fuser_py_ffn_key, METH_FASTCALL,
+     "ffn_key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation) -> tuple of ints: validate\n"
+     "fuser.ffn's tensors (DLPack capsules, borrowed, or None) as ffn_check does and return what the\n"
+     "call's route depends on (the chain and the device), to key a dict of routes."},
     {"env", (PyCFunction)(void (*)(void))fuser_py_env, METH_VARARGS | METH_KEYWORDS, env_doc},
     {"embedded_headers", fuser_py_embedded_headers, METH_NOARGS, embedded_headers_doc},
     {"search", (PyCFunction)(void (*)(void))fuser_py_search, METH_VARARGS | METH_KEYWORDS,

@@ -14,9 +14,11 @@ def export_path(request, monkeypatch):
     """Every check here runs both ways fuser.ffn hands torch tensors to C: as capsules from torch's own
     exporter (the fast path) and through __dlpack__ (torch builds without that exporter)."""
     import fuser.interop
+    import fuser.ops
     import fuser.route
     if request.param == "__dlpack__":
         monkeypatch.setattr(fuser.interop, "to_capsule", None)
+        monkeypatch.setattr(fuser.ops, "_cap", None)
     elif fuser.interop.to_capsule is None:
         pytest.skip("this torch has no torch._C._to_dlpack_versioned; only the __dlpack__ path exists")
     fuser.route.forget()     # routes kept from other tests: every call here is validated again
@@ -245,3 +247,55 @@ def test_fused_route_prepares_its_launch_once_and_then_passes_only_addresses(mon
         kept[(0, 0x1234)] = ("BIGGER", M)                         # the stream's scratch was replaced
         route.run(x3, *(a[k] for k in order), "silu")
         assert len(prepared) == 3 and runs[-1][0] == "PREPARED3" and prepared[-1]["scratch"] == ("BIGGER", M)
+
+
+def test_route_key_validates_as_ffn_check_does(export_path):
+    """``_C.ffn_key``, the check every call of torch tensors passes, refuses what ``_C.ffn_check``
+    refuses, with the same exception and message, and keys equal chains alike."""
+    from fuser import _C
+    if export_path != "capsule":
+        pytest.skip("ffn_key takes the capsules of torch's own exporter")
+    cap = torch._C._to_dlpack_versioned
+    a = args(gated=True, bias=True)
+    bad = [dict(x=a["x"][:, :-1]), dict(w_up=a["w_up"].t().contiguous()), dict(w_down=a["w_down"].float()),
+           dict(w_gate=torch.randn(N, K + 1, dtype=torch.bfloat16)), dict(b_up=a["b_up"][1:]),
+           dict(b_down=torch.randn(2 * L, dtype=torch.bfloat16)[::2]), dict(w_up=torch.randn(N * K + 1).to(
+               torch.bfloat16)[1:].view(N, K)), dict(activation="swish"), dict(x=torch.randn(M, K, dtype=torch.float64))]
+    order = ("x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down")
+    for over in bad:
+        b = {**a, "activation": "silu", **over}
+        with pytest.raises(Exception) as want:
+            _C.ffn_check(*(cap(b[n]) for n in order), activation=b["activation"], capsules=0x7f)
+        with pytest.raises(type(want.value)) as got:
+            _C.ffn_key(*(cap(b[n]) for n in order), b["activation"])
+        assert str(got.value) == str(want.value), over
+    key = _C.ffn_key(*(cap(a[n]) for n in order), "silu")
+    assert key == _C.ffn_key(*(cap(a[n].clone()) for n in order), "silu")
+    assert key != _C.ffn_key(*(cap(a[n]) for n in order), "relu")
+    assert key != _C.ffn_key(cap(a["x"][:2]), *(cap(a[n]) for n in order[1:]), "silu")     # tokens
+    with pytest.raises(TypeError, match="w_up: ffn_key takes DLPack capsules"):
+        _C.ffn_key(cap(a["x"]), a["w_up"], cap(a["w_down"]), None, None, None, None, "silu")
+
+
+def test_a_kept_route_is_reused_yet_every_call_is_validated(monkeypatch, export_path):
+    """After the first call of a route key, fuser.ffn runs the kept route without the general check;
+    a later call whose tensors are not valid (here a weight of the same shape, not contiguous, and one
+    not 16-byte aligned) is refused with the general check's error."""
+    import fuser.ops
+    checks = []
+    real = fuser.ops._check
+    monkeypatch.setattr(fuser.ops, "_check", lambda *a, **k: checks.append(1) or real(*a, **k))
+    a = args(dtype=torch.float32)
+    r = fuser.ops.route(a["x"], a["w_up"], a["w_down"], activation="relu")
+    assert checks == [1]
+    torch.testing.assert_close(fuser.ffn(**a, activation="relu"),
+                               fuser.ffn_reference(**a, activation="relu"))
+    assert fuser.ops.route(a["x"], a["w_up"], a["w_down"], activation="relu") is r
+    kept = 1 if export_path == "capsule" else 3          # without torch's exporter every call is checked
+    assert len(checks) == kept
+    w_up = torch.randn(K, N).t()                         # [N, K], not contiguous
+    with pytest.raises(ValueError, match="w_up"):
+        fuser.ffn(a["x"], w_up, a["w_down"], activation="relu")
+    w_up = torch.randn(N * K + 1)[1:].view(N, K)         # [N, K], 4 bytes past an aligned address
+    with pytest.raises(ValueError, match="w_up"):
+        fuser.ffn(a["x"], w_up, a["w_down"], activation="relu")
