@@ -116,24 +116,17 @@ PREFILL = [  # name, d_model, d_ff, d_out, gated, act, tokens: several row tiles
 
 def _extras(m, gated):
     """Plan constraints timed beside the model's best: wide tiles, and for decode the swap-AB splits, for
-    several row tiles the 128-row tiles without or with few splits, from 128 tokens on ping-pong too."""
+    several row tiles the 128-row tiles without or with few splits."""
     if m <= 32:
         return [dict(bm=16 if m <= 16 else 32, s1=s1, s2=s2) for s1, s2 in ((1, 4), (2, 8), (4, 8), (8, 16))] + \
                [dict(bm=64, bn=128, bl=256)]
     if m > 128:
         wide = 128 if gated else 256
-        pp = [dict(bm=128, bn=128 if not gated else 64, bl=128 if not gated else 64, s1=1, s2=s2, streams=2)
-              for s2 in (1, 2)] + \
-             [dict(bm=64, bn=wide, bl=128, s1=1, s2=s2, streams=2) for s2 in (1, 2)] + \
-             [dict(bm=64, bn=128 if not gated else 64, bl=128, s1=1, s2=1, streams=2)]
         return [dict(bm=128, bn=wide, bl=128, s1=1, s2=s2) for s2 in (1, 2)] + \
                [dict(bm=128, bn=128, bl=128, s1=1, s2=1), dict(bm=128, bn=128, bl=64, s1=1, s2=1),
-                dict(bm=64, bn=wide, bl=128, s1=1, s2=1)] + pp
+                dict(bm=64, bn=wide, bl=128, s1=1, s2=1)]
     return [dict(bn=128, bl=256), dict(bn=128, bl=128), dict(bn=256 if not gated else 128, bl=128),
-            dict(bm=64) if m <= 64 else dict(bn=128, bl=64)] + \
-        ([dict(bm=128, bn=128 if not gated else 64, bl=128 if not gated else 64, streams=2),
-          dict(bm=64, bn=128, bl=128, streams=2)]
-         if m >= 128 else [])
+            dict(bm=64) if m <= 64 else dict(bn=128, bl=64)]
 
 
 def sweep_section(log, top=6, shapes=None):
@@ -392,11 +385,7 @@ def main():
         prefill = (("gpt2", 2048, dict(bm=128, bn=256, bl=128, s1=1, s2=1)),
                    ("gpt2", 2048, dict(bm=128, bn=256, bl=128, s1=1, s2=2)),
                    ("gpt2", 2048, dict(bm=128, bn=128, bl=128, s1=1, s2=1)),
-                   ("gpt2", 2048, dict(bm=128, bn=128, bl=128, s1=1, s2=1, streams=2)),
-                   ("gpt2", 2048, dict(bm=64, bn=256, bl=128, s1=1, s2=1, streams=2)),
-                   ("S1", 128, dict(bm=128, bn=64, bl=64, streams=2)),
-                   ("llama3-8b", 1024, dict(bm=128, bn=128, bl=128, s1=1, s2=1)),
-                   ("llama3-8b", 1024, dict(bm=128, bn=64, bl=64, s1=1, s2=1, streams=2)))
+                   ("llama3-8b", 1024, dict(bm=128, bn=128, bl=128, s1=1, s2=1)))
         for name, m, cons in prefill if a.trace == "prefill" else decode:
             try:
                 result["trace"].append(trace_run(name, m, log, **cons))

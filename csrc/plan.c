@@ -102,12 +102,6 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
                           "128, got %d", p->bn);
     if (p->stages < 2 || p->stages > 8)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: stages = %d: must be in [2, 8]", p->stages);
-    if (p->streams != 1 && p->streams != 2)
-        return fuser_fail(err, FUSER_E_VALUE, "stream plan: streams = %d unit streams per block: must be 1 or 2",
-                          p->streams);
-    if (p->streams == 2 && (p->bm < 64 || p->stages % 2 || p->stages < 4))
-        return fuser_fail(err, FUSER_E_VALUE, "stream plan: ping-pong (streams = 2) needs bm 64 or 128 and an even "
-                          "number of stages, at least 4 (two rings), got bm = %d, %d stages", p->bm, p->stages);
     if (p->cls_m != 1 || p->cls_n != 1 || p->cls_k != 1 || p->cls_l != 1 || p->n_iters != 1 ||
         p->order != FUSER_ORDER_N_OUTER)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: cluster must be (1, 1, 1, 1), n_iters 1, order n_outer");
@@ -123,22 +117,13 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
                           p->s2, (long long)kt2);
     p->parts = c->gated ? 2 : 1;
     /* consumer registers: ptxas keeps both phases' accumulators within the 232 a consumer thread gets only
-     * up to 192 of them (above, it spills or serialises wgmma). A warpgroup holds 64 rows of the tile's
-     * columns (bm 128) or half of them (bm 64); in ping-pong, the whole bm x columns tile. */
-    const int per_wg = p->bm == 128 ? 1 : 2, rows64 = p->bm / 64;
+     * up to 192 of them (above, it spills or serialises wgmma) */
+    const int per_wg = p->bm == 128 ? 1 : 2; /* bm 64: the two consumer warpgroups split the columns */
     const int acc_regs = p->bm < 64 ? (p->parts + 1) * p->bm / 2 /* swap-AB: 64 x bm per part */
                                     : p->parts * p->bn / per_wg / 2 + p->bl / per_wg / 2;
-    if (p->streams == 1 && acc_regs > 192)
+    if (acc_regs > 192)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: bn = %d and bl = %d need %d accumulator registers per "
                           "consumer thread; at most 192 compile without spills", p->bn, p->bl, acc_regs);
-    /* ping-pong: a warpgroup holds one phase's accumulators at a time; ptxas (CUDA 13.0) compiles every
-     * combination without spills up to 128 per phase, except gated ones above 192 in all and bl 256 at bm 64 */
-    const int acc1 = rows64 * p->parts * p->bn / 2, acc2 = rows64 * p->bl / 2;
-    if (p->streams == 2 &&
-        (acc1 > 128 || acc2 > 128 || (p->parts == 2 && acc1 + acc2 > 192) || (p->bm == 64 && p->bl > 128)))
-        return fuser_fail(err, FUSER_E_VALUE, "stream plan: ping-pong with bm = %d, bn = %d, bl = %d needs %d + %d "
-                          "accumulator registers per consumer thread; without spills: at most 128 per phase, 192 "
-                          "in all when gated, bl <= 128 at bm 64", p->bm, p->bn, p->bl, acc1, acc2);
     if (p->s1 * p->parts > 16 || p->s2 > 16)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: the last split sums at most 16 partials per element "
                           "(s1 x parts = %d, s2 = %d)", p->s1 * p->parts, p->s2);
@@ -227,15 +212,11 @@ int fuser_plan_derive(fuser_plan *p, fuser_err *err)
         return fuser_fail(err, FUSER_E_VALUE, "a fused plan needs m >= 1 (an empty batch launches nothing)");
     if (c->dtype == FUSER_F32)
         return fuser_fail(err, FUSER_E_VALUE, "fused plans compute in 16-bit (bfloat16 or float16), not float32");
-    if (p->streams == 0) /* unset: one unit stream per block */
-        p->streams = 1;
     if (p->kind == FUSER_KIND_STREAM)
         return derive_stream(p, err);
     if (p->kind != FUSER_KIND_CLUSTER)
         return fuser_fail(err, FUSER_E_VALUE, "unknown kernel kind %d", (int)p->kind);
     p->threads = FUSER_THREADS;
-    if (p->streams != 1)
-        return fuser_fail(err, FUSER_E_VALUE, "streams = %d: a cluster plan runs one unit per block", p->streams);
     if (p->s1 < 0 || p->s1 > 1 || p->s2 < 0 || p->s2 > 1)
         return fuser_fail(err, FUSER_E_VALUE, "s1 = %d, s2 = %d: a cluster plan has no stream splits (0 or 1)",
                           p->s1, p->s2);

@@ -20,7 +20,6 @@ static const int grid_n_targets[] = {1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20,
 /* the stream family: token rows of a row tile, tiles, K splits of either phase; stages: the most that fit */
 static const int stream_bm_set[] = {16, 32, 64, 128};
 static const int stream_tile_set[] = {64, 128, 256};
-static const int stream_streams_set[] = {1, 2}; /* unit streams per block: shared units, ping-pong */
 const int fuser_stream_splits[] = {1, 2, 3, 4, 6, 8, 12, 16};
 const int fuser_num_stream_splits = (int)(sizeof fuser_stream_splits / sizeof fuser_stream_splits[0]);
 #define stream_split_set fuser_stream_splits
@@ -123,10 +122,10 @@ static int64_t stream_leaves(const fuser_chain *c)
 {
     (void)c;
     return (int64_t)COUNT(stream_bm_set) * COUNT(stream_tile_set) * COUNT(stream_tile_set) * COUNT(stream_split_set) *
-           COUNT(stream_split_set) * COUNT(stream_streams_set);
+           COUNT(stream_split_set);
 }
 
-/* The stream family's candidates: every (bm, bn, bl, s1, s2, streams), each with the deepest pipeline that fits. */
+/* The stream family's candidates: every (bm, bn, bl, s1, s2), each with the deepest pipeline that fits. */
 static void search_stream(const fuser_chain *c, const fuser_target *t, const fuser_constraints *cons, topk *best,
                           fuser_search_stats *st)
 {
@@ -154,15 +153,11 @@ static void search_stream(const fuser_chain *c, const fuser_target *t, const fus
     for (int jn = 0; jn < COUNT(stream_tile_set); jn++)
     for (int jl = 0; jl < COUNT(stream_tile_set); jl++)
     for (int a = 0; a < COUNT(stream_split_set); a++)
-    for (int b = 0; b < COUNT(stream_split_set); b++)
-    for (int ps = 0; ps < COUNT(stream_streams_set); ps++) {
+    for (int b = 0; b < COUNT(stream_split_set); b++) {
         p.bm = stream_bm_set[ib], p.bn = stream_tile_set[jn], p.bl = stream_tile_set[jl];
         p.s1 = stream_split_set[a], p.s2 = stream_split_set[b];
-        p.streams = stream_streams_set[ps];
-        /* ping-pong not yet measured on this target (stream_pingpong_overlap 0): only when asked for */
-        const int unmeasured = p.streams == 2 && cons->streams <= 0 && !(t->stream_pingpong_overlap > 0);
-        if (unmeasured || !free_or(cons->bm, p.bm) || !free_or(cons->bn, p.bn) || !free_or(cons->bl, p.bl) ||
-            !free_or(cons->s1, p.s1) || !free_or(cons->s2, p.s2) || !free_or(cons->streams, p.streams)) {
+        if (!free_or(cons->bm, p.bm) || !free_or(cons->bn, p.bn) || !free_or(cons->bl, p.bl) ||
+            !free_or(cons->s1, p.s1) || !free_or(cons->s2, p.s2)) {
             st->constrained++;
             continue;
         }
@@ -181,7 +176,7 @@ static void search_stream(const fuser_chain *c, const fuser_target *t, const fus
         }
         if (pruned(&q, t, FUSER_LEVEL_FULL, 1, st))
             continue;
-        if (cons->s1 <= 0 && cons->s2 <= 0 && cons->streams <= 0 && pruned(&q, t, FUSER_LEVEL_CHOICE, 1, st))
+        if (cons->s1 <= 0 && cons->s2 <= 0 && pruned(&q, t, FUSER_LEVEL_CHOICE, 1, st))
             continue;
         if ((q.dataflows & cons->dataflows_none) != 0) {
             st->constrained++;
@@ -236,7 +231,7 @@ int fuser_search(const fuser_chain *c, const fuser_target *t, const fuser_constr
     search_stream(c, t, &cons, &best, st);
     fuser_plan_unfused(c, &p);
     p.fused = 1;
-    if ((cons.kind >= 0 && cons.kind != FUSER_KIND_CLUSTER) || cons.s1 > 1 || cons.s2 > 1 || cons.streams > 1) {
+    if ((cons.kind >= 0 && cons.kind != FUSER_KIND_CLUSTER) || cons.s1 > 1 || cons.s2 > 1) {
         st->constrained += leaves_all(c);
         goto done;
     }

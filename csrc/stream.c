@@ -80,20 +80,17 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
     const double stage = (double)p->smem_pipe / p->stages;
     const double per_sm = fmin(t->stream_sm_gbs * 1e9, (p->stages - 1) * stage / (t->mem_latency_us * 1e-6));
     const double unit = t->stream_unit_us * 1e-6;
-    /* wgmma N of the consumers' MMAs (swap-AB below bm 64: the tokens; a warpgroup takes every column of
-     * the tile at bm 128 and in ping-pong, half of them otherwise) */
-    const int pp = p->streams == 2, whole = pp || p->bm == 128;
-    const int nw1 = p->bm < 64 ? p->bm : whole ? p->bn : p->bn / 2;
-    const int nw2 = p->bm < 64 ? p->bm : whole ? p->bl : p->bl / 2;
+    /* wgmma N of the consumers' MMAs (swap-AB below bm 64: the tokens) */
+    const int nw1 = p->bm < 64 ? p->bm : p->bm == 128 ? p->bn : p->bn / 2;
+    const int nw2 = p->bm < 64 ? p->bm : p->bm == 128 ? p->bl : p->bl / 2;
     /* H through HBM once it outgrows L2: phase 1 writes it, phase 2 reads it */
     const double h_hbm = e * g.m * g.N > FUSER_STREAM_L2_BYTES ? e * g.m * g.N : 0;
     /* One phase: `units` equal units (every row tile's), each `w` weight bytes, `x` operand bytes (X or H,
      * from L2), `f` FLOPs and an epilogue of `epi` bytes; `hbm` bytes the phase moves through HBM (its
      * weights once: the row tiles of a weight tile are consecutive units, so all but one read it from L2).
-     * The blocks claim units in order, so an SM runs n = ceil(units / G) units: n rounds of one unit (its
-     * loads, or its MMAs plus epilogue, whichever is longer); in ping-pong two unit streams share the SM
-     * and a share (stream_pingpong_overlap) of every epilogue but the last runs under the other stream's
-     * MMAs. Or the phase's bytes over HBM or L2 bandwidth, whichever is longest. */
+     * The blocks claim units in order, so the phase takes ceil(units / G) rounds of one unit on one SM
+     * (its loads, or its MMAs plus epilogue, whichever is longer), or the phase's bytes over HBM or L2
+     * bandwidth, whichever is longest. */
     const struct { double units, w, x, f, epi, hbm; int nw; } ph[2] = {
         {(double)(g.rt * g.u1), e * g.parts * g.N * g.K / g.u1, e * rows * g.K * g.nt1 / g.u1,
          2.0 * g.bm * g.parts * g.bn * g.ks1 * FUSER_BK, (g.s1 > 1 ? 4.0 * g.parts * rows * g.bn : 0) + e * rows * g.bn,
@@ -105,13 +102,11 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
     double T = 0;
     for (int i = 0; i < 2; i++) {
         const double active = fmin(ph[i].units, (double)G);
-        const double load = (ph[i].w + ph[i].x) / per_sm, mma = ph[i].f / (mma_sm * wgmma_eff(t, ph[i].nw));
-        const double after = ph[i].epi / (t->sm_load_gbs * 1e9) + unit; /* epilogue and per-unit overhead */
-        const double n = ceil(ph[i].units / G);
-        const double hidden = pp ? t->stream_pingpong_overlap * (n - 1) * after : 0;
-        const double sm = pp ? fmax(n * load, n * (mma + after) - hidden) : n * fmax(load, mma + after);
-        T += fmax(sm, fmax(ph[i].hbm / (t->hbm_gbs * 1e9),
-                           ph[i].units * (ph[i].w + ph[i].x) / fmin(t->l2_gbs * 1e9, active * per_sm)));
+        const double one = fmax((ph[i].w + ph[i].x) / per_sm,
+                                ph[i].f / (mma_sm * wgmma_eff(t, ph[i].nw)) + ph[i].epi / (t->sm_load_gbs * 1e9) + unit);
+        const double rounds = ceil(ph[i].units / G);
+        T += fmax(rounds * one, fmax(ph[i].hbm / (t->hbm_gbs * 1e9),
+                                     ph[i].units * (ph[i].w + ph[i].x) / fmin(t->l2_gbs * 1e9, active * per_sm)));
     }
     /* the last split of a tile sums every split's partial before H (or y) exists */
     const double red1 = g.s1 > 1 ? 4.0 * g.s1 * g.parts * rows * g.bn / (t->sm_load_gbs * 1e9) : 0;

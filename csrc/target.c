@@ -88,7 +88,6 @@ static const fuser_target builtin[] = {
          * launch of fill and hand-off; 1.14x the modelled rest. */
         .stream_mma_eff = 0.80, .stream_fixed_us = 1.194, .stream_time_scale = 1.14,
         .stream_operand_bytes_per_clk = 93.713, .stream_unit_us = 1.985, .stream_sm_gbs = 75.6,
-        .stream_pingpong_overlap = 0, /* not yet measured: ping-pong only when asked for */
         .fusion_margin = 0.10,      /* policy: the calibrated model's typical error is ~20% (log error
                                        0.037 leave-one-shape-out), so gains under 10% are not trusted */
         .stream_margin = 0.04,      /* policy: fitted without S8, the models pick for it a stream plan
@@ -126,7 +125,6 @@ static const fuser_target builtin[] = {
         .eager_op_us = 2.182, .eager_mma_eff = 0.959, .eager_ramp_us = 2.807, .eager_ramp_mb = 2.508,
         .stream_mma_eff = 0.80, .stream_fixed_us = 1.194, .stream_time_scale = 1.14, /* the H200's */
         .stream_operand_bytes_per_clk = 93.713, .stream_unit_us = 1.985, .stream_sm_gbs = 75.6,
-        .stream_pingpong_overlap = 0,
         .fusion_margin = 0.10,
         .stream_margin = 0.04,
         .max_workspace = (int64_t)256 << 20,
@@ -200,9 +198,6 @@ int fuser_target_check(const fuser_target *t, fuser_err *err)
                               pos[i].v);
     if (t->fused_mma_eff > 1 || t->small_gemm_eff > 1 || t->stream_mma_eff > 1 || t->eager_mma_eff > 1)
         return fuser_fail(err, FUSER_E_VALUE, "target %s: efficiencies must be in (0, 1]", t->name);
-    if (!(t->stream_pingpong_overlap >= 0 && t->stream_pingpong_overlap <= 1))
-        return fuser_fail(err, FUSER_E_VALUE, "target %s: stream_pingpong_overlap must be in [0, 1], got %g", t->name,
-                          t->stream_pingpong_overlap);
     if (t->max_cluster != 8 && t->max_cluster != 16)
         return fuser_fail(err, FUSER_E_VALUE, "target %s: max_cluster must be 8 or 16, got %d", t->name,
                           t->max_cluster);

@@ -16,7 +16,7 @@ __all__ = ["DATAFLOWS", "CHAIN_FIELDS", "Plan", "plan", "plans", "search", "simu
 #: The dataflow primitives, in the order plans list them.
 DATAFLOWS = ("all_exchange", "shuffle", "reduce_scatter", "inter_cluster_reduce")
 _DF_BIT = {name: 1 << i for i, name in enumerate(DATAFLOWS)}
-_CONSTRAINT_KEYS = ("bm", "bn", "bl", "n_iters", "stages", "order", "gate_mode", "kind", "s1", "s2", "streams")
+_CONSTRAINT_KEYS = ("bm", "bn", "bl", "n_iters", "stages", "order", "gate_mode", "kind", "s1", "s2")
 #: The fields of a chain dict the core plans from (``_C.ffn_check`` adds where the tensors are).
 CHAIN_FIELDS = ("m", "d_model", "d_ff", "d_out", "gated", "activation", "bias_up", "bias_gate", "bias_down", "dtype")
 
@@ -248,8 +248,6 @@ class Plan:
 
     kind = property(lambda self: self._d["params"].get("kind", "cluster") if self.fused else None)
     splits = property(lambda self: (self._d["params"]["s1"], self._d["params"]["s2"]) if self.fused else None)
-    #: stream plans: unit streams per block (1: both consumer warpgroups on each unit; 2: ping-pong)
-    streams = property(lambda self: self._d["params"].get("streams", 1) if self.kind == "stream" else None)
     stages = property(lambda self: self._d["params"]["stages"] if self.fused else None)
     order = property(lambda self: self._d["params"]["order"] if self.fused else None)
     gate_mode = property(lambda self: self._d["params"]["gate_mode"] if self.fused else None)
@@ -260,7 +258,7 @@ class Plan:
             return ("unfused",)
         p = self._d["params"]
         if self.kind == "stream":  # one family, told apart by its tiles and splits
-            return ("stream", p["bm"], p["bn"], p["bl"], p["s1"], p["s2"], p.get("streams", 1))
+            return ("stream", p["bm"], p["bn"], p["bl"], p["s1"], p["s2"])
         return (self.dataflow, tuple(p["cluster"]), p["order"], p["gate_mode"])
 
     # ---- serialisation ----
@@ -361,8 +359,7 @@ class Plan:
             return f"unfused (PyTorch eager ops), predicted {self.predicted_us:.1f} us"
         p = self._d["params"]
         if self.kind == "stream":
-            pp = ", ping-pong" if p.get("streams", 1) == 2 else ""
-            return (f"fused stream, bm={p['bm']} bn={p['bn']} bl={p['bl']}, splits {p['s1']}/{p['s2']}{pp}, "
+            return (f"fused stream, bm={p['bm']} bn={p['bn']} bl={p['bl']}, splits {p['s1']}/{p['s2']}, "
                     f"{p['stages']} stages, predicted {self.predicted_us:.1f} us")
         return (f"fused {self.dataflow}, cluster {tuple(p['cluster'])}, bm={p['bm']} bn={p['bn']}x{p['n_iters']} "
                 f"bl={p['bl']}, {p['stages']} stages, {p['order']}"

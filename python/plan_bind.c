@@ -36,7 +36,7 @@ static const field target_fields[] = {
     TF(fused_scale_tail, F_DBL), TF(small_gemm_eff, F_DBL), TF(stream_mma_eff, F_DBL), TF(stream_fixed_us, F_DBL),
     TF(stream_time_scale, F_DBL), TF(stream_operand_bytes_per_clk, F_DBL), TF(stream_unit_us, F_DBL),
     TF(stream_sm_gbs, F_DBL), TF(eager_op_us, F_DBL), TF(eager_mma_eff, F_DBL), TF(eager_ramp_us, F_DBL),
-    TF(eager_ramp_mb, F_DBL), TF(stream_pingpong_overlap, F_DBL),
+    TF(eager_ramp_mb, F_DBL),
     TF(fusion_margin, F_DBL), TF(stream_margin, F_DBL), TF(max_workspace, F_I64),
 };
 #define PF(k) {#k, F_INT, offsetof(fuser_plan, k)}
@@ -63,7 +63,7 @@ typedef struct {
 #define SF(k, lo, hi) {#k, offsetof(fuser_plan, k), offsetof(fuser_constraints, k), lo, hi}
 static const searched_field searched[] = {
     SF(bm, 16, 128), SF(bn, 32, 256), SF(bl, 32, 256), SF(n_iters, 1, 4096), SF(stages, 1, 8), SF(s1, 1, 4096),
-    SF(s2, 1, 4096), SF(cls_m, 1, 16), SF(cls_n, 1, 16), SF(cls_k, 1, 16), SF(cls_l, 1, 16), SF(streams, 1, 2),
+    SF(s2, 1, 4096), SF(cls_m, 1, 16), SF(cls_n, 1, 16), SF(cls_k, 1, 16), SF(cls_l, 1, 16),
 };
 enum { N_TILES = 5 };
 
@@ -419,11 +419,11 @@ static PyObject *plan_to_dict(const fuser_plan *p)
     Py_XDECREF(tr);
     Py_XDECREF(cost);
     if (!bad && p->fused) {
-        PyObject *params = Py_BuildValue("{s:s,s:(iiii),s:i,s:i,s:i,s:i,s:i,s:s,s:s,s:i,s:i,s:i}", "kind",
+        PyObject *params = Py_BuildValue("{s:s,s:(iiii),s:i,s:i,s:i,s:i,s:i,s:s,s:s,s:i,s:i}", "kind",
                                          kind_names[p->kind], "cluster", p->cls_m, p->cls_n, p->cls_k, p->cls_l, "bm",
                                          p->bm, "bn", p->bn, "bl", p->bl, "n_iters", p->n_iters, "stages", p->stages,
                                          "order", order_names[p->order], "gate_mode", gate_names[p->gate_mode], "s1",
-                                         p->s1, "s2", p->s2, "streams", p->streams);
+                                         p->s1, "s2", p->s2);
         PyObject *derived = PyDict_New();
         bad = !params || !derived || put_fields(derived, p, plan_derived, sizeof plan_derived / sizeof plan_derived[0]) ||
               PyDict_SetItemString(d, "params", params) || PyDict_SetItemString(d, "derived", derived);
@@ -501,9 +501,7 @@ static int params_from_dict(PyObject *pd, fuser_plan *p)
     /* the stream kernel's splits (a cluster plan has none: 0, as plans write it, or 1) */
     const int stream = p->kind == FUSER_KIND_STREAM;
     p->s1 = p->s2 = stream;
-    p->streams = 1; /* one unit stream per block unless the dict says otherwise (plans stored before it existed) */
-    return get_int(pd, "s1", what, stream, 4096, 0, &p->s1) || get_int(pd, "s2", what, stream, 4096, 0, &p->s2) ||
-           get_int(pd, "streams", what, 1, 2, 0, &p->streams);
+    return get_int(pd, "s1", what, stream, 4096, 0, &p->s1) || get_int(pd, "s2", what, stream, 4096, 0, &p->s2);
 }
 
 /* A plan from a dict: chain + fused + params; everything else is re-derived and re-costed on t. */

@@ -77,12 +77,9 @@ def test_stream_plans_compute_the_ffn_and_count_bytes_exactly(seed):
         kw = dict(d_out=l, gated=gated, activation=rng.choice(["relu", "gelu", "gelu_tanh", "silu"]),
                   bias=rng.random() < 0.5, dtype=rng.choice(["bfloat16", "float16"]), target="h200", fused=True,
                   kind="stream", bm=bm)
-        if bm >= 64 and rng.random() < 0.5:
-            kw["streams"] = 2   # ping-pong: the same units and sums, each warpgroup on its own units
         ps = fuser.plans(m, d, f, k=16, **kw)
         for p in ps[:: max(1, len(ps) // 3)]:
             assert p.kind == "stream" and p.tiles["bm"] == bm
-            assert p.streams == kw.get("streams", p.streams)
             check_plan(p, gen)
 
 
@@ -115,10 +112,6 @@ def test_stream_stub_matches_its_golden_file():
     (dict(bm=48), "bm = 48 token rows: must be 16, 32, 64 or 128"),
     (dict(bm=16, bn=64), "bn and bl must be 128"),
     (dict(bm=64, s1=40), "leave a split empty|no plan"),
-    (dict(streams=2), "ping-pong \\(streams = 2\\) needs bm 64 or 128"),
-    (dict(bm=64, bn=128, bl=128, streams=2, stages=5), "an even number of stages"),
-    (dict(bm=64, bn=128, bl=128, streams=3, stages=4), "streams"),
-    (dict(bm=128, bn=128, bl=128, streams=2, stages=4), "ping-pong with bm = 128, bn = 128, bl = 128 needs 256 \\+ 128"),
 ])
 def test_bad_stream_plans_are_refused_with_the_reason(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -149,30 +142,3 @@ def test_stream_explain_and_picture():
     assert "Choice: fused, stream" in text and "phase 1" in text and "phase 2" in text and "deterministic" in text
     assert p.kind == "stream" and p.dataflow == "stream" and p.cluster == (1, 1, 1, 1)
     assert 'class="fz-unit"' in p.to_svg()
-
-
-def test_ping_pong_is_searched_once_measured_and_round_trips():
-    """Ping-pong plans (two unit streams per block) come from the search only where the target says how
-    much of an epilogue they hide (stream_pingpong_overlap > 0), or when asked for; then at bm 64 and 128
-    only (swap-AB plans share their units). A plan keeps its layout through to_dict/from_dict, the
-    generated stub says it, and a stored plan from before the field existed reads as one stream."""
-    args = dict(activation="gelu", bias=True, fused=True, kind="stream", k=64)
-    h200 = dict(fuser._C.targets()["h200"])
-    for overlap, offered in ((0.0, False), (0.5, True)):
-        t = dict(h200, stream_pingpong_overlap=overlap)
-        for bm in (64, 128):
-            seen = {p.streams for p in fuser.plans(2048, 768, 3072, target=t, bm=bm, **args)}
-            assert seen == ({1, 2} if offered else {1}), (overlap, bm, seen)
-        assert {p.streams for p in fuser.plans(40, 768, 3072, target=t, bm=32, **args)} == {1}
-    asked = fuser.plans(2048, 768, 3072, target="h200", streams=2, **args)
-    assert asked and all(p.streams == 2 for p in asked)
-    with pytest.raises(ValueError, match="stream_pingpong_overlap"):
-        fuser.plans(2048, 768, 3072, target=dict(h200, stream_pingpong_overlap=1.5), **args)
-    p = fuser.plan(2048, 768, 3072, activation="gelu", target="h200", fused=True, kind="stream", bm=128, bn=128,
-                   bl=128, streams=2)
-    d = p.to_dict()
-    assert p.streams == d["params"]["streams"] == 2 and "ping-pong" in p.summary()
-    assert fuser.Plan.from_dict(d).to_dict()["params"] == d["params"]
-    assert "PINGPONG = 1" in fuser._C.codegen(p.raw, p.target)
-    del d["params"]["streams"]
-    assert fuser.Plan.from_dict(d).to_dict()["params"]["streams"] == 1

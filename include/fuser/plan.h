@@ -102,8 +102,6 @@ typedef struct fuser_plan {
     fuser_order order;
     fuser_gate_mode gate_mode;
     int s1, s2;                      /* stream: K splits of phase 1 (over d_model) and phase 2 (over d_ff) */
-    int streams;                     /* stream: unit streams per block: 1 (both consumer warpgroups on each
-                                        unit; 0 reads as 1) or 2 (ping-pong: each warpgroup its own units) */
     /* --- derived by fuser_plan_derive --- */
     int cluster_size;                /* cls_m * cls_n * cls_k */
     int cls_shuffle, cls_reduce;     /* cls_l / cls_k, cls_n * cls_k / cls_l */

@@ -60,9 +60,6 @@ typedef struct fuser_target {
     /* bytes per second one SM of the stream kernel pulls (TMA into its ring; measured 26-50 GB/s in
      * unit traces): what a phase with fewer units than SMs is limited by */
     double stream_sm_gbs;
-    /* the share of a unit's epilogue and per-unit cost that ping-pong (two unit streams per block) hides
-     * behind the other stream's MMAs, in [0, 1]; 0: the search offers ping-pong plans only when asked */
-    double stream_pingpong_overlap;
     double stream_margin;        /* the same for stream plans (their model's own error) */
     double fusion_margin;        /* a fused plan is chosen over the unfused path only when predicted at
                                     least this much faster (0.1: 10%): the model's error is larger than

@@ -18,7 +18,6 @@ struct Plan {
     static constexpr int S1 = 2;
     static constexpr int S2 = 8;
     static constexpr int STAGES = 6;
-    static constexpr int PINGPONG = 0;
 };
 } // namespace
 

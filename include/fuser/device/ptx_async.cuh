@@ -155,10 +155,4 @@ FUSER_DEVICE void named_sync(int id, int threads)
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-/* Count this thread in named barrier `id` without waiting (the threads that wait use named_sync). */
-FUSER_DEVICE void named_arrive(int id, int threads)
-{
-    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
 } // namespace fuser

@@ -36,11 +36,6 @@
  *   BM = 64: tokens on the M side, both consumers the 64 rows, each half of the columns;
  *   BM = 16 or 32 (swap-AB, decode): weights on the M side (each consumer 64 of the tile's 128 weight
  *     rows), tokens on the N side (wgmma n16 / n32), so a few tokens do not pay for 64 rows of MMA.
- * Ping-pong (PINGPONG, BM 64 or 128): each consumer warpgroup runs whole units of its own instead, with
- * its own producer thread, half the ring and its own claims: two unit streams per block. The second
- * starts when the first has finished its first unit's MMAs, so one's epilogue (biases, activation,
- * stores, split sums) runs while the other's MMAs keep the tensor cores busy. That start is the only
- * wait between them, and both first units are phase-1 units, which wait for nothing. 
  * Tokens beyond M are zero-filled by TMA and never stored. */
 #pragma once
 
@@ -85,14 +80,8 @@ struct Stream {
     static constexpr int KT2 = ceil_div(C::N, SW_COLS), KS2 = ceil_div(KT2, S2);
     static constexpr int LT = ceil_div(C::L, BL);
     /* wgmma N of each consumer's MMAs: phase 1, phase 2 */
-    static constexpr bool PP = C::PINGPONG != 0;
-    static constexpr int STREAMS = PP ? 2 : 1;             /* unit streams per block (ring, producer, consumers) */
-    static constexpr int RING = STAGES / STREAMS;          /* slots of a stream's ring */
-    static constexpr int CT = PP ? 128 : 256;              /* consumer threads of one unit */
-    static constexpr int MB = PP ? BM / 64 : 1;            /* 64-row blocks of a consumer's MMAs */
-    static constexpr bool WHOLE = PP || MT == 2;           /* a consumer computes every column of the tile */
-    static constexpr int NW1 = SWAP ? BM : WHOLE ? BN : BN / 2;
-    static constexpr int NW2 = SWAP ? BM : WHOLE ? BL : BL / 2;
+    static constexpr int NW1 = SWAP ? BM : MT == 2 ? BN : BN / 2;
+    static constexpr int NW2 = SWAP ? BM : MT == 2 ? BL : BL / 2;
     static constexpr int X_BYTES = MP * SW_ROW_BYTES;
     static constexpr int BYTES1 = X_BYTES + PARTS * BN * SW_ROW_BYTES;
     static constexpr int BYTES2 = X_BYTES + BL * SW_ROW_BYTES;
@@ -102,31 +91,29 @@ struct Stream {
     static_assert(BN % 64 == 0 && BN <= 256 && BL % 32 == 0 && BL <= 256, "tiles");
     static_assert((S1 - 1) * KS1 < KT1 && (S2 - 1) * KS2 < KT2, "every split has K steps");
     static_assert(C::N % 8 == 0 && C::L % 8 == 0 && C::K % 8 == 0, "16-byte rows");
-    static_assert(!PP || (!SWAP && STAGES % 2 == 0), "ping-pong: tokens on the M side, two equal rings");
 
     /* sync words: two per launch, then each row tile's (offsets within its group of ROW_WORDS) */
     static constexpr int CLAIM = 0, DONE = 1, ROWS0 = 2;
     static constexpr int TICKETS1 = 0, TICKETS2 = NT1, READY = NT1 + LT, ROW_WORDS = READY + S2;
 
     struct Smem {
-        alignas(1024) unsigned char stage[STAGES][STAGE_BYTES]; /* stream v's ring: slots [v * RING, (v + 1) * RING) */
-        Ring<RING> ring[STREAMS];
-        int unit[STREAMS][RING]; /* the unit whose first K step a slot holds (-1: no more units), set by the producer */
-        int last[STREAMS];
+        alignas(1024) unsigned char stage[STAGES][STAGE_BYTES];
+        Ring<STAGES> ring;
+        int unit[STAGES]; /* the unit whose first K step a slot holds (-1: no more units), set by the producer */
+        int last;
     };
 
     const StreamParams &p;
     Smem &s;
+    int lt, warp, lane, w;   /* consumer thread: index in the consumers, warp in its warpgroup, lane, warpgroup */
     int m0;                  /* consumer: the first token row of the current unit's row tile */
-    bool lead = false;       /* ping-pong: this warpgroup lets the other start after its first MMAs */
+    const int rt;            /* row tiles */
+    const int u1, u2;        /* units of each phase */
 
-    FUSER_DEVICE Stream(const StreamParams &prm, Smem &sm) : p(prm), s(sm) {}
-
-    /* row tiles and the units of each phase (recomputed from the parameters where needed: nothing to keep
-     * live in the producer's 40 registers) */
-    FUSER_DEVICE int rt() const { return ceil_div(p.m, BM); }
-    FUSER_DEVICE int u1() const { return rt() * NT1 * S1; }
-    FUSER_DEVICE int u2() const { return rt() * LT * S2; }
+    FUSER_DEVICE Stream(const StreamParams &prm, Smem &sm)
+        : p(prm), s(sm), rt(ceil_div(prm.m, BM)), u1(rt * NT1 * S1), u2(rt * LT * S2)
+    {
+    }
 
     /* One unit's coordinates: which tile (n-tile or l-tile), which split, which row tile. A phase's
      * units run group by group (p.group row tiles each, the last group what is left); within a group,
@@ -136,7 +123,7 @@ struct Stream {
     };
     FUSER_DEVICE void locate(int u, int per, int &index, int &row) const
     {
-        const int g = u / (p.group * per), r0 = g * p.group, rows = cmin(p.group, rt() - r0);
+        const int g = u / (p.group * per), r0 = g * p.group, rows = cmin(p.group, rt - r0);
         const int local = u - r0 * per;
         index = local / rows;
         row = r0 + local % rows;
@@ -155,19 +142,6 @@ struct Stream {
     }
     FUSER_DEVICE int *sync_of(int row, int word) const { return p.sync + ROWS0 + row * ROW_WORDS + word; }
 
-    /* This thread's place, read from %tid.x at each use (cheaper than keeping it in registers the
-     * epilogues need): consumer warpgroup w (0, 1), its warp and lane, the consumer thread's index lt among
-     * its unit's CT consumers, and the unit stream vs (the producer of stream v: lane 0 of warp v). */
-    static FUSER_DEVICE int tid() { return (int)thread_index(); }
-    static FUSER_DEVICE int w() { return (tid() - 128) >> 7; }
-    static FUSER_DEVICE int warp() { return (tid() >> 5) & 3; }
-    static FUSER_DEVICE int lane() { return tid() & 31; }
-    static FUSER_DEVICE int lt() { return PP ? tid() & 127 : tid() - 128; }
-    static FUSER_DEVICE int vs() { return !PP ? 0 : tid() < 128 ? tid() >> 5 : w(); }
-    FUSER_DEVICE Ring<RING> &ring() const { return s.ring[vs()]; }
-    FUSER_DEVICE unsigned char *slot(int stage) const { return s.stage[vs() * RING + stage]; }
-    FUSER_DEVICE int &slot_unit(int stage) const { return s.unit[vs()][stage]; }
-
     /* ---------------- producer ---------------- */
 
     /* The n-tiles whose columns overlap phase-2 split sp's d_ff range (that split's ready count). */
@@ -183,42 +157,42 @@ struct Stream {
      * or the split's ready counter) unless `ready`. So HBM keeps streaming while a dependency resolves:
      * up to a ring of weight tiles is in flight before the first token tile is requested. */
     template <class Weights, class Tokens, class Dep>
-    FUSER_DEVICE void fill(Cursor<RING> &c, int u, int k0, int k1, uint32_t bytes, bool ready, Weights weights,
+    FUSER_DEVICE void fill(Cursor<STAGES> &c, int u, int k0, int k1, uint32_t bytes, bool ready, Weights weights,
                            Tokens tokens, Dep dep) const
     {
-        Cursor<RING> first = c; /* the first slot still without its token tile */
+        Cursor<STAGES> first = c; /* the first slot still without its token tile */
         int held = 0;
         for (int kb = k0; kb < k1; kb++, c.next()) {
-            mbar_wait(&ring().empty[c.stage], c.phase ^ 1);
-            slot_unit(c.stage) = u; /* published by the arrive below (release) */
-            uint64_t *bar = &ring().full[c.stage];
+            mbar_wait(&s.ring.empty[c.stage], c.phase ^ 1);
+            s.unit[c.stage] = u; /* published by the arrive below (release) */
+            uint64_t *bar = &s.ring.full[c.stage];
             mbar_arrive_expect_tx(bar, bytes);
-            weights(slot(c.stage), bar, kb);
+            weights(s.stage[c.stage], bar, kb);
             if (ready) {
-                tokens(slot(c.stage), bar, kb);
+                tokens(s.stage[c.stage], bar, kb);
                 continue;
             }
             /* a full ring of slots waiting for their token tiles, or the unit's last: resolve, then request them */
-            if (++held < RING && kb + 1 < k1)
+            if (++held < STAGES && kb + 1 < k1)
                 continue;
             dep();
             ready = true;
             for (int i = held - 1; i >= 0; i--, first.next())
-                tokens(slot(first.stage), &ring().full[first.stage], kb - i);
+                tokens(s.stage[first.stage], &s.ring.full[first.stage], kb - i);
         }
     }
 
-    FUSER_DEVICE void produce()
+    FUSER_DEVICE void produce() const
     {
-        Cursor<RING> c;
-        /* Stream v of block b starts with phase-1 unit v * grid + b (known without a claim, so its weights
-         * are requested before the previous kernel is waited for); later units are claimed in order from a
-         * counter, which the previous launch resets as it ends. A phase-2 unit waits only for phase-1 units
-         * that are claimed or fixed to a stream; a fixed block that has not started yet (another stream's
+        Cursor<STAGES> c;
+        /* Block b's first unit is phase-1 unit b (known without a claim, so its weights are requested
+         * before the previous kernel is waited for); later units are claimed in order from a counter,
+         * which the previous launch resets as it ends. A phase-2 unit waits only for phase-1 units that
+         * are claimed or fixed to a block; a fixed block that has not started yet (another stream's
          * kernel holds SMs) starts when one is free, since the grid is at most what fits at once. */
-        const int fixed = cmin(STREAMS * (int)gridDim.x, u1()), first = vs() * (int)gridDim.x + (int)blockIdx.x;
+        const int fixed = cmin((int)gridDim.x, u1);
         bool after_prev = false; /* griddepcontrol.wait done: the previous kernel's writes are visible */
-        int u = first < fixed ? first : -1;
+        int u = (int)blockIdx.x < fixed ? (int)blockIdx.x : -1;
         for (;;) {
             if (u < 0) {
                 if (!after_prev)
@@ -226,18 +200,18 @@ struct Stream {
                 after_prev = true;
                 u = fixed + atomic_add_relaxed_gpu(p.sync + CLAIM, 1);
             }
-            if (p.trace && u < u1() + u2()) {
+            if (p.trace && u < u1 + u2) {
                 p.trace[u * TRACE_WORDS + 0] = blockIdx.x;
                 p.trace[u * TRACE_WORDS + 1] = global_ns();
                 p.trace[u * TRACE_WORDS + 5] = sm_id();
             }
-            if (u >= u1() + u2()) { /* tell the consumers: no more units */
-                mbar_wait(&ring().empty[c.stage], c.phase ^ 1);
-                slot_unit(c.stage) = -1;
-                mbar_arrive(&ring().full[c.stage]);
+            if (u >= u1 + u2) { /* tell the consumers: no more units */
+                mbar_wait(&s.ring.empty[c.stage], c.phase ^ 1);
+                s.unit[c.stage] = -1;
+                mbar_arrive(&s.ring.full[c.stage]);
                 return;
             }
-            if (u < u1()) {
+            if (u < u1) {
                 const Unit t = unit1(u);
                 const int nt = t.tile, sp = t.split, m0 = t.row * BM;
                 fill(c, u, sp * KS1, cmin(KT1, (sp + 1) * KS1), BYTES1, after_prev,
@@ -252,7 +226,7 @@ struct Stream {
                 if (p.trace)
                     p.trace[u * TRACE_WORDS + 8] = global_ns();
             } else {
-                const Unit t = unit2(u - u1());
+                const Unit t = unit2(u - u1);
                 const int l_t = t.tile, sp = t.split, m0 = t.row * BM;
                 int *ready = sync_of(t.row, READY + sp);
                 /* the H columns of the split exist and are visible to TMA */
@@ -282,29 +256,21 @@ struct Stream {
 
     /* ---------------- consumers ---------------- */
 
-    /* Accumulator fragments (tokens on the M side): element 4 j + 2 h + e of 64-row block mb is (row_of(mb,
-     * h), col_of(j) + e) of the tile. */
-    FUSER_DEVICE int row_of(int mb, int h) const
-    {
-        return m0 + 64 * (PP ? mb : MT == 2 ? w() : 0) + 16 * warp() + lane() / 4 + 8 * h;
-    }
+    FUSER_DEVICE int row_of(int h) const { return m0 + (MT == 2 ? 64 * w : 0) + 16 * warp + lane / 4 + 8 * h; }
     template <int NW>
-    FUSER_DEVICE int col_of(int j) const { return (WHOLE ? 0 : NW * w()) + 8 * j + 2 * (lane() % 4); }
+    FUSER_DEVICE int col_of(int j) const { return (MT == 2 ? 0 : NW * w) + 8 * j + 2 * (lane % 4); }
 
     /* Run the K steps [k0, k1) of one unit into acc (and acc2 when TWO: the gate tile after the up tile).
-     * A tile rows: this warpgroup's token rows (MB blocks of 64); B tile rows: its columns. */
+     * A tile rows: this warpgroup's 64 token rows; B tile rows: its columns. */
     template <int NW, bool TWO, int R>
-    FUSER_DEVICE void mainloop(Cursor<RING> &c, int k0, int k1, int b_rows, float (&acc)[MB][R], float (&acc2)[MB][R],
-                               uint64_t *trace)
+    FUSER_DEVICE void mainloop(Cursor<STAGES> &c, int k0, int k1, int b_rows, float (&acc)[R], float (&acc2)[R],
+                               uint64_t *trace) const
     {
         uint64_t waited = 0; /* traced: ns this thread waited for full slots after the unit's first */
         if (k0 >= k1) {
 #pragma unroll
-            for (int mb = 0; mb < MB; mb++)
-#pragma unroll
-                for (int i = 0; i < R; i++)
-                    acc[mb][i] = acc2[mb][i] = 0.f;
-            let_other_start();
+            for (int i = 0; i < R; i++)
+                acc[i] = acc2[i] = 0.f;
             return;
         }
         int prev = -1;
@@ -314,25 +280,21 @@ struct Stream {
         for (int kb = k0; kb < k1; kb++, c.next()) {
             if (trace && kb > k0) {
                 const uint64_t t0 = global_ns();
-                consume_wait(ring(), c);
+                consume_wait(s.ring, c);
                 waited += global_ns() - t0;
             } else {
-                consume_wait(ring(), c);
+                consume_wait(s.ring, c);
             }
-            const uint32_t st = smem_addr(slot(c.stage));
-            /* A: this consumer's token rows (or, swap-AB, 64 weight rows); B: its columns (or the tokens) */
-            const uint32_t w_rows = st + X_BYTES + (SWAP ? w() * 64 : WHOLE ? 0 : w() * NW) * SW_ROW_BYTES;
-            const uint32_t tokens = st + (!PP && MT == 2 ? w() * 64 * SW_ROW_BYTES : 0);
+            const uint32_t st = smem_addr(s.stage[c.stage]);
+            /* A: this consumer's 64 token rows (or, swap-AB, 64 weight rows); B: its columns (or the tokens) */
+            const uint32_t w_rows = st + X_BYTES + (SWAP ? w * 64 : MT == 2 ? 0 : w * NW) * SW_ROW_BYTES;
+            const uint32_t tokens = st + (MT == 2 ? w * 64 * SW_ROW_BYTES : 0);
+            const uint32_t a = SWAP ? w_rows : tokens, b = SWAP ? tokens : w_rows;
             const uint32_t second = b_rows * SW_ROW_BYTES; /* the gate tile, after the up tile */
             wgmma_fence();
-#pragma unroll
-            for (int mb = 0; mb < MB; mb++) {
-                const uint32_t rows = tokens + mb * 64 * SW_ROW_BYTES;
-                const uint32_t a = SWAP ? w_rows : rows, b = SWAP ? rows : w_rows;
-                mma_k64<DT, NW>(acc[mb], a, b, kb > k0);
-                if constexpr (TWO)
-                    mma_k64<DT, NW>(acc2[mb], SWAP ? a + second : a, SWAP ? b : b + second, kb > k0);
-            }
+            mma_k64<DT, NW>(acc, a, b, kb > k0);
+            if constexpr (TWO)
+                mma_k64<DT, NW>(acc2, SWAP ? a + second : a, SWAP ? b : b + second, kb > k0);
             wgmma_commit();
             wgmma_wait<1>();
             if (prev >= 0)
@@ -340,33 +302,17 @@ struct Stream {
             prev = c.stage;
         }
         wgmma_wait<0>();
-#pragma unroll
-        for (int mb = 0; mb < MB; mb++) {
-            fence_operands(acc[mb]);
-            if constexpr (TWO)
-                fence_operands(acc2[mb]);
-        }
+        fence_operands(acc);
+        if constexpr (TWO)
+            fence_operands(acc2);
         release(prev);
-        let_other_start();
         if (trace) {
             trace[6] = global_ns();
             trace[7] = waited;
         }
     }
 
-    /* The consumers of this thread's unit (named barriers 1 and 2: one per unit stream). */
-    FUSER_DEVICE void consumers_sync() const { named_sync(1 + vs(), CT); }
-
-    /* Ping-pong: the second consumer warpgroup waits at STAGGER (consume) until the first has finished its
-     * first unit's MMAs. */
-    static constexpr int STAGGER = 3;
-    FUSER_DEVICE void let_other_start()
-    {
-        if (lead) {
-            named_arrive(STAGGER, 2 * CT);
-            lead = false;
-        }
-    }
+    FUSER_DEVICE void consumers_sync() const { named_sync(1, 256); }
 
     /* This warp no longer reads the slot: its tiles (wgmma) or its unit id. Every consumer warp arrives
      * (the warp's reads ordered before its lane 0's arrive), so the producer refills or rewrites the
@@ -374,8 +320,8 @@ struct Stream {
     FUSER_DEVICE void release(int stage) const
     {
         __syncwarp();
-        if (lane() == 0)
-            consume_release<1>(ring(), stage);
+        if (lane == 0)
+            consume_release<1>(s.ring, stage);
     }
 
     /* After this unit's fp32 partial is in the workspace: take a ticket; true (in every consumer thread)
@@ -383,27 +329,27 @@ struct Stream {
     FUSER_DEVICE bool last_of(int *ticket, int splits) const
     {
         consumers_sync();
-        if (lt() == 0)
-            s.last[vs()] = atomic_add_gpu(ticket, 1) == splits - 1; /* acq_rel: publishes the block's partial */
+        if (lt == 0)
+            s.last = atomic_add_gpu(ticket, 1) == splits - 1; /* acq_rel: publishes the block's partial */
         consumers_sync();
-        return s.last[vs()] != 0;
+        return s.last != 0;
     }
 
     /* Swap-AB fragments: element i of a consumer's accumulator is (token, feature) = (token_of(i),
      * feature_of(i)) of its 64-row block of the tile (columns: tokens). */
-    FUSER_DEVICE int token_of(int i) const { return m0 + 8 * (i / 4) + 2 * (lane() % 4) + (i & 1); }
-    FUSER_DEVICE int feature_of(int i) const { return 64 * w() + 16 * warp() + lane() / 4 + 8 * ((i >> 1) & 1); }
+    FUSER_DEVICE int token_of(int i) const { return m0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1); }
+    FUSER_DEVICE int feature_of(int i) const { return 64 * w + 16 * warp + lane / 4 + 8 * ((i >> 1) & 1); }
 
     /* Store one fp32 partial tile at column offset c0 of a [m][width] workspace slice. */
     template <int NW, int R>
-    FUSER_DEVICE void store_partial(const float (&acc)[MB][R], float *ws, int width, int c0, int limit) const
+    FUSER_DEVICE void store_partial(const float (&acc)[R], float *ws, int width, int c0, int limit) const
     {
         if constexpr (SWAP) {
 #pragma unroll
             for (int i = 0; i < R; i++) {
                 const int t = token_of(i), f = c0 + feature_of(i);
                 if (t < p.m && f < limit)
-                    ws[(int64_t)t * width + f] = acc[0][i];
+                    ws[(int64_t)t * width + f] = acc[i];
             }
             return;
         }
@@ -413,20 +359,17 @@ struct Stream {
             if (col >= limit)
                 continue;
 #pragma unroll
-            for (int mb = 0; mb < MB; mb++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int row = row_of(mb, h);
-                    if (row < p.m)
-                        *(float2 *)(ws + (int64_t)row * width + col) =
-                            make_float2(acc[mb][4 * j + 2 * h], acc[mb][4 * j + 2 * h + 1]);
-                }
+            for (int h = 0; h < 2; h++) {
+                const int row = row_of(h);
+                if (row < p.m)
+                    *(float2 *)(ws + (int64_t)row * width + col) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+            }
         }
     }
 
     /* The column of the 4-column pieces this consumer thread sums in reduce_tile (the same in every row). */
     template <int W>
-    FUSER_DEVICE int reduce_col(int c0) const { return c0 + lt() % (W / 4) * 4; }
+    FUSER_DEVICE int reduce_col(int c0) const { return c0 + lt % (W / 4) * 4; }
 
     /* The last split of a tile: every consumer thread takes 4-column pieces of the [rows x W] tile at row
      * m0, column c0 (coalesced; a thread always the same column, reduce_col), sums the SPLITS partials of
@@ -437,15 +380,14 @@ struct Stream {
                                   int limit, Fin fin) const
     {
         const float *ws = launder(ws_);
-        /* B pieces' loads in flight per thread (fewer in ping-pong, where a warpgroup's registers hold more) */
-        constexpr int Q = W / 4, B = cmax(1, (PP ? 8 : 16) / (SPLITS * NP));
-        static_assert(CT % Q == 0, "a thread's pieces share one column");
+        constexpr int Q = W / 4, B = cmax(1, 16 / (SPLITS * NP));
+        static_assert(256 % Q == 0, "a thread's pieces share one column");
         const int items = cmin(BM, p.m - m0) * Q;
-        for (int base = lt(); base < items; base += CT * B) {
+        for (int base = lt; base < items; base += 256 * B) {
             float4 v[B][NP][SPLITS];
 #pragma unroll
             for (int b = 0; b < B; b++) {
-                const int i = base + CT * b, r = m0 + i / Q, col = c0 + i % Q * 4;
+                const int i = base + 256 * b, r = m0 + i / Q, col = c0 + i % Q * 4;
                 const bool in = i < items && col < limit;
                 const float *q = ws + (in ? (int64_t)r * width + col : 0);
 #pragma unroll
@@ -457,7 +399,7 @@ struct Stream {
             }
 #pragma unroll
             for (int b = 0; b < B; b++) {
-                const int i = base + CT * b, r = m0 + i / Q, col = c0 + i % Q * 4;
+                const int i = base + 256 * b, r = m0 + i / Q, col = c0 + i % Q * 4;
                 if (i >= items || col >= limit)
                     continue;
                 float sum[NP][4];
@@ -533,13 +475,13 @@ struct Stream {
     }
 
     /* where consumer thread 0 records its unit's mainloop (null: no trace, or another thread) */
-    FUSER_DEVICE uint64_t *unit_trace(int u) const { return p.trace && lt() == 0 ? p.trace + u * TRACE_WORDS : nullptr; }
+    FUSER_DEVICE uint64_t *unit_trace(int u) const { return p.trace && lt == 0 ? p.trace + u * TRACE_WORDS : nullptr; }
 
-    FUSER_DEVICE void phase1(Cursor<RING> &c, int u)
+    FUSER_DEVICE void phase1(Cursor<STAGES> &c, int u) const
     {
         const Unit t = unit1(u);
         const int nt = t.tile, sp = t.split;
-        float up[MB][NW1 / 2], gate[MB][NW1 / 2];
+        float up[NW1 / 2], gate[NW1 / 2];
         mainloop<NW1, C::GATED>(c, sp * KS1, cmin(KT1, (sp + 1) * KS1), BN, up, gate, unit_trace(u));
         const int n0 = nt * BN;
         if constexpr (S1 > 1) {
@@ -573,7 +515,7 @@ struct Stream {
             for (int i = 0; i < NW1 / 2; i++) {
                 const int t = token_of(i), n = n0 + feature_of(i), h = (i >> 1) & 1;
                 if (t < p.m && n < C::N)
-                    store_h<1>(t, n, {up[0][i]}, {gate[0][i]}, {bu[h]}, {bg[h]});
+                    store_h<1>(t, n, {up[i]}, {gate[i]}, {bu[h]}, {bg[h]});
             }
         } else {
             /* the biases of the thread's column pairs first (16-bit pairs, every load before the first store) */
@@ -591,21 +533,18 @@ struct Stream {
                 unpack2(bu[j], bu2);
                 unpack2(bg[j], bg2);
 #pragma unroll
-                for (int mb = 0; mb < MB; mb++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const int row = row_of(mb, h);
-                        const float(&a)[NW1 / 2] = up[mb], (&g)[NW1 / 2] = gate[mb];
-                        if (n < C::N && row < p.m)
-                            store_h<2>(row, n, {a[4 * j + 2 * h], a[4 * j + 2 * h + 1]},
-                                       {g[4 * j + 2 * h], g[4 * j + 2 * h + 1]}, bu2, bg2);
-                    }
+                for (int h = 0; h < 2; h++) {
+                    const int row = row_of(h);
+                    if (n < C::N && row < p.m)
+                        store_h<2>(row, n, {up[4 * j + 2 * h], up[4 * j + 2 * h + 1]},
+                                   {gate[4 * j + 2 * h], gate[4 * j + 2 * h + 1]}, bu2, bg2);
+                }
             }
         }
         /* publish the n-tile: every consumer's stores, then one release per phase-2 split it feeds (the
          * barrier orders the other threads' stores before it) */
         consumers_sync();
-        if (lt() == 0) {
+        if (lt == 0) {
             if constexpr (S1 > 1)
                 store_relaxed_gpu(sync_of(t.row, TICKETS1 + nt), 0);
             const int last_step = (cmin(C::N, n0 + BN) - 1) / SW_COLS;
@@ -614,12 +553,12 @@ struct Stream {
         }
     }
 
-    FUSER_DEVICE void phase2(Cursor<RING> &c, int u)
+    FUSER_DEVICE void phase2(Cursor<STAGES> &c, int u) const
     {
         const Unit t = unit2(u);
         const int l_t = t.tile, sp = t.split;
-        float acc[MB][NW2 / 2];
-        mainloop<NW2, false>(c, sp * KS2, cmin(KT2, (sp + 1) * KS2), 0, acc, acc, unit_trace(u1() + u));
+        float acc[NW2 / 2];
+        mainloop<NW2, false>(c, sp * KS2, cmin(KT2, (sp + 1) * KS2), 0, acc, acc, unit_trace(u1 + u));
         const int l0 = l_t * BL;
         if constexpr (S2 > 1) {
             const int64_t stride = (int64_t)p.m * C::L;
@@ -633,7 +572,7 @@ struct Stream {
             reduce_tile<BL, S2, 1>(ws2, 0, stride, C::L, l0, C::L,
                                    [&](int r, int l, const float (&sum)[1][4]) { store_y<4>(r, l, sum[0], bd); });
             consumers_sync();
-            if (lt() == 0)
+            if (lt == 0)
                 store_relaxed_gpu(sync_of(t.row, TICKETS2 + l_t), 0);
         } else if constexpr (SWAP) {
             float bd[2];
@@ -647,7 +586,7 @@ struct Stream {
             for (int i = 0; i < NW2 / 2; i++) {
                 const int t = token_of(i), l = l0 + feature_of(i);
                 if (t < p.m && l < C::L)
-                    store_y<1>(t, l, {acc[0][i]}, {bd[(i >> 1) & 1]});
+                    store_y<1>(t, l, {acc[i]}, {bd[(i >> 1) & 1]});
             }
         } else {
             uint32_t bd[NW2 / 8];
@@ -660,50 +599,45 @@ struct Stream {
                 float bd2[2];
                 unpack2(bd[j], bd2);
 #pragma unroll
-                for (int mb = 0; mb < MB; mb++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const int row = row_of(mb, h);
-                        if (l < C::L && row < p.m)
-                            store_y<2>(row, l, {acc[mb][4 * j + 2 * h], acc[mb][4 * j + 2 * h + 1]}, bd2);
-                    }
+                for (int h = 0; h < 2; h++) {
+                    const int row = row_of(h);
+                    if (l < C::L && row < p.m)
+                        store_y<2>(row, l, {acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]}, bd2);
+                }
             }
         }
     }
 
-    FUSER_DEVICE void consume()
+    FUSER_DEVICE void consume(int tid)
     {
-        /* ping-pong: when both streams of the block start with a fixed (phase-1) unit, the second waits
-         * for the first's MMAs, so that from then on one's epilogue overlaps the other's MMAs */
-        if (PP && (int)blockIdx.x + (int)gridDim.x < u1()) {
-            lead = w() == 0;
-            if (w() == 1)
-                named_sync(STAGGER, 2 * CT);
-        }
-        Cursor<RING> c;
+        lt = tid - 128;
+        w = lt / 128;
+        warp = lt % 128 / 32;
+        lane = lt % 32;
+        Cursor<STAGES> c;
         for (;;) {
-            consume_wait(ring(), c); /* the unit's first slot says which unit it is */
-            const int u = slot_unit(c.stage);
+            consume_wait(s.ring, c); /* the unit's first slot says which unit it is */
+            const int u = s.unit[c.stage];
             if (u < 0)
                 break;
-            if (p.trace && lt() == 0)
+            if (p.trace && lt == 0)
                 p.trace[u * TRACE_WORDS + 3] = global_ns();
-            if (u < u1()) {
+            if (u < u1) {
                 m0 = unit1(u).row * BM;
                 phase1(c, u);
             } else {
-                m0 = unit2(u - u1()).row * BM;
-                phase2(c, u - u1());
+                m0 = unit2(u - u1).row * BM;
+                phase2(c, u - u1);
             }
-            if (p.trace && lt() == 0)
+            if (p.trace && lt == 0)
                 p.trace[u * TRACE_WORDS + 4] = global_ns();
         }
-        /* the last unit stream out resets the ready counters and the claim counter for the next launch
-         * (every poll and claim of this launch is over) */
+        /* the last block out resets the ready counters and the claim counter for the next launch (every
+         * poll and claim of this launch is over) */
         consumers_sync();
-        if (lt() == 0) {
-            if (atomic_add_gpu(p.sync + DONE, 1) == STREAMS * (int)gridDim.x - 1) {
-                for (int r = 0; r < rt(); r++)
+        if (lt == 0) {
+            if (atomic_add_gpu(p.sync + DONE, 1) == (int)gridDim.x - 1) {
+                for (int r = 0; r < rt; r++)
                     for (int i = 0; i < S2; i++)
                         store_relaxed_gpu(sync_of(r, READY + i), 0);
                 store_relaxed_gpu(p.sync + CLAIM, 0);
@@ -718,8 +652,7 @@ struct Stream {
         Smem &sm = *(Smem *)align_smem<1024>(smem_raw);
         const int tid = (int)threadIdx.x;
         if (tid == 0) {
-            for (int v = 0; v < STREAMS; v++)
-                sm.ring[v].init(CONSUMER_WARPS / STREAMS);
+            sm.ring.init(CONSUMER_WARPS);
             tma_prefetch(&p.x);
             tma_prefetch(&p.w_up);
             if constexpr (C::GATED)
@@ -731,14 +664,12 @@ struct Stream {
         griddep_launch_dependents(); /* the next kernel's blocks may take SMs as this grid's blocks leave */
         Stream k(p, sm);
         if (tid < 128) {
-            /* the producers give back exactly what the consumers take: 128 x (168 - 40) = 256 x (232 - 168)
-             * (an increase the pool cannot cover waits forever) */
             setmaxnreg_dec<40>();
-            if (tid % 32 == 0 && tid / 32 < STREAMS) /* stream v's producer: lane 0 of warp v */
+            if (tid == 0)
                 k.produce();
         } else {
             setmaxnreg_inc<232>();
-            k.consume();
+            k.consume(tid);
         }
     }
 };
