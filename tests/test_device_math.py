@@ -1,0 +1,77 @@
+"""The device code's own math, checked on the CPU: the exact-GELU polynomial of
+include/fuser/device/common.cuh (``gelu_erf``), read from the header and evaluated as the GPU does in
+fp32 (each fma rounded once, ex2 correctly rounded), against float64 GELU. The GPU correctness matrices
+check the same function inside the kernels."""
+import math
+import os
+import re
+
+import numpy as np
+import pytest
+
+HEADER = os.path.join(os.path.dirname(__file__), "..", "include", "fuser", "device", "common.cuh")
+
+
+def coefficients():
+    src = open(HEADER).read()
+    body = re.search(r"GELU_Q\[9\]\s*=\s*\{([^}]*)\}", src)
+    assert body, "GELU_Q not found in common.cuh"
+    q = [np.float32(float(v.strip().rstrip("f"))) for v in body.group(1).split(",")]
+    assert len(q) == 9
+    return q
+
+
+def f32(v):
+    return np.asarray(v, dtype=np.float64).astype(np.float32)
+
+
+def gelu_device(x):
+    """gelu_erf as compiled: fp32 values, fmaf rounded once (exact in float64 for fp32 inputs)."""
+    q = coefficients()
+    x = f32(x)
+    z = np.minimum(f32(np.abs(x).astype(np.float64) * np.float64(np.float32(0.70710678118654752))), np.float32(4))
+    acc = np.full_like(z, q[8])
+    for c in q[7::-1]:
+        acc = f32(acc.astype(np.float64) * z + np.float64(c))
+    e = f32(np.exp2(f32(-z.astype(np.float64) * acc - 1.0).astype(np.float64)))
+    half_erfc = np.where(z < 4, e, np.float32(0))
+    phi = np.where(x < 0, half_erfc, f32(1.0 - half_erfc.astype(np.float64)))
+    return f32(x.astype(np.float64) * phi)
+
+
+def gelu_exact(x):
+    return np.array([0.5 * v * math.erfc(-v / math.sqrt(2)) for v in np.asarray(x, dtype=np.float64)])
+
+
+XS = np.concatenate([np.linspace(-8, 8, 160001), -np.logspace(-8, 1, 2001), np.logspace(-8, 1, 2001)])
+
+
+def test_gelu_matches_float64_to_a_few_fp32_ulps():
+    x = f32(XS).astype(np.float64)
+    got, ref = gelu_device(x).astype(np.float64), gelu_exact(x)
+    big = np.abs(ref) > 1e-6
+    rel = np.abs(got[big] / ref[big] - 1)
+    # 5e-6 of the fit plus ex2.approx's 2 ulps (2.4e-7): far below a bfloat16 or float16 rounding step
+    assert rel.max() < 6e-6, (rel.max(), x[big][rel.argmax()])
+    assert np.abs(got - ref).max() < 1e-6
+
+
+def test_gelu_tails_and_special_values():
+    got = gelu_device([0.0, -0.0, 5.66, 100.0, -5.66, -100.0, 3e38, np.inf, np.nan])
+    assert got[0] == 0 and got[1] == 0
+    assert got[2] == np.float32(5.66) and got[3] == 100 and got[6] == np.float32(3e38) and got[7] == np.inf
+    assert got[4] == 0 and got[5] == 0        # Phi underflows past |x| = 5.66, as fp32 erff gives it
+    assert np.isnan(got[8])
+    # the step at the cut-off is below 1e-7
+    below = f32(-4.0 * math.sqrt(2) * (1 - 1e-6))
+    assert abs(float(gelu_device([below])[0])) < 1e-7
+
+
+@pytest.mark.parametrize("x", [-5.0, -4.5, -4.0, -3.5])
+def test_gelu_negative_tail_has_no_cancellation(x):
+    """0.5 x (1 + erf(x / sqrt 2)) in fp32 loses digits where erf is near -1; erfc in one piece does not."""
+    ref = gelu_exact([x])[0]
+    ours = float(gelu_device([x])[0])
+    erf_form = float(np.float32(0.5) * np.float32(x) * (np.float32(1) + np.float32(math.erf(np.float32(x) * np.float32(0.70710678)))))
+    assert abs(ours / ref - 1) < 6e-6
+    assert abs(erf_form / ref - 1) > 10 * abs(ours / ref - 1)
