@@ -141,6 +141,12 @@ _op = torch.ops.fuser.ffn.default
 _AFTER_AUTOGRAD = torch._C._after_autograd_keyset
 _below_autograd = torch._C._AutoDispatchBelowAutograd
 _any_requires_grad = torch._C._any_requires_grad
+_DK = torch._C.DispatchKey
+# What is left below autograd for plain CPU or CUDA tensors (with or without inference mode's
+# ADInplaceOrView): nothing but the backend, whose kernel is _impl itself. Any other key (a dispatch
+# or function mode's Python key, FakeTensor, functionalization, a tensor subclass) is redispatched.
+_PLAIN = frozenset(k.raw_repr() for b in (_DK.CUDA, _DK.CPU)
+                   for k in (torch._C.DispatchKeySet(b), torch._C.DispatchKeySet(b).add(_DK.ADInplaceOrView)))
 
 
 class _Differentiable(torch.autograd.Function):
@@ -163,8 +169,11 @@ class _Differentiable(torch.autograd.Function):
 def _autograd(keyset, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation):
     if torch.is_grad_enabled() and _any_requires_grad(x, w_up, w_down, w_gate, b_up, b_gate, b_down):
         return _Differentiable.apply(keyset, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
+    below = keyset & _AFTER_AUTOGRAD
+    if below.raw_repr() in _PLAIN:   # the dispatcher would run _impl next: call it without the second hop
+        return _impl(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
     with _below_autograd():
-        return _op.redispatch(keyset & _AFTER_AUTOGRAD, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
+        return _op.redispatch(below, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
 
 
 _lib.impl("ffn", _autograd, "Autograd", with_keyset=True)

@@ -104,3 +104,41 @@ def test_copies_and_pickles_leave_out_run_time_state():
         torch.testing.assert_close(twin(x), y)
     p2 = copy.deepcopy(plan)
     assert "_launch" not in p2.__dict__ and p2.summary() == plan.summary()
+
+
+def test_plain_calls_skip_the_second_dispatch_and_modes_still_see_the_op(monkeypatch):
+    """Without autograd to record, a call on plain CPU tensors runs the implementation straight from the
+    autograd kernel (the dispatcher's next kernel would be that implementation anyway); under a dispatch
+    mode, or in inference mode's other key set, the call is redispatched and the mode sees the op."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from fuser import custom_op
+
+    class Op:   # _op with its redispatch counted
+        def __init__(self, op):
+            self.op, self.calls = op, 0
+
+        def redispatch(self, *a):
+            self.calls += 1
+            return self.op.redispatch(*a)
+
+    counted = Op(custom_op._op)
+    monkeypatch.setattr(custom_op, "_op", counted)
+    x, w_up, w_down = (t.detach() for t in make(False, False)[:3])
+    ref = torch.ops.fuser.ffn(x, w_up, w_down, None, None, None, None, "relu")
+    assert counted.calls == 0
+    assert torch.allclose(ref, ffn_reference(x, w_up, w_down, activation="relu"), atol=1e-5)
+
+    class Seen(TorchDispatchMode):
+        ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Seen.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Seen():
+        y = torch.ops.fuser.ffn(x, w_up, w_down, None, None, None, None, "relu")
+    assert "fuser.ffn.default" in Seen.ops and counted.calls == 1
+    assert torch.equal(y, ref)
+    x.requires_grad_()
+    y = torch.ops.fuser.ffn(x, w_up, w_down, None, None, None, None, "relu")   # recorded: the Function path
+    assert y.grad_fn is not None and counted.calls == 2
