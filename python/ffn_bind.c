@@ -22,6 +22,29 @@ static PyObject *chain_dict(const fuser_chain *c, const fuser_tensor *x)
                          "device", x->device == FUSER_CPU ? "cpu" : "cuda", "device_id", x->device_id);
 }
 
+/* Take obj[0 .. n) in (None: absent; opts[i] says how) and validate them as fuser.ffn's tensors: the chain
+ * in *c, 0; or an exception set, -1. The caller releases held[0 .. n) either way. */
+static int take_and_validate(fuser_state *st, PyObject *const *obj, int n, PyObject *stream, const int *opts,
+                             const char *activation, fuser_held *held, const fuser_tensor **t, fuser_chain *c)
+{
+    for (int i = 0; i < n; i++) {
+        if (!obj[i] || obj[i] == Py_None)
+            continue;
+        if (fuser_take(st, obj[i], tensor_names[i], stream, opts[i], &held[i]))
+            return -1;
+        t[i] = &held[i].t;
+    }
+    fuser_ffn_args a = {t[A_X], t[A_W_UP], t[A_W_DOWN], t[A_W_GATE], t[A_B_UP], t[A_B_GATE], t[A_B_DOWN],
+                        n > A_OUT ? t[A_OUT] : NULL, activation};
+    fuser_err err;
+    fuser_err_clear(&err);
+    if (fuser_ffn_validate(&a, c, &err)) {
+        fuser_raise(st, &err);
+        return -1;
+    }
+    return 0;
+}
+
 PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down",
@@ -50,26 +73,14 @@ PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs)
     fuser_held held[N_TENSOR_ARGS];
     const fuser_tensor *t[N_TENSOR_ARGS] = {NULL};
     memset(held, 0, sizeof held);
-    PyObject *res = NULL;
-    for (int i = 0; i < N_TENSOR_ARGS; i++) {
-        if (!obj[i] || obj[i] == Py_None)
-            continue;
-        int opts = ((capsules >> i) & 1 ? FUSER_TAKE_BORROW : FUSER_TAKE_NO_CAPSULE) |
-                   (i == A_OUT ? FUSER_TAKE_WRITABLE : 0);
-        if (fuser_take(st, obj[i], tensor_names[i], stream, opts, &held[i]))
-            goto done;
-        t[i] = &held[i].t;
-    }
-    fuser_ffn_args a = {t[A_X], t[A_W_UP], t[A_W_DOWN], t[A_W_GATE], t[A_B_UP], t[A_B_GATE], t[A_B_DOWN],
-                        t[A_OUT], activation};
+    int opts[N_TENSOR_ARGS];
+    for (int i = 0; i < N_TENSOR_ARGS; i++)
+        opts[i] = ((capsules >> i) & 1 ? FUSER_TAKE_BORROW : FUSER_TAKE_NO_CAPSULE) |
+                  (i == A_OUT ? FUSER_TAKE_WRITABLE : 0);
     fuser_chain chain;
-    fuser_err err;
-    fuser_err_clear(&err);
-    if (fuser_ffn_validate(&a, &chain, &err))
-        fuser_raise(st, &err);
-    else
-        res = chain_dict(&chain, t[A_X]);
-done:
+    PyObject *res = take_and_validate(st, obj, N_TENSOR_ARGS, stream, opts, activation, held, t, &chain)
+                        ? NULL
+                        : chain_dict(&chain, t[A_X]);
     for (int i = 0; i < N_TENSOR_ARGS; i++)
         fuser_release(&held[i]);
     return res;
@@ -97,35 +108,21 @@ PyObject *fuser_py_ffn_key(PyObject *module, PyObject *const *args, Py_ssize_t n
     fuser_held held[A_OUT];
     const fuser_tensor *t[A_OUT] = {NULL};
     memset(held, 0, sizeof held);
-    PyObject *res = NULL;
+    int opts[A_OUT];
     for (int i = 0; i < A_OUT; i++) {
-        if (args[i] == Py_None)
-            continue;
-        if (!PyCapsule_CheckExact(args[i])) {
-            PyErr_Format(PyExc_TypeError, "%s: ffn_key takes DLPack capsules (or None), got %s", tensor_names[i],
-                         Py_TYPE(args[i])->tp_name);
-            goto done;
-        }
-        if (fuser_take(st, args[i], tensor_names[i], Py_None, FUSER_TAKE_BORROW, &held[i]))
-            goto done;
-        t[i] = &held[i].t;
+        if (args[i] != Py_None && !PyCapsule_CheckExact(args[i]))
+            return PyErr_Format(PyExc_TypeError, "%s: ffn_key takes DLPack capsules (or None), got %s",
+                                tensor_names[i], Py_TYPE(args[i])->tp_name);
+        opts[i] = FUSER_TAKE_BORROW;
     }
-    if (!t[A_X] || !t[A_W_UP] || !t[A_W_DOWN]) {
-        PyErr_SetString(PyExc_TypeError, "ffn_key: x, w_up and w_down are required");
-        goto done;
-    }
-    fuser_ffn_args a = {t[A_X], t[A_W_UP], t[A_W_DOWN], t[A_W_GATE], t[A_B_UP], t[A_B_GATE], t[A_B_DOWN], NULL,
-                        activation};
+    if (args[A_X] == Py_None || args[A_W_UP] == Py_None || args[A_W_DOWN] == Py_None)
+        return PyErr_Format(PyExc_TypeError, "ffn_key: x, w_up and w_down are required");
     fuser_chain c;
-    fuser_err err;
-    fuser_err_clear(&err);
-    if (fuser_ffn_validate(&a, &c, &err))
-        fuser_raise(st, &err);
-    else
+    PyObject *res = NULL;
+    if (!take_and_validate(st, args, A_OUT, Py_None, opts, activation, held, t, &c))
         res = Py_BuildValue("(LLLLiiiiiiii)", (long long)c.m, (long long)c.k, (long long)c.n, (long long)c.l,
                             c.gated, (int)c.act, c.bias_up, c.bias_gate, c.bias_down, (int)c.dtype,
                             (int)t[A_X]->device, t[A_X]->device_id);
-done:
     for (int i = 0; i < A_OUT; i++)
         fuser_release(&held[i]);
     return res;
