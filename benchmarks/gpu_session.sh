@@ -8,12 +8,15 @@
 #          several calls per CUDA graph) and benchmarks/fit_stream.py on them: the rows a cost-model refit needs
 #   prefill build, the stream kernel's GPU tests, memcheck on its sanitizer workload, the prefill sweep
 #          (stream plans of several row tiles timed against eager) and traces of three of them
+#   epilogue build, then ncu on one GPT-2 prefill launch (2048 tokens, bm 128 bn 256 bl 128, 1/1): the
+#          full set with source counters, and per-SASS-line samples exported as CSV (where a phase-1
+#          unit's 7.5 us epilogue waits: docs/kernels.md, steps 13-15)
 #   all    check and bench, one after the other (a machine without a 10-minute limit)
 # Logs go to $OUT/results-<stage>.tgz (OUT defaults to ./gpu-out), the one-line summaries to $OUT/gpu.txt.
 #     bash benchmarks/gpu_session.sh check|bench|fit|prefill|all
 set -uo pipefail
 STAGE=${1:-all}
-case $STAGE in check|bench|fit|prefill|all) ;; *) echo "usage: $0 check|bench|fit|prefill|all" >&2; exit 2;; esac
+case $STAGE in check|bench|fit|prefill|epilogue|all) ;; *) echo "usage: $0 check|bench|fit|prefill|epilogue|all" >&2; exit 2;; esac
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-gpu-out}
 OUT=$FINAL/r
@@ -30,6 +33,18 @@ if [ "$STAGE" = fit ]; then
         --json "$OUT/fit.json" > "$OUT/fit.log" 2>&1
     echo "fit_stream rc $?" | tee -a "$OUT/gpu.txt"; head -8 "$OUT/fit.log" >> "$OUT/gpu.txt"
     cp "$OUT/gpu.txt" "$FINAL/gpu.txt"; tar czf "$FINAL/results-fit.tgz" -C "$OUT" . && rm -rf "$OUT"; exit 0
+fi
+if [ "$STAGE" = epilogue ]; then
+    ONE=gpt2:2048:bm=128,bn=256,bl=128,s1=1,s2=1
+    python3 benchmarks/kernel_check.py --one $ONE > "$OUT/warm.log" 2>&1   # compile outside the profiler
+    timeout 400 ncu --clock-control none --set full --import-source yes -k regex:fuser_ffn -c 1 \
+        --export "$OUT/epilogue" python3 benchmarks/kernel_check.py --one $ONE > "$OUT/ncu.log" 2>&1
+    echo "ncu rc $?" | tee -a "$OUT/gpu.txt"
+    ncu --import "$OUT/epilogue.ncu-rep" --page source --csv --print-source sass > "$OUT/epilogue-sass.csv" 2>&1 ||
+        ncu --import "$OUT/epilogue.ncu-rep" --page raw --csv > "$OUT/epilogue-raw.csv" 2>&1
+    ncu --import "$OUT/epilogue.ncu-rep" --page details > "$OUT/epilogue-details.txt" 2>&1
+    echo "exports rc $? $(wc -l < "$OUT/epilogue-details.txt") detail lines" | tee -a "$OUT/gpu.txt"
+    cp "$OUT/gpu.txt" "$FINAL/gpu.txt"; tar czf "$FINAL/results-epilogue.tgz" -C "$OUT" . && rm -rf "$OUT"; exit 0
 fi
 if [ "$STAGE" = prefill ]; then
     timeout 240 python3 -m pytest tests/test_gpu_stream.py -q -p no:cacheprovider --durations=5 2>&1 | tail -30 \
