@@ -434,19 +434,13 @@ class _Weights:
         except LookupError:
             return None
 
-    def same(self):
+    def same(self, contiguous=False):
+        """Every weight held still there, the same Parameter at the same address and shape; with
+        `contiguous`, also still contiguous (a view of the same memory and shape may have other strides:
+        ``as_strided``, or ``.t()`` of a square weight)."""
         for registry, name, owner, params, pname, p, ptr, shape in self.held:
             if registry.get(name) is not owner or params.get(pname) is not p or p.data_ptr() != ptr \
-                    or p.shape != shape:
-                return False
-        return True
-
-    def same_contiguous(self):
-        """``same()``, and each weight still contiguous (a view of the same memory and shape may have other
-        strides: ``as_strided``, or ``.t()`` of a square weight)."""
-        for registry, name, owner, params, pname, p, ptr, shape in self.held:
-            if registry.get(name) is not owner or params.get(pname) is not p or p.data_ptr() != ptr \
-                    or p.shape != shape or not p.is_contiguous():
+                    or p.shape != shape or (contiguous and not p.is_contiguous()):
                 return False
         return True
 
@@ -536,7 +530,7 @@ class _KeptLaunch:
                 or (self.train_source and module.training)
                 or (_grad_enabled() and _any_requires_grad(x, *self.weights.params))
                 or _raw_stream(device) != self.stream or _scratch_of(self.skey) is not self.scratch
-                or (self.mid is not None and module._mid() is not None) or not self.weights.same_contiguous()):
+                or (self.mid is not None and module._mid() is not None) or not self.weights.same(contiguous=True)):
             return None
         y = _empty_like(x) if self.same_shape else x.new_empty(self.out_shape)
         _ffn_run(self.prepared, ptr, y.data_ptr())

@@ -373,8 +373,9 @@ struct Stream {
 
     /* The last split of a tile: every consumer thread takes 4-column pieces of the [rows x W] tile at row
      * m0, column c0 (coalesced; a thread always the same column, reduce_col), sums the SPLITS partials of
-     * each of NP parts in split order (deterministic) and hands the sums to fin(row, col, sums). Called after the ticket's barrier: the laundered pointer keeps the
-     * loads after it, and the loads, free of volatile, are issued in batches before the first sum. */
+     * each of NP parts in split order (deterministic) and hands the sums to fin(row, col, sums). Called
+     * after the ticket's barrier: the laundered pointer keeps the loads after it, and the loads, free of
+     * volatile, are issued in batches before the first sum. */
     template <int W, int SPLITS, int NP, class Fin>
     FUSER_DEVICE void reduce_tile(const float *ws_, int64_t part_stride, int64_t split_stride, int width, int c0,
                                   int limit, Fin fin) const
