@@ -176,11 +176,13 @@ def sweep_section(log, top=6, shapes=None):
     return rows
 
 
-def trace_run(name, m, log, **cons):
+def trace_run(name, m, log, act=None, **cons):
     """One stream plan of a SWEEP shape, launched with its trace: when each unit was claimed, could load,
-    got its first data and was done (global timer), summarised per phase."""
+    got its first data and was done (global timer), summarised per phase. `act` replaces the shape's
+    activation."""
     from fuser import _C, runtime
-    (_, d, f, l, gated, act, _), = [w for w in SWEEP + PREFILL if w[0] == name][:1]
+    (_, d, f, l, gated, act0, _), = [w for w in SWEEP + PREFILL if w[0] == name][:1]
+    act = act or act0
     p = fuser.plan(m, d, f, d_out=l, gated=gated, activation=act, target="h200", fused=True, kind="stream", **cons)
     t = _inputs(d, f, l, gated, m, 1, torch.Generator(device="cuda").manual_seed(1))[0]
     y = torch.empty(m, l, device="cuda", dtype=torch.bfloat16)
@@ -218,7 +220,8 @@ def trace_run(name, m, log, **cons):
         rows.append(r)
         log(f"trace {name} m={m} phase {ph}: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                                                            for k, v in r.items()))
-    log(f"trace {name} m={m}: span {float((tr[:, 4].max() - t0) / 1e3):.1f} us | {p.summary()}")
+    log(f"trace {name} m={m}: span {float((tr[:, 4].max() - t0) / 1e3):.1f} us | {p.summary()}"
+        + (f" | {act}" if act != act0 else ""))
     # the raw timeline (ns from the first claim; columns: block, claimed, H ready, first data, done, SM,
     # MMAs done, ns waited for data in the main loop, last slot requested)
     raw = tr.clone()
@@ -339,6 +342,9 @@ def main():
     ap.add_argument("--trace", nargs="?", const="decode", choices=("decode", "prefill"),
                     help="trace a few stream plans (unit timelines): decode-size (default) or prefill-size")
     ap.add_argument("--overlap", action="store_true", help="early (PDL) against serial launches of stream plans")
+    ap.add_argument("--epilogue", action="store_true",
+                    help="trace GPT-2 prefill plans (2048 tokens, bn 256 and 128) with GELU and with ReLU: what the "
+                    "activation costs a phase-1 epilogue")
     ap.add_argument("--one", default=None, help="NAME:M[:bm=128,s1=1,...]: run one SWEEP or PREFILL shape's best "
                     "stream plan (under the constraints) 3 times, for ncu, and exit")
     ap.add_argument("--out", default=".")
@@ -375,6 +381,15 @@ def main():
             except Exception:  # noqa: BLE001
                 log(f"{name} section failed:\n{traceback.format_exc()}")
             log(f"[{name}: {time.time() - t0:.1f} s]")
+    if a.epilogue:
+        result["epilogue"] = []
+        for bn in (256, 128):
+            cons = dict(bm=128, bn=bn, bl=128, s1=1, s2=1)
+            for act in ("gelu", "relu", "gelu"):
+                try:
+                    result["epilogue"].append(trace_run("gpt2", 2048, log, act=act, **cons))
+                except Exception:  # noqa: BLE001
+                    log(f"epilogue trace failed:\n{traceback.format_exc()}")
     if a.trace:
         result["trace"] = []
         decode = (("G1", 128, {}), ("G8", 128, {}), ("S1", 128, {}), ("S1", 128, dict(bn=128, bl=128)),

@@ -84,21 +84,31 @@ FUSER_DEVICE float fast_rcp(float x)
 __device__ constexpr float GELU_Q[9] = {1.62794983f,     0.917991161f,    0.149960831f,   -0.0306933466f, 0.00291701616f,
                                         0.000474281696f, -0.00021112361f, 2.99531821e-05f, -1.61141782e-06f};
 
+/* max(x, 0), NaN for a NaN x (fmaxf would return 0) */
+FUSER_DEVICE float relu_nan(float x)
+{
+    float r;
+    asm("max.NaN.f32 %0, %1, 0f00000000;" : "=f"(r) : "f"(x));
+    return r;
+}
+
 /* GELU, x Phi(x), the normal CDF from erfc in one piece: with z = |x| / sqrt(2), Phi = erfc(z) / 2 for
- * x < 0 and 1 - erfc(z) / 2 for x > 0, so the negative tail has no 1 + erf cancellation: relative error
- * under 5e-6 wherever |GELU(x)| > 1e-6, where 0.5 x (1 + erff(x / sqrt(2))) loses up to 7% near x = -5. Beyond z = 4
- * (|x| > 5.66) Phi is 0 or 1, as fp32 erff gives it. About 16 instructions and one ex2, where erff takes
- * about 30: the epilogues of large GELU tiles are bound by these instructions. */
+ * x < 0 and 1 - erfc(z) / 2 for x > 0, so GELU = max(x, 0) - |x| erfc(z) / 2 and the negative tail has no
+ * 1 + erf cancellation: relative error under 5e-6 wherever |GELU(x)| > 1e-6, where
+ * 0.5 x (1 + erff(x / sqrt(2))) loses up to 7% near x = -5. |x| erfc(z) / 2 = z 2^(-z q(z) - 1/2), with
+ * q fitted on [0, 4] and held at q(4) beyond (z <= 20 in the product and the power: past z = 4 the
+ * term is below 5e-8 and falls to exactly 0 at z = 20, where the power flushes; x = +-inf gives +inf and 0,
+ * NaN stays NaN). About 15 instructions and one ex2, no select: the epilogues of large GELU tiles are
+ * bound by these instructions. */
 FUSER_DEVICE float gelu_erf(float x)
 {
-    const float z = fminf(fabsf(x) * 0.70710678118654752f, 4.0f);
+    const float z = fabsf(x) * 0.70710678118654752f;
+    const float zq = fminf(z, 4.0f), zt = fminf(z, 20.0f);
     float q = GELU_Q[8];
 #pragma unroll
     for (int i = 7; i >= 0; i--)
-        q = fmaf(q, z, GELU_Q[i]);
-    const float e = fast_exp2(fmaf(-z, q, -1.0f)); /* every lane: selects, no branch */
-    const float half_erfc = z < 4.0f ? e : 0.0f;
-    return x * (x < 0.0f ? half_erfc : 1.0f - half_erfc);
+        q = fmaf(q, zq, GELU_Q[i]);
+    return fmaf(-zt, fast_exp2(fmaf(-zt, q, -0.5f)), relu_nan(x));
 }
 
 template <int ACT>

@@ -137,6 +137,58 @@ FUSER_DEVICE void store_relaxed_gpu(int *p, int v)
     asm volatile("st.relaxed.gpu.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+/* Stores of 2, 4 or 8 bytes made only where `ok`: one predicated instruction, so that the values are
+ * computed unconditionally and an epilogue stays straight-line code (a branch per store would fence
+ * off each store's arithmetic from its neighbours' and leave the scheduler one element at a time). */
+FUSER_DEVICE void st_global_if(bool ok, uint16_t *p, uint16_t v)
+{
+    asm volatile("{ .reg .pred q; setp.ne.b32 q, %0, 0; @q st.global.b16 [%1], %2; }" ::"r"((int)ok), "l"(p), "h"(v)
+                 : "memory");
+}
+FUSER_DEVICE void st_global_if(bool ok, uint32_t *p, uint32_t v)
+{
+    asm volatile("{ .reg .pred q; setp.ne.b32 q, %0, 0; @q st.global.b32 [%1], %2; }" ::"r"((int)ok), "l"(p), "r"(v)
+                 : "memory");
+}
+FUSER_DEVICE void st_global_if(bool ok, uint2 *p, uint2 v)
+{
+    asm volatile("{ .reg .pred q; setp.ne.b32 q, %0, 0; @q st.global.v2.b32 [%1], {%2, %3}; }" ::"r"((int)ok),
+                 "l"(p), "r"(v.x), "r"(v.y)
+                 : "memory");
+}
+
+FUSER_DEVICE void st_global_if(bool ok, uint4 *p, uint4 v)
+{
+    asm volatile("{ .reg .pred q; setp.ne.b32 q, %0, 0; @q st.global.v4.b32 [%1], {%2, %3, %4, %5}; }" ::"r"((int)ok),
+                 "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
+/* The lane `lane ^ mask` of this warp's value v (every lane takes part). */
+FUSER_DEVICE uint32_t shfl_xor(uint32_t v, int mask)
+{
+    uint32_t r;
+    asm("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=r"(r) : "r"(v), "r"(mask));
+    return r;
+}
+
+/* Transpose 4 x 4 words across the 4 lanes of a quad (lanes 4i .. 4i+3; q = lane % 4): afterwards
+ * v[k] of lane q is what v[q] of lane k was. Two butterfly rounds, 4 shuffles. */
+FUSER_DEVICE void quad_transpose(uint32_t (&v)[4], int q)
+{
+    const bool o1 = q & 1, o2 = q & 2;
+    uint32_t r0 = shfl_xor(o1 ? v[0] : v[1], 1), r1 = shfl_xor(o1 ? v[2] : v[3], 1);
+    if (o1)
+        v[0] = r0, v[2] = r1;
+    else
+        v[1] = r0, v[3] = r1;
+    r0 = shfl_xor(o2 ? v[0] : v[2], 2), r1 = shfl_xor(o2 ? v[1] : v[3], 2);
+    if (o2)
+        v[0] = r0, v[1] = r1;
+    else
+        v[2] = r0, v[3] = r1;
+}
+
 /* The first byte at or after p (dynamic shared memory) whose shared-window address is a multiple of
  * ALIGN: what 128-byte-swizzled TMA tiles and their wgmma descriptors need (ALIGN 1024). */
 template <int ALIGN>

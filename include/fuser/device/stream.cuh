@@ -373,7 +373,8 @@ struct Stream {
 
     /* The last split of a tile: every consumer thread takes 4-column pieces of the [rows x W] tile at row
      * m0, column c0 (coalesced; a thread always the same column, reduce_col), sums the SPLITS partials of
-     * each of NP parts in split order (deterministic) and hands the sums to fin(row, col, sums). Called
+     * each of NP parts in split order (deterministic) and hands the sums to fin(ok, row, col, sums), ok false
+     * for a piece outside the tile (its sums are zeros: computed, not stored). Called
      * after the ticket's barrier: the laundered pointer keeps the loads after it, and the loads, free of
      * volatile, are issued in batches before the first sum. */
     template <int W, int SPLITS, int NP, class Fin>
@@ -401,8 +402,6 @@ struct Stream {
 #pragma unroll
             for (int b = 0; b < B; b++) {
                 const int i = base + 256 * b, r = m0 + i / Q, col = c0 + i % Q * 4;
-                if (i >= items || col >= limit)
-                    continue;
                 float sum[NP][4];
 #pragma unroll
                 for (int k = 0; k < NP; k++) {
@@ -412,7 +411,7 @@ struct Stream {
                         t.x += v[b][k][sp].x, t.y += v[b][k][sp].y, t.z += v[b][k][sp].z, t.w += v[b][k][sp].w;
                     sum[k][0] = t.x, sum[k][1] = t.y, sum[k][2] = t.z, sum[k][3] = t.w;
                 }
-                fin(r, col, sum);
+                fin(i < items && col < limit, r, col, sum);
             }
         }
     }
@@ -440,39 +439,100 @@ struct Stream {
         f[1] = to_float<DT>((uint16_t)(v >> 16));
     }
 
-    /* H[row][n .. n+E) = act(up + bu) (gated: act(gate + bg) * (up + bu)), rounded. */
+    /* v + b where the bias exists (adding a zero bias is not free: x + 0 is an instruction, -0 + 0 = +0) */
+    template <bool HAS>
+    static FUSER_DEVICE float plus(float v, float b) { return HAS ? v + b : v; }
+
+    /* act(up + bu) (gated: act(gate + bg) * (up + bu)) of E values. */
     template <int E>
-    FUSER_DEVICE void store_h(int row, int n, const float (&up)[E], const float (&gate)[E], const float (&bu)[E],
-                              const float (&bg)[E]) const
+    static FUSER_DEVICE void h_values(const float (&up)[E], const float (&gate)[E], const float (&bu)[E],
+                                      const float (&bg)[E], float (&v)[E])
     {
-        float v[E];
 #pragma unroll
-        for (int e = 0; e < E; e++)
-            v[e] = C::GATED ? activate<C::ACT>(gate[e] + bg[e]) * (up[e] + bu[e]) : activate<C::ACT>(up[e] + bu[e]);
-        store16<E>(p.hbuf + (int64_t)row * C::N + n, v);
+        for (int e = 0; e < E; e++) {
+            const float a = plus<C::BIAS_UP>(up[e], bu[e]);
+            v[e] = C::GATED ? activate<C::ACT>(plus<C::BIAS_GATE>(gate[e], bg[e])) * a : activate<C::ACT>(a);
+        }
     }
 
-    /* Y[row][l .. l+E) = v + bd, rounded. */
+    /* H[row][n .. n+E) = h_values, rounded; stored only where `ok` (the row and columns in the output),
+     * computed everywhere (st_global_if). */
     template <int E>
-    FUSER_DEVICE void store_y(int row, int l, const float (&v)[E], const float (&bd)[E]) const
+    FUSER_DEVICE void store_h(bool ok, uint16_t *dst, const float (&up)[E], const float (&gate)[E],
+                              const float (&bu)[E], const float (&bg)[E]) const
+    {
+        float v[E];
+        h_values<E>(up, gate, bu, bg, v);
+        store16<E>(ok, dst, v);
+    }
+    FUSER_DEVICE uint16_t *h_at(int row, int n) const { return p.hbuf + (int64_t)row * C::N + n; }
+
+    /* Y[row][l .. l+E) = v + bd, rounded; stored only where `ok`. */
+    template <int E>
+    FUSER_DEVICE void store_y(bool ok, uint16_t *dst, const float (&v)[E], const float (&bd)[E]) const
     {
         float o[E];
 #pragma unroll
         for (int e = 0; e < E; e++)
-            o[e] = v[e] + bd[e];
-        store16<E>(p.y + (int64_t)row * C::L + l, o);
+            o[e] = plus<C::BIAS_DOWN>(v[e], bd[e]);
+        store16<E>(ok, dst, o);
+    }
+    FUSER_DEVICE uint16_t *y_at(int row, int l) const { return p.y + (int64_t)row * C::L + l; }
+
+    /* A consumer's fragment tile, rounded to 16 bits, into the [rows][width] matrix `out`: pair j of row h
+     * (row row_of(h), columns c0 + col_of<NW>(j) and the next) is value(j, h, f) in fp32; only rows in
+     * the tokens and columns below `limit` are stored, every value is computed. With NW % 32 == 0 the 4
+     * lanes of a quad trade pairs (quad_transpose) so that each stores 8 consecutive columns: 16-byte
+     * stores filling whole 32-byte sectors, where a lane's own pairs take four 4-byte stores that each
+     * write half a sector. */
+    template <int NW, class V>
+    FUSER_DEVICE void store_tile(uint16_t *out, int width, int c0, int limit, V value) const
+    {
+        const int q = lane % 4;
+        const bool rows_in[2] = {row_of(0) < p.m, row_of(1) < p.m};
+        if constexpr (NW % 32 == 0) {
+            const int c = c0 + col_of<NW>(0) + 6 * q; /* lane q's 8 columns: those of pair group q */
+            uint16_t *const at[2] = {out + (int64_t)row_of(0) * width + c, out + (int64_t)row_of(1) * width + c};
+#pragma unroll
+            for (int g = 0; g < NW / 32; g++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    uint32_t v[4];
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        float f[2];
+                        value(4 * g + k, h, f);
+                        v[k] = pack2<DT>(f[0], f[1]);
+                    }
+                    quad_transpose(v, q);
+                    st_global_if(rows_in[h] && c + 32 * g < limit, (uint4 *)(at[h] + 32 * g),
+                                 make_uint4(v[0], v[1], v[2], v[3]));
+                }
+        } else {
+            const int c = c0 + col_of<NW>(0);
+            uint16_t *const at[2] = {out + (int64_t)row_of(0) * width + c, out + (int64_t)row_of(1) * width + c};
+#pragma unroll
+            for (int j = 0; j < NW / 8; j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float f[2];
+                    value(j, h, f);
+                    st_global_if(rows_in[h] && c + 8 * j < limit, (uint32_t *)(at[h] + 8 * j),
+                                 pack2<DT>(f[0], f[1]));
+                }
+        }
     }
 
-    /* E (1, 2 or 4) fp32 values rounded to 16 bits, one store. */
+    /* E (1, 2 or 4) fp32 values rounded to 16 bits, one store where `ok`. */
     template <int E>
-    static FUSER_DEVICE void store16(uint16_t *dst, const float (&v)[E])
+    static FUSER_DEVICE void store16(bool ok, uint16_t *dst, const float (&v)[E])
     {
         if constexpr (E == 1)
-            *dst = (uint16_t)(pack2<DT>(v[0], 0.f) & 0xffff);
+            st_global_if(ok, dst, (uint16_t)(pack2<DT>(v[0], 0.f) & 0xffff));
         else if constexpr (E == 2)
-            *(uint32_t *)dst = pack2<DT>(v[0], v[1]);
+            st_global_if(ok, (uint32_t *)dst, pack2<DT>(v[0], v[1]));
         else
-            *(uint2 *)dst = make_uint2(pack2<DT>(v[0], v[1]), pack2<DT>(v[2], v[3]));
+            st_global_if(ok, (uint2 *)dst, make_uint2(pack2<DT>(v[0], v[1]), pack2<DT>(v[2], v[3])));
     }
 
     /* where consumer thread 0 records its unit's mainloop (null: no trace, or another thread) */
@@ -498,8 +558,8 @@ struct Stream {
             bias<C::BIAS_UP>(p.b_up, col < C::N ? col : 0, bu);
             bias<C::BIAS_GATE>(p.b_gate, col < C::N ? col : 0, bg);
             reduce_tile<BN, S1, PARTS>(p.ws, stride, PARTS * stride, C::N, n0, C::N,
-                                       [&](int r, int n, const float (&sum)[PARTS][4]) {
-                                           store_h<4>(r, n, sum[0], sum[PARTS - 1], bu, bg);
+                                       [&](bool ok, int r, int n, const float (&sum)[PARTS][4]) {
+                                           store_h<4>(ok, h_at(r, n), sum[0], sum[PARTS - 1], bu, bg);
                                        });
         } else if constexpr (SWAP) {
             /* a thread's features: feature_of(i) for i % 4 < 2 and for i % 4 >= 2 */
@@ -515,8 +575,7 @@ struct Stream {
 #pragma unroll
             for (int i = 0; i < NW1 / 2; i++) {
                 const int t = token_of(i), n = n0 + feature_of(i), h = (i >> 1) & 1;
-                if (t < p.m && n < C::N)
-                    store_h<1>(t, n, {up[i]}, {gate[i]}, {bu[h]}, {bg[h]});
+                store_h<1>(t < p.m && n < C::N, h_at(t, n), {up[i]}, {gate[i]}, {bu[h]}, {bg[h]});
             }
         } else {
             /* the biases of the thread's column pairs first (16-bit pairs, every load before the first store) */
@@ -527,20 +586,13 @@ struct Stream {
                 bu[j] = bias2<C::BIAS_UP>(p.b_up, n);
                 bg[j] = bias2<C::BIAS_GATE>(p.b_gate, n);
             }
-#pragma unroll
-            for (int j = 0; j < NW1 / 8; j++) {
-                const int n = n0 + col_of<NW1>(j);
+            store_tile<NW1>(p.hbuf, C::N, n0, C::N, [&](int j, int h, float (&f)[2]) {
                 float bu2[2], bg2[2];
                 unpack2(bu[j], bu2);
                 unpack2(bg[j], bg2);
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int row = row_of(h);
-                    if (n < C::N && row < p.m)
-                        store_h<2>(row, n, {up[4 * j + 2 * h], up[4 * j + 2 * h + 1]},
-                                   {gate[4 * j + 2 * h], gate[4 * j + 2 * h + 1]}, bu2, bg2);
-                }
-            }
+                h_values<2>({up[4 * j + 2 * h], up[4 * j + 2 * h + 1]}, {gate[4 * j + 2 * h], gate[4 * j + 2 * h + 1]},
+                            bu2, bg2, f);
+            });
         }
         /* publish the n-tile: every consumer's stores, then one release per phase-2 split it feeds (the
          * barrier orders the other threads' stores before it) */
@@ -571,7 +623,7 @@ struct Stream {
             float bd[4];
             bias<C::BIAS_DOWN>(p.b_down, col < C::L ? col : 0, bd);
             reduce_tile<BL, S2, 1>(ws2, 0, stride, C::L, l0, C::L,
-                                   [&](int r, int l, const float (&sum)[1][4]) { store_y<4>(r, l, sum[0], bd); });
+                                   [&](bool ok, int r, int l, const float (&sum)[1][4]) { store_y<4>(ok, y_at(r, l), sum[0], bd); });
             consumers_sync();
             if (lt == 0)
                 store_relaxed_gpu(sync_of(t.row, TICKETS2 + l_t), 0);
@@ -586,26 +638,19 @@ struct Stream {
 #pragma unroll
             for (int i = 0; i < NW2 / 2; i++) {
                 const int t = token_of(i), l = l0 + feature_of(i);
-                if (t < p.m && l < C::L)
-                    store_y<1>(t, l, {acc[i]}, {bd[(i >> 1) & 1]});
+                store_y<1>(t < p.m && l < C::L, y_at(t, l), {acc[i]}, {bd[(i >> 1) & 1]});
             }
         } else {
             uint32_t bd[NW2 / 8];
 #pragma unroll
             for (int j = 0; j < NW2 / 8; j++)
                 bd[j] = bias2<C::BIAS_DOWN>(p.b_down, cmin(l0 + col_of<NW2>(j), C::L - 2));
-#pragma unroll
-            for (int j = 0; j < NW2 / 8; j++) {
-                const int l = l0 + col_of<NW2>(j);
+            store_tile<NW2>(p.y, C::L, l0, C::L, [&](int j, int h, float (&f)[2]) {
                 float bd2[2];
                 unpack2(bd[j], bd2);
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int row = row_of(h);
-                    if (l < C::L && row < p.m)
-                        store_y<2>(row, l, {acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]}, bd2);
-                }
-            }
+                f[0] = plus<C::BIAS_DOWN>(acc[4 * j + 2 * h], bd2[0]);
+                f[1] = plus<C::BIAS_DOWN>(acc[4 * j + 2 * h + 1], bd2[1]);
+            });
         }
     }
 
