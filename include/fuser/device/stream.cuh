@@ -488,11 +488,13 @@ struct Stream {
     template <int NW, class V>
     FUSER_DEVICE void store_tile(uint16_t *out, int width, int c0, int limit, V value) const
     {
+        constexpr bool WIDE = NW % 32 == 0;
         const int q = lane % 4;
+        /* the first column a lane stores (wide: the 8 columns of pair group q), in each of its two rows */
+        const int c = c0 + col_of<NW>(0) + (WIDE ? 6 * q : 0);
+        uint16_t *const at[2] = {out + (int64_t)row_of(0) * width + c, out + (int64_t)row_of(1) * width + c};
         const bool rows_in[2] = {row_of(0) < p.m, row_of(1) < p.m};
-        if constexpr (NW % 32 == 0) {
-            const int c = c0 + col_of<NW>(0) + 6 * q; /* lane q's 8 columns: those of pair group q */
-            uint16_t *const at[2] = {out + (int64_t)row_of(0) * width + c, out + (int64_t)row_of(1) * width + c};
+        if constexpr (WIDE) {
 #pragma unroll
             for (int g = 0; g < NW / 32; g++)
 #pragma unroll
@@ -509,8 +511,6 @@ struct Stream {
                                  make_uint4(v[0], v[1], v[2], v[3]));
                 }
         } else {
-            const int c = c0 + col_of<NW>(0);
-            uint16_t *const at[2] = {out + (int64_t)row_of(0) * width + c, out + (int64_t)row_of(1) * width + c};
 #pragma unroll
             for (int j = 0; j < NW / 8; j++)
 #pragma unroll
