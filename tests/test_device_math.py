@@ -1,7 +1,8 @@
 """The device code's own math, checked on the CPU: the exact-GELU polynomial of
 include/fuser/device/common.cuh (``gelu_erf``), read from the header and evaluated as the GPU does in
-fp32 (each fma rounded once, ex2 correctly rounded), against float64 GELU. The GPU correctness matrices
-check the same function inside the kernels."""
+fp32 (each fma rounded once, ex2 correctly rounded), against float64 GELU; and GELU's tanh form
+(``gelu_tanh``, its constants read from the header) against float64. The GPU correctness matrices check
+the same functions inside the kernels."""
 import math
 import os
 import re
@@ -79,3 +80,48 @@ def test_gelu_negative_tail_has_no_cancellation(x):
     erf_form = float(np.float32(0.5) * np.float32(x) * (np.float32(1) + np.float32(math.erf(np.float32(x) * np.float32(0.70710678)))))
     assert abs(ours / ref - 1) < 6e-6
     assert abs(erf_form / ref - 1) > 10 * abs(ours / ref - 1)
+
+
+def tanh_constants():
+    src = open(HEADER).read()
+    k1 = re.search(r"GELU_TANH_K1\s*=\s*-2\.0f \* ([0-9.]+)f \* ([0-9.]+)f;", src)
+    k3 = re.search(r"GELU_TANH_K3\s*=\s*GELU_TANH_K1 \* ([0-9.]+)f;", src)
+    assert k1 and k3, "GELU_TANH_K1 / K3 not found in common.cuh"
+    c1 = np.float32(-2.0 * float(np.float32(k1.group(1))) * float(np.float32(k1.group(2))))
+    return c1, np.float32(float(c1) * float(np.float32(k3.group(1))))
+
+
+def gelu_tanh_device(x):
+    """gelu_tanh as compiled: x / (1 + ex2(x (k3 x^2 + k1))) in fp32 (rcp and ex2 correctly rounded)."""
+    k1, k3 = tanh_constants()
+    x = f32(x)
+    with np.errstate(over="ignore", invalid="ignore"):
+        x2 = f32(x.astype(np.float64) ** 2)
+        t = f32(x.astype(np.float64) * f32(x2.astype(np.float64) * np.float64(k3) + np.float64(k1)))
+        e = f32(np.exp2(t.astype(np.float64)))
+        r = f32(1.0 / f32(1.0 + e.astype(np.float64)).astype(np.float64))
+        return f32(x.astype(np.float64) * r)
+
+
+def gelu_tanh_exact(x):
+    x = np.asarray(x, dtype=np.float64)
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def test_gelu_tanh_matches_float64():
+    x = f32(XS).astype(np.float64)
+    got, ref = gelu_tanh_device(x).astype(np.float64), gelu_tanh_exact(x)
+    big = np.abs(ref) > 1e-6
+    rel = np.abs(got[big] / ref[big] - 1)
+    assert rel.max() < 1e-5, (rel.max(), x[big][rel.argmax()])
+    assert np.abs(got - ref).max() < 1e-6
+    # where 1 + tanh(u) cancels in fp32 (u < -3), the sigmoid form keeps its digits
+    tail = f32(-np.linspace(3.0, 6.0, 301)).astype(np.float64)
+    fp32_tanh = f32(0.5 * tail * (1 + f32(np.tanh(f32(math.sqrt(2 / math.pi) * (tail + 0.044715 * tail ** 3))))))
+    ref_t = gelu_tanh_exact(tail)
+    assert np.abs(gelu_tanh_device(tail) / ref_t - 1).max() < 1e-5 < np.abs(fp32_tanh / ref_t - 1).max()
+
+
+def test_gelu_tanh_special_values():
+    got = gelu_tanh_device([0.0, 100.0, -100.0, np.inf, np.nan])
+    assert got[0] == 0 and got[1] == 100 and got[2] == 0 and got[3] == np.inf and np.isnan(got[4])

@@ -56,6 +56,16 @@ def test_the_planners_stream_choices_compile_clean():
             clean(runtime.compile(p), p.summary())
 
 
+@pytest.mark.parametrize("act", ["relu", "gelu", "gelu_tanh", "silu"])
+def test_widest_tiles_compile_clean_with_every_activation(act):
+    """bm 128 bn 256 bl 128 holds 128 + 64 accumulator registers per consumer thread: the activation's
+    temporaries must fit beside them (tanhf's did not: 12 bytes spilled)."""
+    needs_nvrtc()
+    p = fuser.plan(2048, 768, 3072, activation=act, fused=True, kind="stream", target="h200", bm=128, bn=256,
+                   bl=128, s1=1, s2=1)
+    clean(runtime.compile(p), p.summary())
+
+
 def test_gemm_probe_compiles_clean():
     needs_nvrtc()
     from fuser import jit
