@@ -481,56 +481,43 @@ struct Stream {
 
     /* A consumer's fragment tile, rounded to 16 bits, into the [rows][width] matrix `out`: pair j of row h
      * (row row_of(h), columns c0 + col_of<NW>(j) and the next) is value(j, h, f) in fp32; only rows in
-     * the tokens and columns below `limit` are stored, every value is computed. With NW % 32 == 0 the 4
-     * lanes of a quad trade pairs (quad_transpose) so that each stores 8 consecutive columns: 16-byte
-     * stores filling whole 32-byte sectors, where a lane's own pairs take four 4-byte stores that each
-     * write half a sector. */
+     * the tokens and columns below `limit` are stored, every value is computed. The 4 lanes of a quad
+     * trade pairs (quad_transpose) so that each stores 8 consecutive columns: 16-byte stores filling
+     * whole 32-byte sectors, where a lane's own pairs would take four 4-byte stores that each write half
+     * a sector. */
     template <int NW, class V>
     FUSER_DEVICE void store_tile(uint16_t *out, int width, int c0, int limit, V value) const
     {
-        constexpr bool WIDE = NW % 32 == 0;
+        static_assert(NW % 32 == 0, "a quad's 4 x 8 columns");
         const int q = lane % 4;
-        /* the first column a lane stores (wide: the 8 columns of pair group q), in each of its two rows */
-        const int c = c0 + col_of<NW>(0) + (WIDE ? 6 * q : 0);
+        /* the first of a lane's 8 columns (pair group q), in each of its two rows */
+        const int c = c0 + col_of<NW>(0) + 6 * q;
         uint16_t *const at[2] = {out + (int64_t)row_of(0) * width + c, out + (int64_t)row_of(1) * width + c};
         const bool rows_in[2] = {row_of(0) < p.m, row_of(1) < p.m};
-        if constexpr (WIDE) {
 #pragma unroll
-            for (int g = 0; g < NW / 32; g++)
+        for (int g = 0; g < NW / 32; g++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    uint32_t v[4];
+            for (int h = 0; h < 2; h++) {
+                uint32_t v[4];
 #pragma unroll
-                    for (int k = 0; k < 4; k++) {
-                        float f[2];
-                        value(4 * g + k, h, f);
-                        v[k] = pack2<DT>(f[0], f[1]);
-                    }
-                    quad_transpose(v, q);
-                    st_global_if(rows_in[h] && c + 32 * g < limit, (uint4 *)(at[h] + 32 * g),
-                                 make_uint4(v[0], v[1], v[2], v[3]));
-                }
-        } else {
-#pragma unroll
-            for (int j = 0; j < NW / 8; j++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
+                for (int k = 0; k < 4; k++) {
                     float f[2];
-                    value(j, h, f);
-                    st_global_if(rows_in[h] && c + 8 * j < limit, (uint32_t *)(at[h] + 8 * j),
-                                 pack2<DT>(f[0], f[1]));
+                    value(4 * g + k, h, f);
+                    v[k] = pack2<DT>(f[0], f[1]);
                 }
-        }
+                quad_transpose(v, q);
+                st_global_if(rows_in[h] && c + 32 * g < limit, (uint4 *)(at[h] + 32 * g),
+                             make_uint4(v[0], v[1], v[2], v[3]));
+            }
     }
 
-    /* E (1, 2 or 4) fp32 values rounded to 16 bits, one store where `ok`. */
+    /* E (1 or 4) fp32 values rounded to 16 bits, one store where `ok`. */
     template <int E>
     static FUSER_DEVICE void store16(bool ok, uint16_t *dst, const float (&v)[E])
     {
+        static_assert(E == 1 || E == 4, "one value (swap-AB) or four (the split sums)");
         if constexpr (E == 1)
             st_global_if(ok, dst, (uint16_t)(pack2<DT>(v[0], 0.f) & 0xffff));
-        else if constexpr (E == 2)
-            st_global_if(ok, (uint32_t *)dst, pack2<DT>(v[0], v[1]));
         else
             st_global_if(ok, (uint2 *)dst, make_uint2(pack2<DT>(v[0], v[1]), pack2<DT>(v[2], v[3])));
     }
