@@ -93,10 +93,16 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: d_model, d_ff and d_out must be multiples of 8 (TMA "
                           "rows are 16-byte aligned), got %lld, %lld, %lld", (long long)c->k, (long long)c->n,
                           (long long)c->l);
-    if (p->bn != 64 && p->bn != 128 && p->bn != 256)
-        return fuser_fail(err, FUSER_E_VALUE, "stream plan: bn = %d: must be 64, 128 or 256", p->bn);
-    if (p->bl != 64 && p->bl != 128 && p->bl != 256)
-        return fuser_fail(err, FUSER_E_VALUE, "stream plan: bl = %d: must be 64, 128 or 256", p->bl);
+    if (p->bn != 64 && p->bn != 128 && p->bn != 192 && p->bn != 256)
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: bn = %d: must be 64, 128, 192 or 256", p->bn);
+    if (p->bl != 64 && p->bl != 128 && p->bl != 192 && p->bl != 256)
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: bl = %d: must be 64, 128, 192 or 256", p->bl);
+    /* the last split sums its tile in 4-column pieces, 256 threads each keeping one column (stream.cuh's
+     * reduce_tile): the tile's pieces must divide 256 */
+    if ((p->s1 > 1 && p->bn == 192) || (p->s2 > 1 && p->bl == 192))
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: a split phase sums 64-, 128- or 256-wide tiles, got %s = "
+                          "192 with %d splits", p->s1 > 1 && p->bn == 192 ? "bn" : "bl",
+                          p->s1 > 1 && p->bn == 192 ? p->s1 : p->s2);
     if (c->gated && p->bn > 128)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: a gated chain keeps gate and up accumulators: bn <= "
                           "128, got %d", p->bn);

@@ -56,6 +56,15 @@ def test_the_planners_stream_choices_compile_clean():
             clean(runtime.compile(p), p.summary())
 
 
+def test_the_planners_prefill_choices_compile_clean():
+    """The best-ranked plans for prefill-size FFNs (what the sweeps time and a forced plan runs)."""
+    needs_nvrtc()
+    for m, d, f, g, act in [(2048, 768, 3072, False, "gelu"), (1024, 1024, 4096, False, "gelu"),
+                            (512, 768, 3072, False, "gelu_tanh"), (1024, 4096, 14336, True, "silu")]:
+        for p in fuser.plans(m, d, f, gated=g, activation=act, fused=True, kind="stream", target="h200", k=4):
+            clean(runtime.compile(p), p.summary())
+
+
 @pytest.mark.parametrize("act", ["relu", "gelu", "gelu_tanh", "silu"])
 def test_widest_tiles_compile_clean_with_every_activation(act):
     """bm 128 bn 256 bl 128 holds 128 + 64 accumulator registers per consumer thread: the activation's

@@ -1,7 +1,8 @@
 """The GPU correctness matrix of the stream kernel (include/fuser/device/stream.cuh): every token-row
 layout (bm 16 and 32 swap-AB, 64, 128) x plain / gated x the four activations x bias or not x bfloat16 /
 float16 x K splits of either phase (none, some, many), over ragged token counts (one row tile, or several
-with a partial last one) and widths (448 -> 1472 -> 200: odd K step counts, a partial output tile).
+with a partial last one) and widths (448 -> 1472 -> 200: odd K step counts, a partial output tile), and
+192-wide tiles.
 
 Each case forces a stream plan with its bm and splits, draws fresh random inputs, poisons the output with
 NaN, and checks: the relative error against a float64 reference is at most twice PyTorch eager's own
@@ -34,12 +35,19 @@ def cases():
         m = (1, bm // 2 + 1, bm, 2 * bm + bm // 2 + 3)[(j // 2) % 4]
         yield dict(bm=bm, gated=gated, activation=act, bias=bias, dtype=dtype, s1=s1, s2=s2, m=m,
                    d_model=d, d_ff=f, d_out=l)
+    # 192-wide tiles (wgmma N 192, or 96 per warpgroup at bm 64; partial last tiles): unsplit, or beside a
+    # split phase of 128-wide tiles (a split phase's tiles are 64, 128 or 256 wide)
+    for j, (bm, gated) in enumerate(itertools.product((64, 128), (False, True))):
+        split = j == 2
+        yield dict(bm=bm, gated=gated, activation=ACTS[j], bias=j % 2 == 0, dtype=("bfloat16", "float16")[j % 2],
+                   s1=1, s2=3 if split else 1, m=(bm + 5, 3 * bm - 7)[j % 2], d_model=448, d_ff=1472, d_out=200,
+                   bn=(128 if bm == 64 else 64) if gated else 192, bl=128 if split else 192)
 
 
 def plan_of(c):
     return fuser.plan(c["m"], c["d_model"], c["d_ff"], d_out=c["d_out"], gated=c["gated"], activation=c["activation"],
                       bias=c["bias"], dtype=c["dtype"], target="h200", fused=True, kind="stream", bm=c["bm"],
-                      s1=c["s1"], s2=c["s2"])
+                      s1=c["s1"], s2=c["s2"], **{k: c[k] for k in ("bn", "bl") if k in c})
 
 
 def run_case(c, gen):

@@ -382,7 +382,10 @@ struct Stream {
                                   int limit, Fin fin) const
     {
         const float *ws = launder(ws_);
-        constexpr int Q = W / 4, B = cmax(1, 16 / (SPLITS * NP));
+        /* float4 loads in flight per thread: 16, or 8 in a kernel whose phase-1 tile is 128 x 256 (with 16,
+         * ptxas spilled there) */
+        constexpr int LOADS = MT == 2 && BN == 256 ? 8 : 16;
+        constexpr int Q = W / 4, B = cmax(1, LOADS / (SPLITS * NP));
         static_assert(256 % Q == 0, "a thread's pieces share one column");
         const int items = cmin(BM, p.m - m0) * Q;
         for (int base = lt; base < items; base += 256 * B) {
