@@ -124,7 +124,8 @@ def _extras(m, gated):
         wide = 128 if gated else 256
         return [dict(bm=128, bn=wide, bl=128, s1=1, s2=s2) for s2 in (1, 2)] + \
                [dict(bm=128, bn=128, bl=128, s1=1, s2=1), dict(bm=128, bn=128, bl=64, s1=1, s2=1),
-                dict(bm=64, bn=wide, bl=128, s1=1, s2=1)]
+                dict(bm=64, bn=wide, bl=128, s1=1, s2=1)] + \
+               ([] if gated else [dict(bm=128, bn=192, bl=192, s1=1, s2=1), dict(bm=128, bn=192, bl=128, s1=1, s2=1)])
     return [dict(bn=128, bl=256), dict(bn=128, bl=128), dict(bn=256 if not gated else 128, bl=128),
             dict(bm=64) if m <= 64 else dict(bn=128, bl=64)]
 
@@ -400,6 +401,7 @@ def main():
         prefill = (("gpt2", 2048, dict(bm=128, bn=256, bl=128, s1=1, s2=1)),
                    ("gpt2", 2048, dict(bm=128, bn=256, bl=128, s1=1, s2=2)),
                    ("gpt2", 2048, dict(bm=128, bn=128, bl=128, s1=1, s2=1)),
+                   ("gpt2", 2048, dict(bm=128, bn=192, bl=192, s1=1, s2=1)),
                    ("llama3-8b", 1024, dict(bm=128, bn=128, bl=128, s1=1, s2=1)))
         for name, m, cons in prefill if a.trace == "prefill" else decode:
             try:
