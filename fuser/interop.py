@@ -1,9 +1,14 @@
-"""What fuser asks of torch on every call, each in its cheapest form: DLPack capsules of tensors, the
+"""What fuser asks of torch on every call, each in its cheapest form: torch tensors handed to C, the
 current CUDA device and stream, tensors made ready for the kernels, and the ``FUSER_DISABLE`` switch.
 
 The fast forms are torch's own C entry points (what Inductor's generated code calls), taken when this
 torch has them: a capsule in ~0.2 us where ``Tensor.__dlpack__`` takes ~1.7 us, the raw stream in
-~0.1 us where ``torch.cuda.current_stream(d).cuda_stream`` builds a Stream object.
+~0.1 us where ``torch.cuda.current_stream(d).cuda_stream`` builds a Stream object. Cheapest of all,
+the per-call check ``_C.ffn_key`` takes torch tensors themselves: ``torch.Tensor`` is registered with
+the C binding at import (``_C.register_tensor_type``), which reads plain tensors and Parameters through
+torch's DLPack C exchange API (``Tensor.__dlpack_c_exchange_api__``, DLPack 1.3: a C function that
+describes a tensor in place, no capsule, no Python call) and asks torch's exporter for a capsule of
+anything else that is a torch tensor (subclasses: their Python-level behaviour is theirs to keep).
 """
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ import torch
 
 from fuser import _C
 
-__all__ = ["export", "ready", "placement", "disabled"]
+__all__ = ["export", "ready", "placement", "disabled", "register"]
 
 #: torch's exporter behind ``Tensor.__dlpack__`` (None in torch builds without it). fuser always names
 #: the tensor's current stream, so skipping ``__dlpack__``'s stream handshake changes nothing.
@@ -24,6 +29,32 @@ raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
     lambda device: torch.cuda.current_stream(device).cuda_stream)
 #: the current CUDA device's index
 current_device = getattr(torch._C, "_cuda_getDevice", None) or (lambda: torch.cuda.current_device())
+#: The types whose exact instances C reads through torch's DLPack C exchange API: torch's own plain
+#: tensor and Parameter (which only marks a tensor as a module's weight); any other subclass may give its
+#: tensors a Python-level meaning, so it gets a capsule from ``to_capsule`` as before.
+EXCHANGE_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def register(exchange=True):
+    """Register ``torch.Tensor`` with the C binding (``_C.register_tensor_type``), reading
+    ``EXCHANGE_TYPES`` through torch's DLPack C exchange API where `exchange` and this torch has one.
+    True where ``_C.ffn_key`` then takes torch tensors (through the exchange API or ``to_capsule``).
+    Done once at import; tests call it to take the other path.
+
+    Example:
+        >>> from fuser import _C, interop
+        >>> interop.register() == (interop.to_capsule is not None or _C.tensor_intake()["version"] is not None)
+        True
+    """
+    try:
+        _C.register_tensor_type(torch.Tensor, to_capsule, EXCHANGE_TYPES if exchange else ())
+    except (TypeError, ValueError):   # an attribute that is not the protocol's capsule: capsules only
+        _C.register_tensor_type(torch.Tensor, to_capsule)
+    return to_capsule is not None or _C.tensor_intake()["version"] is not None
+
+
+#: True where ``_C.ffn_key`` takes torch tensors (``register``)
+keyed = register()
 
 _NO_GUARD = contextlib.nullcontext()
 

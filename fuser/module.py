@@ -49,6 +49,9 @@ _any_autocast = torch._C._is_any_autocast_enabled
 _any_requires_grad = torch._C._any_requires_grad
 _tracing_state = torch._C._get_tracing_state
 _scratch_of = runtime.scratch_table().get
+_tensor_layout = _C.tensor_layout
+_tensor_signature = _C.tensor_signature
+_kept_match = _C.kept_match
 _empty_like = torch.empty_like
 _Module = nn.Module
 # the hooks every module runs (torch.nn.modules.module keeps them in these dicts, updated in place)
@@ -406,10 +409,14 @@ class _Weights:
     was found in, and each Parameter with its address and shape. ``same(module)`` says whether all
     still hold: in-place updates (``mul_``, optimizer steps, ``load_state_dict``) keep the memory and
     pass; a new Parameter, a new owner or ``.data = ...`` does not. Each row is flat (registry, owner's
-    name, owner, its _parameters, parameter name, Parameter, address, shape): a check per call reads two
-    dicts and two properties of each weight."""
+    name, owner, its _parameters, parameter name, Parameter, address, shape), and ``layout`` is their
+    address, dtype, device, shape and strides as C reads them through torch's DLPack C exchange API
+    (``_C.tensor_layout``; None where it cannot, for Parameter subclasses or a torch without that API).
+    With a layout the kept routes check x and the weights in one C call (``_C.kept_match``: the two
+    dicts of each row, then the layouts); without, ``same`` reads the dicts and two properties of each
+    weight here."""
 
-    __slots__ = ("held", "params")
+    __slots__ = ("held", "params", "layout")
 
     def __init__(self, module):
         held = []
@@ -425,6 +432,7 @@ class _Weights:
             held.append((registry, ref.owner, owner, owner._parameters, ref.name, p, p.data_ptr(), p.shape))
         self.held = tuple(held)
         self.params = tuple(h[5] for h in held)
+        self.layout = _tensor_layout(*self.params)   # None: not all describable in C, checked here
 
     @classmethod
     def of(cls, module):
@@ -451,7 +459,8 @@ class _KeptEager:
     (contiguity does not matter to the ops). Autograd, autocast and the dropout between the GEMMs are
     the ops' own business here."""
 
-    __slots__ = ("route", "shape", "dtype", "device", "weights", "w", "act", "mid", "post", "train_source")
+    __slots__ = ("route", "shape", "dtype", "device", "signature", "weights", "w", "act", "mid", "post",
+                 "train_source")
 
     @classmethod
     def bind(cls, module, route, x, w):
@@ -463,12 +472,20 @@ class _KeptEager:
         k.act, k.mid, k.post = ACTIVATIONS[module.spec.activation], module.spec.mid_dropout, module.spec.post_dropout
         k.train_source = module.spec.train_source
         k.shape, k.dtype, k.device = x.shape, x.dtype, x.device
+        # x's exact type, device, dtype and shape as C reads them (None: checked here, weights too)
+        k.signature = None if weights.layout is None else _tensor_signature(x)
         return k
 
     def run(self, module, x):
         """The output for `x` (before the dropout after the FFN), or None when the general route has to run."""
-        if (type(x) is not _Tensor or x.shape != self.shape or x.dtype is not self.dtype or x.device != self.device
-                or self.route.stale or (self.train_source and module.training) or not self.weights.same()):
+        w = self.weights
+        if self.signature is not None:
+            if _kept_match(x, self.signature, w.held, w.layout) is None:
+                return None
+        elif (type(x) is not _Tensor or x.shape != self.shape or x.dtype is not self.dtype or x.device != self.device
+                or not w.same()):
+            return None
+        if self.route.stale or (self.train_source and module.training):
             return None
         w_up, w_down, w_gate, b_up, b_gate, b_down = self.w
         return eager(x, w_up, w_down, w_gate, b_up, b_gate, b_down, self.act,
@@ -491,10 +508,13 @@ class _KeptLaunch:
       the weights  the same (``_Weights``), contiguous, so the capsules still describe them.
 
     The checks run cheapest and most telling first, and each reads torch once (x's address is read
-    once, checked for alignment and launched with). Otherwise the general route runs (and validates)."""
+    once, checked for alignment and launched with). Where C can read the tensors (``_Weights.layout``),
+    x and the weights are checked in one call (``_C.kept_match``: x's exact type, device, dtype and shape,
+    its address where it is contiguous; the weights' registries, addresses, shapes and strides, which
+    were contiguous when prepared). Otherwise the general route runs (and validates)."""
 
     __slots__ = ("route", "shape", "dtype", "device", "stream", "scratch", "skey", "out_shape", "same_shape",
-                 "weights", "prepared", "mid", "post", "train_source")
+                 "signature", "weights", "prepared", "mid", "post", "train_source")
 
     @classmethod
     def bind(cls, module, route, x, w, y):
@@ -507,6 +527,7 @@ class _KeptLaunch:
         k.route, k.weights = route, weights
         k.device = route.device
         k.shape, k.dtype, k.stream = x.shape, x.dtype, _raw_stream(k.device)
+        k.signature = None if weights.layout is None else _tensor_signature(x)
         k.skey = (k.device, k.stream)
         k.out_shape = (*x.shape[:-1], w["down"].shape[0])
         k.same_shape = k.out_shape == tuple(x.shape)       # y = empty_like(x): the cheapest allocation
@@ -521,19 +542,28 @@ class _KeptLaunch:
     def run(self, module, x):
         """The output for `x` (before the dropout after the FFN) through the kept launch, or None when
         the general route has to run."""
-        if type(x) is not _Tensor or x.shape != self.shape or x.dtype is not self.dtype:
-            return None
-        ptr = x.data_ptr()
+        w = self.weights
+        if self.signature is not None:    # x on the kernel's device, contiguous; the weights unchanged
+            ptr = _kept_match(x, self.signature, w.held, w.layout)
+            if not ptr or ptr & 15:
+                return None
+        else:
+            if type(x) is not _Tensor or x.shape != self.shape or x.dtype is not self.dtype:
+                return None
+            ptr = x.data_ptr()
+            if (ptr & 15 or not x.is_contiguous() or x.get_device() != self.device
+                    or not w.same(contiguous=True)):
+                return None
         device = self.device
-        if (ptr & 15 or not x.is_contiguous() or x.get_device() != device or _current_device() != device
+        if (_current_device() != device
                 or _dispatch_modes() or _function_modes() or _any_autocast() or _disabled() or self.route.stale
                 or (self.train_source and module.training)
-                or (_grad_enabled() and _any_requires_grad(x, *self.weights.params))
+                or (_grad_enabled() and _any_requires_grad(x, *w.params))
                 or _raw_stream(device) != self.stream or _scratch_of(self.skey) is not self.scratch
-                or (self.mid is not None and module._mid() is not None) or not self.weights.same(contiguous=True)):
+                or (self.mid is not None and module._mid() is not None)):
             return None
         y = _empty_like(x) if self.same_shape else x.new_empty(self.out_shape)
-        _ffn_run(self.prepared, ptr, y.data_ptr())
+        _ffn_run(self.prepared, ptr, y)   # y's address read in C
         return y
 
 

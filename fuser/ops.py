@@ -15,13 +15,13 @@ from fuser.planner import Plan
 from fuser.route import route_for
 from fuser.target import default_target
 
-__all__ = ["ffn", "route"]
+__all__ = ["ffn", "route", "kept"]
 
 _Tensor = torch.Tensor
 _routes = {}                       # route key (_C.ffn_key) -> Route
 _MAX_SIGNATURES = 4096
-_ffn_key = getattr(_C, "ffn_key", None)
-_cap = interop.to_capsule
+_ffn_key = _C.ffn_key
+_keyed = interop.keyed             # whether _C.ffn_key takes torch tensors in this torch
 _NAMES = ("x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down", "out")
 _NOT_EXPORTABLE = (BufferError, RuntimeError, AssertionError)   # what torch raises for tensors it cannot share
 _PLAN_KEYS = ("d_model", "d_ff", "d_out", "gated", "activation", "bias_up", "bias_gate", "bias_down", "dtype")
@@ -32,11 +32,25 @@ def _key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation):
     general path must judge the call (not a torch tensor, one torch cannot export, a bad argument: the
     general path raises what is wrong)."""
     try:
-        return _ffn_key(_cap(x), _cap(w_up), _cap(w_down), None if w_gate is None else _cap(w_gate),
-                        None if b_up is None else _cap(b_up), None if b_gate is None else _cap(b_gate),
-                        None if b_down is None else _cap(b_down), activation)
+        return _ffn_key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
     except Exception:  # noqa: BLE001 (the general path says what is wrong)
         return None
+
+
+def kept(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation):
+    """The route kept for this call's route key (its tensors validated in C, as ``route`` validates
+    them), or None where ``route`` has to decide: the first call of the key, a stale route, or arguments
+    the general path must judge (not contiguous, not torch tensors...). The operator's shortest path.
+
+    Example:
+        >>> import torch
+        >>> from fuser import ops
+        >>> x, w1, w2 = torch.randn(3, 8), torch.randn(16, 8), torch.randn(8, 16)
+        >>> ops.route(x, w1, w2, None, None, None, None, "relu") is ops.kept(x, w1, w2, None, None, None, None, "relu")
+        True
+    """
+    r = _routes.get(_key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)) if _keyed else None
+    return None if r is None or r.stale else r
 
 
 def _check(tensors, activation, out=None):
@@ -71,7 +85,7 @@ def route(x, w_up, w_down, w_gate=None, b_up=None, b_gate=None, b_down=None, act
         >>> r.fused, r is ops.route(x, w1, w2, activation="relu")
         (False, True)
     """
-    key = _key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation) if _cap is not None else None
+    key = _key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation) if _keyed else None
     r = _routes.get(key) if key is not None else None
     if r is None or r.stale:
         tensors = (x, w_up, w_down, w_gate, b_up, b_gate, b_down)
@@ -158,7 +172,7 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
         torch.Size([2, 5, 64])
     """
     key = None
-    if out is None and plan is None and _cap is not None:
+    if out is None and plan is None and _keyed:
         key = _key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
         r = _routes.get(key) if key is not None else None
         if r is not None and not r.stale:

@@ -69,7 +69,8 @@ class FusedRoute(Route):
     A call that needs autograd, or made while ``FUSER_DISABLE`` is set, runs the eager ops instead.
 
     Launches are prepared (``runtime.Launch.prepare``, validated and filled in C once) per stream,
-    token count and weight addresses, holding no weights; a call then passes C only addresses
+    token count and weight addresses, holding no weights; a call then passes C only the weights'
+    addresses, which key the preparation, and its other tensors, whose addresses C reads
     (``_C.ffn_run``). Its tensors were validated for this route's signature (``fuser.ops``), which fixes
     everything the preparation checked but the addresses."""
 
@@ -104,8 +105,8 @@ class FusedRoute(Route):
         e = self.prepared.get(key)
         if e is None or _kept_scratch(device, stream) is not e[0]:
             e = self._prepare(key, x, (w_up, w_down, w_gate, b_up, b_gate, b_down), activation, y)
-        _ffn_run(e[1], x.data_ptr(), y.data_ptr(), up, down, gate, None if b_up is None else b_up.data_ptr(),
-                 None if b_gate is None else b_gate.data_ptr(), None if b_down is None else b_down.data_ptr())
+        # the other addresses C reads itself (torch's DLPack C exchange API: no data_ptr() calls here)
+        _ffn_run(e[1], x, y, up, down, gate, b_up, b_gate, b_down)
 
     def _prepare(self, key, x, weights, activation, y):
         stream, m = key[0], key[1]

@@ -6,11 +6,16 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdatomic.h>
 
 #include "fuser/status.h"
 #include "fuser/tensor.h"
 
-/* Per-module state (PEP 489 multi-phase init): the exception types and interned names. */
+/* At most this many exact types are taken through a registered DLPack C exchange API. */
+#define FUSER_EXCHANGE_TYPES 4
+
+/* Per-module state (PEP 489 multi-phase init): the exception types, interned names and the tensor type
+ * registered for the per-call entry points. */
 typedef struct {
     PyObject *FuserError;       /* RuntimeError subclass: base of fuser's environment errors */
     PyObject *CudaError;        /* FuserError: driver / launch failures */
@@ -18,6 +23,16 @@ typedef struct {
     PyObject *CacheError;       /* FuserError: kernel cache failures */
     PyObject *UnsupportedError; /* FuserError: valid input the fused path cannot run */
     PyObject *s_dlpack, *s_dlpack_device, *s_stream, *s_max_version, *max_version; /* (1, 0) */
+    /* The registered tensor type (fuser_py_register_tensor_type): torch.Tensor, whose instances the
+     * per-call entry points take without __dlpack__. NULL fields: nothing registered. Registered at
+     * import (fuser.interop), not while other threads call in. */
+    PyObject *tensor_type;        /* instances (subclasses too) are taken */
+    PyObject *tensor_exporter;    /* instance -> DLPack capsule, for those not exchanged; or NULL */
+    PyObject *exchange_types;     /* tuple: the types whose exact instances are exchanged; or NULL */
+    PyTypeObject *exchange_exact[FUSER_EXCHANGE_TYPES]; /* borrowed from exchange_types, for a pointer test */
+    int n_exchange;
+    const struct DLPackExchangeAPI *exchange;           /* their DLPack C exchange API (major 1), or NULL */
+    atomic_ullong n_exchanged, n_exported;              /* tensors taken each way (tensor_intake()) */
 } fuser_state;
 
 fuser_state *fuser_get_state(PyObject *module);
@@ -45,15 +60,27 @@ typedef struct {
 enum {
     FUSER_TAKE_WRITABLE = 1,  /* the tensor will be written (out=): refuse read-only or copied exports */
     FUSER_TAKE_NO_CAPSULE = 2, /* refuse raw capsules (the caller needs to read the object again) */
-    FUSER_TAKE_BORROW = 4      /* read a raw capsule without consuming it: it stays usable, and its own
+    FUSER_TAKE_BORROW = 4,     /* read a raw capsule without consuming it: it stays usable, and its own
                                   destructor deletes it if nobody consumes it (capsules fuser exported) */
+    FUSER_TAKE_REGISTERED = 8  /* take an instance of the registered tensor type without __dlpack__: its
+                                  exact exchange types through the DLPack C exchange API (no capsule),
+                                  others as a capsule of the registered exporter; refuse any other object
+                                  but a raw capsule (TypeError) */
 };
 
 /* Take `obj` (an object with __dlpack__, or a "dltensor"/"dltensor_versioned" capsule) and validate
  * it. `stream` (None or int) is passed to __dlpack__ for CUDA tensors; 0 means the legacy default
  * stream and is sent as 1, as the protocol requires. On success returns 0 and fills h; on failure
- * returns -1 with an exception set. Either way the caller must call fuser_release(h) exactly once. */
+ * returns -1 with an exception set. Either way the caller must call fuser_release(h) exactly once.
+ * A tensor taken through the exchange API (FUSER_TAKE_REGISTERED) is described, not owned: h->t is valid
+ * while `obj` is alive and unchanged, that is until the calling function returns to Python. */
 int fuser_take(fuser_state *st, PyObject *obj, const char *name, PyObject *stream, int opts, fuser_held *h);
+
+/* Describe `obj` through the registered DLPack C exchange API when its type is exactly one of the
+ * exchange types (exchange.c): 1 with *out filled (or, where the producer has no describing function,
+ * h->managed holding an owned DLManagedTensorVersioned, h->versioned and h->flags set); 0 when it is not
+ * such an object or the producer could not describe it (no exception set; the exporter then says why). */
+int fuser_exchange_describe(fuser_state *st, PyObject *obj, DLTensor *out, fuser_held *h);
 
 /* Call the managed tensor's deleter (once) and forget it. Safe on a zeroed or released fuser_held. */
 void fuser_release(fuser_held *h);
@@ -69,6 +96,11 @@ const char *fuser_exact_str(PyObject *v, const char *what, const char *key);
 
 /* ---- module functions, one file each ---- */
 PyObject *fuser_py_dlpack_info(PyObject *module, PyObject *args, PyObject *kwargs);
+PyObject *fuser_py_register_tensor_type(PyObject *module, PyObject *args, PyObject *kwargs);
+PyObject *fuser_py_tensor_intake(PyObject *module, PyObject *noargs);
+PyObject *fuser_py_tensor_layout(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fuser_py_tensor_signature(PyObject *module, PyObject *x);
+PyObject *fuser_py_kept_match(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fuser_py_ffn_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_env(PyObject *module, PyObject *args, PyObject *kwargs);

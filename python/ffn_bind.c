@@ -86,12 +86,15 @@ PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs)
     return res;
 }
 
-/* ffn_key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation) -> tuple: the per-call form of
- * ffn_check for fuser.ffn's kept routes. The tensors are DLPack capsules fuser exported itself (borrowed,
- * not consumed) or None; they are validated exactly as ffn_check validates them (the same errors), and
- * the result is what a call's route depends on, as a tuple of ints to key a dict with: the chain (m,
- * d_model, d_ff, d_out, gated, activation, the three biases, dtype) and the device (kind, index). No
- * keywords and no dict: the cheapest call that validates. */
+/* ffn_key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation) -> bytes: the per-call form of
+ * ffn_check for fuser.ffn's kept routes. Each tensor is an instance of the registered tensor type
+ * (torch.Tensor: described through its DLPack C exchange API, or exported by the registered exporter;
+ * see exchange.c) or None; anything else, a raw capsule included, is a TypeError (fuser.ffn's general
+ * path then judges the call). They are validated exactly as ffn_check validates them (the same
+ * errors), and the result is what a call's route depends on, packed into 56 bytes to key a dict with:
+ * the chain (m, d_model, d_ff, d_out; gated, the three biases, activation and dtype in one word) and the
+ * device (kind, index), each an int64 in native byte order. No keywords and no dict: the cheapest call
+ * that validates. */
 PyObject *fuser_py_ffn_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != A_OUT + 1)
@@ -109,20 +112,20 @@ PyObject *fuser_py_ffn_key(PyObject *module, PyObject *const *args, Py_ssize_t n
     const fuser_tensor *t[A_OUT] = {NULL};
     memset(held, 0, sizeof held);
     int opts[A_OUT];
-    for (int i = 0; i < A_OUT; i++) {
-        if (args[i] != Py_None && !PyCapsule_CheckExact(args[i]))
-            return PyErr_Format(PyExc_TypeError, "%s: ffn_key takes DLPack capsules (or None), got %s",
-                                tensor_names[i], Py_TYPE(args[i])->tp_name);
-        opts[i] = FUSER_TAKE_BORROW;
-    }
+    for (int i = 0; i < A_OUT; i++)
+        opts[i] = FUSER_TAKE_NO_CAPSULE | FUSER_TAKE_REGISTERED; /* a user's capsule: the general path says no */
     if (args[A_X] == Py_None || args[A_W_UP] == Py_None || args[A_W_DOWN] == Py_None)
         return PyErr_Format(PyExc_TypeError, "ffn_key: x, w_up and w_down are required");
     fuser_chain c;
     PyObject *res = NULL;
-    if (!take_and_validate(st, args, A_OUT, Py_None, opts, activation, held, t, &c))
-        res = Py_BuildValue("(LLLLiiiiiiii)", (long long)c.m, (long long)c.k, (long long)c.n, (long long)c.l,
-                            c.gated, (int)c.act, c.bias_up, c.bias_gate, c.bias_down, (int)c.dtype,
-                            (int)t[A_X]->device, t[A_X]->device_id);
+    if (!take_and_validate(st, args, A_OUT, Py_None, opts, activation, held, t, &c)) {
+        /* bytes, not a tuple of ints: no object for the garbage collector to count, one cheap hash */
+        const int64_t key[7] = {c.m, c.k, c.n, c.l,
+                                c.gated | c.bias_up << 1 | c.bias_gate << 2 | c.bias_down << 3 |
+                                    (int64_t)c.act << 8 | (int64_t)c.dtype << 16,
+                                (int64_t)t[A_X]->device, t[A_X]->device_id};
+        res = PyBytes_FromStringAndSize((const char *)key, sizeof key);
+    }
     for (int i = 0; i < A_OUT; i++)
         fuser_release(&held[i]);
     return res;

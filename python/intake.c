@@ -1,7 +1,9 @@
 /* intake.c: DLPack intake. Objects with __dlpack__ and raw capsules of both kinds come in here, are
  * consumed by the protocol's rules (rename to used_*, delete exactly once, also on every error path),
  * or only borrowed (capsules fuser exported itself, read again later), and validated by the core
- * (fuser_tensor_from_dl). */
+ * (fuser_tensor_from_dl). Instances of the registered tensor type (torch.Tensor) may come in without
+ * the protocol's Python call: described through their type's DLPack C exchange API (exchange.c), or
+ * exported by the registered exporter. */
 #include "binding.h"
 
 #include <string.h>
@@ -122,10 +124,87 @@ static PyObject *export_capsule(fuser_state *st, PyObject *obj, const char *name
     return cap;
 }
 
+/* Read a DLPack capsule: its DLTensor in *dl, 0; or -1 with an exception set. Consumed (renamed used_*,
+ * its managed tensor then owned by h) unless FUSER_TAKE_BORROW is set. */
+static int open_capsule(PyObject *cap, const char *name, int opts, fuser_held *h, const DLTensor **dl)
+{
+    const char *cname = PyCapsule_GetName(cap);
+    if (cname && !strcmp(cname, FUSER_DLPACK_CAPSULE_VERSIONED)) {
+        DLManagedTensorVersioned *v = PyCapsule_GetPointer(cap, cname);
+        if (!v)
+            return -1;
+        if (!(opts & FUSER_TAKE_BORROW)) {
+            if (PyCapsule_SetName(cap, FUSER_DLPACK_CAPSULE_VERSIONED_USED))
+                return -1;
+            h->managed = v; /* ours from here on: deleted exactly once by fuser_release */
+        }
+        h->versioned = 1;
+        h->flags = v->flags;
+        if (v->version.major != FUSER_DLPACK_MAJOR) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s: DLPack version %u.%u is not supported; fuser understands %d.x", name,
+                         v->version.major, v->version.minor, FUSER_DLPACK_MAJOR);
+            return -1;
+        }
+        *dl = &v->dl_tensor;
+        return 0;
+    }
+    if (cname && !strcmp(cname, FUSER_DLPACK_CAPSULE)) {
+        DLManagedTensor *t = PyCapsule_GetPointer(cap, cname);
+        if (!t)
+            return -1;
+        if (!(opts & FUSER_TAKE_BORROW)) {
+            if (PyCapsule_SetName(cap, FUSER_DLPACK_CAPSULE_USED))
+                return -1;
+            h->managed = t;
+        }
+        *dl = &t->dl_tensor;
+        return 0;
+    }
+    if (cname &&
+        (!strcmp(cname, FUSER_DLPACK_CAPSULE_USED) || !strcmp(cname, FUSER_DLPACK_CAPSULE_VERSIONED_USED)))
+        PyErr_Format(PyExc_ValueError,
+                     "%s: this DLPack capsule was already consumed (a capsule can be read only once); "
+                     "export a new one with __dlpack__()", name);
+    else
+        PyErr_Format(PyExc_TypeError, "%s: a capsule named '%s' is not a DLPack capsule", name,
+                     cname ? cname : "(null)");
+    return -1;
+}
+
+/* A capsule of `obj`, an instance of the registered tensor type, from the registered exporter (what
+ * fuser.interop.export makes of it); NULL with an exception set. Any other object is a TypeError. */
+static PyObject *export_registered(fuser_state *st, PyObject *obj, const char *name)
+{
+    PyTypeObject *type = (PyTypeObject *)st->tensor_type;
+    if (!type || !PyObject_TypeCheck(obj, type))
+        return PyErr_Format(PyExc_TypeError, "%s: expected a %s, got %s", name,
+                            type ? type->tp_name : "tensor of a registered type", Py_TYPE(obj)->tp_name);
+    if (!st->tensor_exporter)
+        return PyErr_Format(PyExc_TypeError, "%s: no exporter is registered for a %s that is not exactly one of the "
+                            "exchange types", name, Py_TYPE(obj)->tp_name);
+    PyObject *cap = PyObject_CallOneArg(st->tensor_exporter, obj);
+    if (!cap) {
+        prefix_error(name);
+        return NULL;
+    }
+    if (!PyCapsule_CheckExact(cap)) {
+        PyErr_Format(PyExc_TypeError, "%s: the registered exporter returned %s, not a DLPack capsule", name,
+                     Py_TYPE(cap)->tp_name);
+        Py_DECREF(cap);
+        return NULL;
+    }
+    atomic_fetch_add_explicit(&st->n_exported, 1, memory_order_relaxed);
+    return cap;
+}
+
 int fuser_take(fuser_state *st, PyObject *obj, const char *name, PyObject *stream, int opts, fuser_held *h)
 {
     memset(h, 0, sizeof *h);
-    PyObject *cap;
+    PyObject *cap = NULL;
+    DLTensor described;
+    const DLTensor *dl = NULL;
+    int rc = -1;
     if (PyCapsule_CheckExact(obj)) {
         if (opts & FUSER_TAKE_NO_CAPSULE) {
             PyErr_Format(PyExc_TypeError,
@@ -134,6 +213,12 @@ int fuser_take(fuser_state *st, PyObject *obj, const char *name, PyObject *strea
             return -1;
         }
         cap = Py_NewRef(obj);
+    } else if (opts & FUSER_TAKE_REGISTERED) {
+        if (fuser_exchange_describe(st, obj, &described, h))
+            dl = h->managed ? &((DLManagedTensorVersioned *)h->managed)->dl_tensor : &described;
+        else if (!(cap = export_registered(st, obj, name)))
+            return -1;
+        opts &= ~FUSER_TAKE_BORROW; /* a capsule made here is ours to consume */
     } else {
         cap = export_capsule(st, obj, name, stream);
         if (!cap)
@@ -145,49 +230,8 @@ int fuser_take(fuser_state *st, PyObject *obj, const char *name, PyObject *strea
             return -1;
         }
     }
-
-    const char *cname = PyCapsule_GetName(cap);
-    const DLTensor *dl = NULL;
-    int rc = -1;
-    if (cname && !strcmp(cname, FUSER_DLPACK_CAPSULE_VERSIONED)) {
-        DLManagedTensorVersioned *v = PyCapsule_GetPointer(cap, cname);
-        if (!v)
-            goto done;
-        if (!(opts & FUSER_TAKE_BORROW)) {
-            if (PyCapsule_SetName(cap, FUSER_DLPACK_CAPSULE_VERSIONED_USED))
-                goto done;
-            h->managed = v; /* ours from here on: deleted exactly once by fuser_release */
-        }
-        h->versioned = 1;
-        h->flags = v->flags;
-        if (v->version.major != FUSER_DLPACK_MAJOR) {
-            PyErr_Format(PyExc_ValueError,
-                         "%s: DLPack version %u.%u is not supported; fuser understands %d.x", name,
-                         v->version.major, v->version.minor, FUSER_DLPACK_MAJOR);
-            goto done;
-        }
-        dl = &v->dl_tensor;
-    } else if (cname && !strcmp(cname, FUSER_DLPACK_CAPSULE)) {
-        DLManagedTensor *t = PyCapsule_GetPointer(cap, cname);
-        if (!t)
-            goto done;
-        if (!(opts & FUSER_TAKE_BORROW)) {
-            if (PyCapsule_SetName(cap, FUSER_DLPACK_CAPSULE_USED))
-                goto done;
-            h->managed = t;
-        }
-        dl = &t->dl_tensor;
-    } else if (cname && (!strcmp(cname, FUSER_DLPACK_CAPSULE_USED) ||
-                         !strcmp(cname, FUSER_DLPACK_CAPSULE_VERSIONED_USED))) {
-        PyErr_Format(PyExc_ValueError,
-                     "%s: this DLPack capsule was already consumed (a capsule can be read only once); "
-                     "export a new one with __dlpack__()", name);
+    if (cap && open_capsule(cap, name, opts, h, &dl))
         goto done;
-    } else {
-        PyErr_Format(PyExc_TypeError, "%s: a capsule named '%s' is not a DLPack capsule", name,
-                     cname ? cname : "(null)");
-        goto done;
-    }
 
     if (opts & FUSER_TAKE_WRITABLE) {
         if (h->flags & FUSER_DLPACK_FLAG_READ_ONLY) {
@@ -209,7 +253,7 @@ int fuser_take(fuser_state *st, PyObject *obj, const char *name, PyObject *strea
     }
     rc = 0;
 done:
-    Py_DECREF(cap);
+    Py_XDECREF(cap);
     return rc;
 }
 

@@ -327,19 +327,37 @@ PyObject *fuser_py_ffn_prepare(PyObject *module, PyObject *args, PyObject *kwarg
     return res;
 }
 
-/* A pointer argument of ffn_run: an int address, or None (the prepared one). */
-static int pointer_arg(PyObject *v, const char *name, const void **out)
+/* A pointer argument of ffn_run: an int address, None (the prepared one), or a tensor: its data_ptr(),
+ * read through the DLPack C exchange API for the registered exchange types (torch.Tensor, Parameter),
+ * else by calling the method. */
+static int pointer_arg(fuser_state *st, PyObject *v, const char *name, const void **out)
 {
     if (v == Py_None) {
         *out = NULL;
         return 0;
     }
+    PyObject *addr = NULL;
     if (!PyLong_Check(v)) {
-        PyErr_Format(PyExc_TypeError, "ffn_run: %s: expected an address (int) or None, got %s", name,
-                     Py_TYPE(v)->tp_name);
-        return -1;
+        fuser_held h;
+        DLTensor dl;
+        memset(&h, 0, sizeof h);
+        if (fuser_exchange_describe(st, v, &dl, &h)) {
+            const DLTensor *d = h.managed ? &((DLManagedTensorVersioned *)h.managed)->dl_tensor : &dl;
+            *out = d->data ? (const char *)d->data + d->byte_offset : NULL;
+            fuser_release(&h);
+            return 0;
+        }
+        addr = PyObject_HasAttrString(v, "data_ptr") ? PyObject_CallMethod(v, "data_ptr", NULL) : NULL;
+        if (!addr || !PyLong_Check(addr)) {
+            Py_XDECREF(addr);
+            PyErr_Format(PyExc_TypeError, "ffn_run: %s: expected an address (int), a tensor or None, got %s", name,
+                         Py_TYPE(v)->tp_name);
+            return -1;
+        }
+        v = addr;
     }
     *out = PyLong_AsVoidPtr(v);
+    Py_XDECREF(addr);
     return *out || !PyErr_Occurred() ? 0 : -1;
 }
 
@@ -357,8 +375,9 @@ PyObject *fuser_py_ffn_run(PyObject *module, PyObject *const *args, Py_ssize_t n
         return PyErr_Format(PyExc_ValueError, "ffn_run: this launch was prepared with keep=False and holds no weights: "
                             "pass their addresses");
     const void *ptr[NT] = {NULL};
+    fuser_state *st = fuser_get_state(module);
     for (Py_ssize_t i = 1; i < nargs; i++)
-        if (pointer_arg(args[i], names[i - 1], &ptr[slot[i - 1]]))
+        if (pointer_arg(st, args[i], names[i - 1], &ptr[slot[i - 1]]))
             return NULL;
     for (int i = WU; i <= BD && o->weights_each_run; i++)
         if (o->p.ptr[i] && !ptr[i])
@@ -370,6 +389,6 @@ PyObject *fuser_py_ffn_run(PyObject *module, PyObject *const *args, Py_ssize_t n
     fuser_err_clear(&err);
     const fuser_driver *drv = fuser_driver_get(&err);
     if (!drv || fuser_ffn_run(drv, &o->p, ptr, &err))
-        return fuser_raise(fuser_get_state(module), &err);
+        return fuser_raise(st, &err);
     Py_RETURN_NONE;
 }

@@ -85,9 +85,31 @@ static PyMethodDef module_methods[] = {
      dlpack_info_doc},
     {"ffn_check", (PyCFunction)(void (*)(void))fuser_py_ffn_check, METH_VARARGS | METH_KEYWORDS, ffn_check_doc},
     {"ffn_key", (PyCFunction)(void (*)(void))fuser_py_ffn_key, METH_FASTCALL,
-     "ffn_key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation) -> tuple of ints: validate\n"
-     "fuser.ffn's tensors (DLPack capsules, borrowed, or None) as ffn_check does and return what the\n"
-     "call's route depends on (the chain and the device), to key a dict of routes."},
+     "ffn_key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation) -> bytes: validate\n"
+     "fuser.ffn's tensors (instances of the registered tensor type, or None) as ffn_check does and return\n"
+     "what the call's route depends on (the chain and the device), to key a dict of routes."},
+    {"register_tensor_type", (PyCFunction)(void (*)(void))fuser_py_register_tensor_type,
+     METH_VARARGS | METH_KEYWORDS,
+     "register_tensor_type(type, exporter=None, exchange=()) -> (major, minor) or None: let ffn_key take\n"
+     "instances of `type` (torch.Tensor) directly: exact instances of the `exchange` types (type or its\n"
+     "subclasses, carrying the same __dlpack_c_exchange_api__) through that DLPack C exchange API, without\n"
+     "a capsule; other instances as the capsule `exporter(obj)` returns. Returns the exchange API's version\n"
+     "(None: none used). register_tensor_type(None) forgets the type."},
+    {"tensor_layout", (PyCFunction)(void (*)(void))fuser_py_tensor_layout, METH_FASTCALL,
+     "tensor_layout(*tensors) -> bytes or None: each tensor's data address, device, dtype, shape and strides\n"
+     "(None: a marker), read through the registered DLPack C exchange API; None where a tensor is not of an\n"
+     "exchange type or cannot be described. Equal bytes: the same memory seen the same way."},
+    {"tensor_signature", fuser_py_tensor_signature, METH_O,
+     "tensor_signature(x) -> bytes or None: x's exact type, device, dtype and shape as tensor_layout reads\n"
+     "them (no address, no strides); None where tensor_layout would give None."},
+    {"kept_match", (PyCFunction)(void (*)(void))fuser_py_kept_match, METH_FASTCALL,
+     "kept_match(x, signature, held, layout) -> int or None: the check of FusedFFN's kept routes. None\n"
+     "unless x has tensor_signature `signature`, every row (registry, name, owner, parameters, pname, p, ...)\n"
+     "of `held` still holds (registry[name] is owner, parameters[pname] is p) and the p's have tensor_layout\n"
+     "`layout`; then x's data address where x is contiguous row-major, else 0."},
+    {"tensor_intake", fuser_py_tensor_intake, METH_NOARGS,
+     "tensor_intake() -> dict: the registered tensor type, exporter, exchange types and API version, and\n"
+     "how many tensors were taken each way (exchanged, exported) since the module was loaded."},
     {"env", (PyCFunction)(void (*)(void))fuser_py_env, METH_VARARGS | METH_KEYWORDS, env_doc},
     {"embedded_headers", fuser_py_embedded_headers, METH_NOARGS, embedded_headers_doc},
     {"search", (PyCFunction)(void (*)(void))fuser_py_search, METH_VARARGS | METH_KEYWORDS,
@@ -114,8 +136,9 @@ static PyMethodDef module_methods[] = {
      "keep=False every ffn_run passes the weights' addresses."},
     {"ffn_run", (PyCFunction)(void (*)(void))fuser_py_ffn_run, METH_FASTCALL,
      "ffn_run(prepared, x_ptr, y_ptr[, w_up, w_down, w_gate, b_up, b_gate, b_down]): launch a prepared launch\n"
-     "at these addresses (None: the prepared one) on its stream. Unchecked beyond presence and 16-byte\n"
-     "alignment: the caller guarantees tensors of the prepared shapes, dtype and device."},
+     "at these addresses (None: the prepared one; a torch tensor: its data_ptr(), read in C) on its stream.\n"
+     "Unchecked beyond presence and 16-byte alignment: the caller guarantees tensors of the prepared shapes,\n"
+     "dtype and device."},
     {"kernel_info", fuser_py_kernel_info, METH_VARARGS, "kernel_info(kernel) -> dict of the loaded function."},
     {"scratch_need", fuser_py_scratch_need, METH_VARARGS,
      "scratch_need(kernel, m) -> (zeroed words, workspace floats) a launch with m tokens needs."},
@@ -183,7 +206,8 @@ static int module_exec(PyObject *m)
 
 #define STATE_FIELDS(X)                                                                                      \
     X(FuserError) X(CudaError) X(CompileError) X(CacheError) X(UnsupportedError) X(s_dlpack)                 \
-    X(s_dlpack_device) X(s_stream) X(s_max_version) X(max_version)
+    X(s_dlpack_device) X(s_stream) X(s_max_version) X(max_version) X(tensor_type) X(tensor_exporter)         \
+    X(exchange_types)
 
 static int module_traverse(PyObject *m, visitproc visit, void *arg)
 {
@@ -204,6 +228,8 @@ static int module_clear(PyObject *m)
 #define CLEAR(f) Py_CLEAR(st->f);
     STATE_FIELDS(CLEAR)
 #undef CLEAR
+    st->exchange = NULL; /* its exact types were borrowed from exchange_types */
+    st->n_exchange = 0;
     return 0;
 }
 

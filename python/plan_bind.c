@@ -132,9 +132,10 @@ static int finite_number(PyObject *v, const char *what, const char *key, double 
 
 const char *fuser_exact_str(PyObject *v, const char *what, const char *key)
 {
-    char label[96];
-    snprintf(label, sizeof label, key ? "%s: '%s'" : "%s", what, key);
+    char label[96]; /* formatted only for an error: this runs in every fuser.ffn call */
+#define LABEL() snprintf(label, sizeof label, key ? "%s: '%s'" : "%s", what, key)
     if (!PyUnicode_Check(v)) {
+        LABEL();
         PyErr_Format(PyExc_TypeError, "%s must be a str, got %s", label, Py_TYPE(v)->tp_name);
         return NULL;
     }
@@ -142,13 +143,16 @@ const char *fuser_exact_str(PyObject *v, const char *what, const char *key)
     const char *s = PyUnicode_AsUTF8AndSize(v, &n);
     if (!s) {
         PyErr_Clear();
+        LABEL();
         PyErr_Format(PyExc_ValueError, "%s is not valid Unicode text (it has a lone surrogate)", label);
         return NULL;
     }
     if (strlen(s) != (size_t)n) {
+        LABEL();
         PyErr_Format(PyExc_ValueError, "%s must not contain NUL characters, got %R", label, v);
         return NULL;
     }
+#undef LABEL
     return s;
 }
 

@@ -13,6 +13,18 @@ from fuser.module import FusedFFN
 from models import hf
 
 
+@pytest.fixture(params=["exchange", "no exchange"])
+def exchange(request):
+    """The kept routes' checks both ways: in one C call through torch's DLPack C exchange API
+    (``_C.kept_match``), and in Python (a torch without that API)."""
+    from fuser import _C, interop
+    if request.param == "exchange" and _C.tensor_intake()["version"] is None:
+        pytest.skip("this torch has no DLPack C exchange API")
+    interop.register(exchange=request.param == "exchange")
+    yield request.param == "exchange"
+    interop.register()
+
+
 def kept_eager(module):
     """The route `module` keeps for its last input shape, checked to be the eager ops."""
     kept = module.__dict__["_kept"]
@@ -26,7 +38,7 @@ def reference(module, x):
                                b_down=w["b_down"], activation=module.spec.activation)
 
 
-def test_second_call_keeps_the_route_and_sees_every_weight_change():
+def test_second_call_keeps_the_route_and_sees_every_weight_change(exchange):
     torch.manual_seed(0)
     mlp = nn.Sequential(nn.Linear(16, 48), nn.GELU(), nn.Linear(48, 16))
     m = FusedFFN.from_module(mlp)
@@ -35,6 +47,7 @@ def test_second_call_keeps_the_route_and_sees_every_weight_change():
         m(x)
         torch.testing.assert_close(m(x), reference(m, x))
         kept = kept_eager(m)
+        assert (kept.signature is not None) == exchange              # checked in C, or here
         mlp[0].weight.mul_(-2)                                       # in place: the kept route sees it
         torch.testing.assert_close(m(x), reference(m, x))
         assert m.__dict__["_kept"] is kept
@@ -51,7 +64,7 @@ def test_second_call_keeps_the_route_and_sees_every_weight_change():
     assert mlp[0].weight.grad is not None and mlp[0].weight.grad.abs().sum() > 0
 
 
-def test_sliced_gate_up_weight_replaced_is_seen():
+def test_sliced_gate_up_weight_replaced_is_seen(exchange):
     """Phi-3 keeps gate and up in one Parameter, sliced by rows at every general call: the kept slices
     would be stale views if the Parameter's data were replaced, so the address is checked."""
     model, inputs = hf("phi3")
@@ -87,7 +100,7 @@ def test_kept_route_is_not_used_while_compiling():
 
 
 @pytest.mark.parametrize("bad", [None, "string"])
-def test_kept_route_declines_what_the_general_route_must_judge(bad):
+def test_kept_route_declines_what_the_general_route_must_judge(bad, exchange):
     torch.manual_seed(0)
     m = FusedFFN.from_module(nn.Sequential(nn.Linear(8, 24), nn.ReLU(), nn.Linear(24, 8)))
     with torch.no_grad():
@@ -169,7 +182,7 @@ def test_kept_route_applies_the_dropout_after_the_ffn_and_sees_training_mode():
         torch.testing.assert_close(m(x), reference(m, x))              # eval: no dropout
 
 
-def test_kept_launch_runs_only_what_its_preparation_validated(monkeypatch):
+def test_kept_launch_runs_only_what_its_preparation_validated(monkeypatch, exchange):
     """The kept fused launch (a Hopper GPU runs it for real: tests/test_gpu_torch.py), here with the
     launch, the device and the stream stood in for: it launches with x's and a new y's addresses while
     everything the preparation validated holds, and declines (None: the general route runs) on each
@@ -193,7 +206,9 @@ def test_kept_launch_runs_only_what_its_preparation_validated(monkeypatch):
     monkeypatch.setattr(fm, "_current_device", lambda: -1)
     monkeypatch.setattr(fm, "_raw_stream", lambda device: stream[0])
     monkeypatch.setattr(fm, "_scratch_of", scratch.get)
-    monkeypatch.setattr(fm, "_ffn_run", lambda *a: runs.append(a))
+    # what C reads of each argument: an int or None as it is, a tensor's data_ptr()
+    monkeypatch.setattr(fm, "_ffn_run", lambda *a: runs.append(
+        tuple(v if v is None or isinstance(v, (int, str)) else v.data_ptr() for v in a)))
     stream = [0x1234]
     torch.manual_seed(0)
     mlp = nn.Sequential(nn.Linear(16, 48), nn.GELU(), nn.Linear(48, 24))
@@ -202,6 +217,7 @@ def test_kept_launch_runs_only_what_its_preparation_validated(monkeypatch):
     w = m.weights()
     k = _KeptLaunch.bind(m, FakeRoute(), x, w, torch.empty(2, 5, 24))
     assert prepared == [((2, 5, 16), "gelu", "SCRATCH", 0x1234, 0b1010110)]   # w_up, w_down, b_up, b_down kept
+    assert (k.signature is not None) == exchange                              # checked in C, or here
 
     def launches(xin):
         before = len(runs)

@@ -9,21 +9,30 @@ from dlpack_producer import KDLCUDA, FakeExporter, Producer
 K, N, L, M = 16, 48, 24, 5
 
 
-@pytest.fixture(autouse=True, params=["capsule", "__dlpack__"])
+@pytest.fixture(autouse=True, params=["exchange", "capsule", "__dlpack__"])
 def export_path(request, monkeypatch):
-    """Every check here runs both ways fuser.ffn hands torch tensors to C: as capsules from torch's own
-    exporter (the fast path) and through __dlpack__ (torch builds without that exporter)."""
+    """Every check here runs the three ways fuser.ffn hands torch tensors to C: through torch's DLPack C
+    exchange API (the fast path: no capsule), as capsules from torch's own exporter (torch builds without
+    that API) and through __dlpack__ (torch builds without either)."""
     import fuser.interop
     import fuser.ops
     import fuser.route
+    from fuser import _C
+    if request.param == "exchange" and _C.tensor_intake()["version"] is None:
+        pytest.skip("this torch has no DLPack C exchange API (Tensor.__dlpack_c_exchange_api__)")
     if request.param == "__dlpack__":
         monkeypatch.setattr(fuser.interop, "to_capsule", None)
-        monkeypatch.setattr(fuser.ops, "_cap", None)
     elif fuser.interop.to_capsule is None:
         pytest.skip("this torch has no torch._C._to_dlpack_versioned; only the __dlpack__ path exists")
-    fuser.route.forget()     # routes kept from other tests: every call here is validated again
-    yield request.param
+    monkeypatch.setattr(fuser.ops, "_keyed", fuser.interop.register(exchange=request.param == "exchange"))
+    # routes kept from other tests (eager routes are never stale): every call here is validated again
     fuser.route.forget()
+    fuser.ops._routes.clear()
+    yield request.param
+    monkeypatch.undo()
+    fuser.interop.register()
+    fuser.route.forget()
+    fuser.ops._routes.clear()
 
 
 def args(dtype=torch.bfloat16, gated=False, bias=False):
@@ -228,7 +237,9 @@ def test_fused_route_prepares_its_launch_once_and_then_passes_only_addresses(mon
     monkeypatch.setattr(fuser.route, "_raw_stream", lambda device: 0x1234)
     monkeypatch.setattr(fuser.route, "_current_device", lambda: 0)
     monkeypatch.setattr(fuser.route, "_kept_scratch", lambda device, stream: kept.get((device, stream)))
-    monkeypatch.setattr(fuser.route, "_ffn_run", lambda *a: runs.append(a))
+    # what C reads of each argument: an int or None as it is, a tensor's data_ptr()
+    monkeypatch.setattr(fuser.route, "_ffn_run", lambda *a: runs.append(
+        tuple(v if v is None or isinstance(v, (int, str)) else v.data_ptr() for v in a)))
     a = args(gated=True, bias=True)
     order = ("w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down")
     x3 = a["x"].reshape(1, M, K)
@@ -251,11 +262,14 @@ def test_fused_route_prepares_its_launch_once_and_then_passes_only_addresses(mon
 
 def test_route_key_validates_as_ffn_check_does(export_path):
     """``_C.ffn_key``, the check every call of torch tensors passes, refuses what ``_C.ffn_check``
-    refuses, with the same exception and message, and keys equal chains alike."""
+    refuses, with the same exception and message, and keys equal chains alike: torch tensors read
+    through torch's DLPack C exchange API, or exported in C to capsules of torch's exporter where that
+    API is not used (ffn_check gets those capsules here). Objects that are not torch tensors, raw
+    capsules included, are refused: fuser.ffn's general path judges them."""
     from fuser import _C
-    if export_path != "capsule":
-        pytest.skip("ffn_key takes the capsules of torch's own exporter")
-    cap = torch._C._to_dlpack_versioned
+    if export_path == "__dlpack__":
+        pytest.skip("ffn_key takes torch tensors only where torch exports them without __dlpack__")
+    before = _C.tensor_intake()
     a = args(gated=True, bias=True)
     bad = [dict(x=a["x"][:, :-1]), dict(w_up=a["w_up"].t().contiguous()), dict(w_down=a["w_down"].float()),
            dict(w_gate=torch.randn(N, K + 1, dtype=torch.bfloat16)), dict(b_up=a["b_up"][1:]),
@@ -265,16 +279,22 @@ def test_route_key_validates_as_ffn_check_does(export_path):
     for over in bad:
         b = {**a, "activation": "silu", **over}
         with pytest.raises(Exception) as want:
-            _C.ffn_check(*(cap(b[n]) for n in order), activation=b["activation"], capsules=0x7f)
+            _C.ffn_check(*(None if b[n] is None else torch._C._to_dlpack_versioned(b[n]) for n in order),
+                         activation=b["activation"], capsules=0x7f)
         with pytest.raises(type(want.value)) as got:
-            _C.ffn_key(*(cap(b[n]) for n in order), b["activation"])
+            _C.ffn_key(*(b[n] for n in order), b["activation"])
         assert str(got.value) == str(want.value), over
-    key = _C.ffn_key(*(cap(a[n]) for n in order), "silu")
-    assert key == _C.ffn_key(*(cap(a[n].clone()) for n in order), "silu")
-    assert key != _C.ffn_key(*(cap(a[n]) for n in order), "relu")
-    assert key != _C.ffn_key(cap(a["x"][:2]), *(cap(a[n]) for n in order[1:]), "silu")     # tokens
-    with pytest.raises(TypeError, match="w_up: ffn_key takes DLPack capsules"):
-        _C.ffn_key(cap(a["x"]), a["w_up"], cap(a["w_down"]), None, None, None, None, "silu")
+    key = _C.ffn_key(*(a[n] for n in order), "silu")
+    assert key == _C.ffn_key(*(a[n].clone() for n in order), "silu")
+    assert key != _C.ffn_key(*(a[n] for n in order), "relu")
+    assert key != _C.ffn_key(a["x"][:2], *(a[n] for n in order[1:]), "silu")     # tokens
+    after = _C.tensor_intake()
+    exchanged, exported = after["exchanged"] - before["exchanged"], after["exported"] - before["exported"]
+    assert (exchanged > 0, exported > 0) == ((True, False) if export_path == "exchange" else (False, True))
+    with pytest.raises(TypeError, match="w_up: expected a Tensor, got numpy.ndarray"):
+        _C.ffn_key(a["x"], a["w_up"].float().numpy(), a["w_down"], None, None, None, None, "silu")
+    with pytest.raises(TypeError, match="w_down: got a raw DLPack capsule"):
+        _C.ffn_key(a["x"], a["w_up"], torch._C._to_dlpack_versioned(a["w_down"]), None, None, None, None, "silu")
 
 
 def test_a_kept_route_is_reused_yet_every_call_is_validated(monkeypatch, export_path):
@@ -291,7 +311,7 @@ def test_a_kept_route_is_reused_yet_every_call_is_validated(monkeypatch, export_
     torch.testing.assert_close(fuser.ffn(**a, activation="relu"),
                                fuser.ffn_reference(**a, activation="relu"))
     assert fuser.ops.route(a["x"], a["w_up"], a["w_down"], activation="relu") is r
-    kept = 1 if export_path == "capsule" else 3          # without torch's exporter every call is checked
+    kept = 3 if export_path == "__dlpack__" else 1       # without torch's exporter every call is checked
     assert len(checks) == kept
     w_up = torch.randn(K, N).t()                         # [N, K], not contiguous
     with pytest.raises(ValueError, match="w_up"):

@@ -1,4 +1,5 @@
-/* dlpack.h: fuser's own ABI-identical declaration of DLPack 1.x (https://dmlc.github.io/dlpack).
+/* dlpack.h: fuser's own ABI-identical declaration of DLPack 1.x (https://dmlc.github.io/dlpack), with
+ * the C exchange API of DLPack 1.3 that Python tensor types may carry.
  *
  * Written from the published specification, not copied. Only what fuser consumes is declared. Each
  * struct's layout is pinned by the static asserts at the bottom: if a field moves, the build fails.
@@ -123,6 +124,52 @@ typedef struct DLManagedTensorVersioned {
     DLTensor dl_tensor;
 } DLManagedTensorVersioned;
 
+/* ---- the C exchange API (DLPack 1.x, Python only) ----
+ *
+ * A Python tensor type may carry `__dlpack_c_exchange_api__`: a capsule named "dlpack_exchange_api"
+ * holding a pointer to a static DLPackExchangeAPI table that lives as long as the process. Its
+ * functions take an object of exactly the type the table was read from and export it without the
+ * Python protocol's call and capsule. A consumer checks `header.version.major` before reading anything
+ * past the header, and may follow `header.prev_api` to an older table of a major version it knows.
+ * Every function returns 0, or -1 with a Python exception set (the allocator: with `set_error` called);
+ * none synchronises streams: the consumer works on the producer's current stream, which
+ * `current_work_stream` names (NULL for CPU). */
+
+/** The capsule name of `type.__dlpack_c_exchange_api__`. */
+#define FUSER_DLPACK_EXCHANGE_CAPSULE "dlpack_exchange_api"
+
+/** The part of the table that stays put across major versions. */
+typedef struct DLPackExchangeAPIHeader {
+    DLPackVersion version;                    /**< the version of the table that follows */
+    struct DLPackExchangeAPIHeader *prev_api; /**< a table of an older major version, or NULL */
+} DLPackExchangeAPIHeader;
+
+/** Allocate a new owning tensor of the producer like `prototype` (its dtype, ndim, shape and device). */
+typedef int (*DLPackManagedTensorAllocator)(DLTensor *prototype, DLManagedTensorVersioned **out, void *error_ctx,
+                                            void (*set_error)(void *error_ctx, const char *kind,
+                                                              const char *message));
+/** Export `py_object` as an owning managed tensor (the consumer calls its deleter once). */
+typedef int (*DLPackManagedTensorFromPyObjectNoSync)(void *py_object, DLManagedTensorVersioned **out);
+/** Make a Python object of the producer from a managed tensor, taking its ownership. */
+typedef int (*DLPackManagedTensorToPyObjectNoSync)(DLManagedTensorVersioned *tensor, void **out_py_object);
+/** Describe `py_object` in a caller-provided DLTensor, owning nothing: shape, strides and data stay the
+ * producer's and are valid only until control returns to Python (while the object is alive). */
+typedef int (*DLPackDLTensorFromPyObjectNoSync)(void *py_object, DLTensor *out);
+/** The producer's current work stream on a device (a cudaStream_t for kDLCUDA; NULL for CPU). The
+ * device type is DLDeviceType, an enum: passed as an int. */
+typedef int (*DLPackCurrentWorkStream)(int32_t device_type, int32_t device_id, void **out_current_stream);
+
+/** The table. Every function is non-NULL except `dltensor_from_py_object_no_sync`, which a producer
+ * that cannot describe its tensors without allocating leaves NULL. */
+typedef struct DLPackExchangeAPI {
+    DLPackExchangeAPIHeader header;
+    DLPackManagedTensorAllocator managed_tensor_allocator;
+    DLPackManagedTensorFromPyObjectNoSync managed_tensor_from_py_object_no_sync;
+    DLPackManagedTensorToPyObjectNoSync managed_tensor_to_py_object_no_sync;
+    DLPackDLTensorFromPyObjectNoSync dltensor_from_py_object_no_sync;
+    DLPackCurrentWorkStream current_work_stream;
+} DLPackExchangeAPI;
+
 /* ---- ABI pins (LP64 and LLP64 alike: pointers are 8 bytes on every platform fuser supports) ---- */
 #if !defined(__cplusplus)
 _Static_assert(sizeof(void *) == 8, "fuser supports 64-bit platforms only");
@@ -146,6 +193,14 @@ _Static_assert(offsetof(DLManagedTensorVersioned, deleter) == 16, "DLManagedTens
 _Static_assert(offsetof(DLManagedTensorVersioned, flags) == 24, "DLManagedTensorVersioned.flags");
 _Static_assert(offsetof(DLManagedTensorVersioned, dl_tensor) == 32, "DLManagedTensorVersioned.dl_tensor");
 _Static_assert(sizeof(DLManagedTensorVersioned) == 80, "DLManagedTensorVersioned size");
+_Static_assert(sizeof(DLPackExchangeAPIHeader) == 16, "DLPackExchangeAPIHeader size");
+_Static_assert(offsetof(DLPackExchangeAPIHeader, prev_api) == 8, "DLPackExchangeAPIHeader.prev_api");
+_Static_assert(offsetof(DLPackExchangeAPI, managed_tensor_allocator) == 16, "DLPackExchangeAPI allocator");
+_Static_assert(offsetof(DLPackExchangeAPI, managed_tensor_from_py_object_no_sync) == 24, "DLPackExchangeAPI export");
+_Static_assert(offsetof(DLPackExchangeAPI, managed_tensor_to_py_object_no_sync) == 32, "DLPackExchangeAPI import");
+_Static_assert(offsetof(DLPackExchangeAPI, dltensor_from_py_object_no_sync) == 40, "DLPackExchangeAPI describe");
+_Static_assert(offsetof(DLPackExchangeAPI, current_work_stream) == 48, "DLPackExchangeAPI stream");
+_Static_assert(sizeof(DLPackExchangeAPI) == 56, "DLPackExchangeAPI size");
 #endif
 
 #ifdef __cplusplus
