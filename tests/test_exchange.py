@@ -1,5 +1,5 @@
 """torch tensors handed to C without capsules: the DLPack C exchange API (``__dlpack_c_exchange_api__``)
-behind ``_C.ffn_key`` and the kept routes' checks (``_C.kept_match``).
+behind ``_C.ffn_key``, the kept routes' checks (``_C.kept_match``) and the operator's shortcut.
 
 The C side is also driven here by an exchange table of the tests' own, written with ctypes from the
 DLPack 1.3 header (not from fuser's declarations), so that each of its branches runs: a table that
@@ -207,6 +207,32 @@ def test_kept_eager_route_sees_a_weight_seen_another_way():
             m(x)
     with pytest.raises(ValueError, match="0.weight is not contiguous"):
         fuser.FusedFFN.from_module(mlp)                                 # a weight a new swap refuses too
+
+
+# ---- the operator's shortcut -----------------------------------------------------------------------
+
+def test_operator_runs_a_kept_route_directly(monkeypatch):
+    """torch.ops.fuser.ffn runs the route kept for its key from the autograd kernel: after the first
+    call of a key, no general route and no implementation call; an x the route cannot take as it is
+    (not contiguous) goes through the implementation, which copies it."""
+    import fuser.custom_op
+    import fuser.ops
+    impl, routed = [], []
+    real_impl, real_route = fuser.custom_op._impl, fuser.ops.route
+    monkeypatch.setattr(fuser.custom_op, "_impl", lambda *a: impl.append(1) or real_impl(*a))
+    monkeypatch.setattr(fuser.ops, "route", lambda *a, **k: routed.append(1) or real_route(*a, **k))
+    a = tensors()
+    args = [a[n] for n in ORDER]
+    want = fuser.ffn_reference(a["x"], a["w_up"], a["w_down"], activation="silu")
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(torch.ops.fuser.ffn(*args, "silu"), want)
+        assert (len(impl), len(routed)) == (1, 1)
+        xt = a["x"].t().contiguous().t()
+        torch.testing.assert_close(torch.ops.fuser.ffn(xt, *args[1:], "silu"), want)
+        assert (len(impl), len(routed)) == (2, 2)
+    y = torch.ops.fuser.ffn(a["x"], nn.Parameter(a["w_up"]), *args[2:], "silu")   # autograd records it:
+    assert y.requires_grad and len(routed) == 3                  # below autograd, the implementation routes
 
 
 # ---- a table of the tests' own ---------------------------------------------------------------------
