@@ -25,8 +25,9 @@ def test_host_overhead_times_every_route_against_its_baseline(tmp_path):
     res = json.loads(out.read_text())
     assert len(res["eager"]) == 3
     for row in res["eager"]:
-        assert {k for k in row if k != "shape"} == {"ops", "fuser.ffn", "FusedFFN", "module"}
-        assert all(row[k] > 0 for k in row if k != "shape")
+        assert {k for k in row if k not in ("shape", "paired")} == {"ops", "fuser.ffn", "FusedFFN", "module"}
+        assert all(row[k] > 0 for k in row if k not in ("shape", "paired"))
+        assert set(row["paired"]) == {"fuser.ffn", "FusedFFN", "module"}   # each over the ops of its round
     for name in ("fuser.ffn", "FusedFFN"):
         assert re.search(rf"^eager route, {name}: worst [+-][\d.]+ us over the ops .* target 2 us: (met|MISSED)$",
                          r.stdout, re.M), r.stdout
@@ -34,6 +35,7 @@ def test_host_overhead_times_every_route_against_its_baseline(tmp_path):
         assert "== fused route: not measured" in r.stdout
     else:
         assert {"bare launch", "FusedFFN", "fuser.ffn", "torch.ops", "module"} <= set(res["fused"])
+        assert {"FusedFFN", "fuser.ffn", "torch.ops"} <= set(res["fused"]["paired"])
         assert r.stdout.count("over bare launch; target") == 3
 
 
