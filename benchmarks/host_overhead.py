@@ -174,6 +174,8 @@ def fused_variants(m=16, d=256, f=512):
         "| route key": lambda: fuser.ops._key(x, wu, wd, None, None, None, None, "silu"),
         "| route.run": lambda: route.run(x, wu, wd, None, None, None, None, "silu"),
     })
+    if kept.signature is not None:   # x and the weights checked in one C call (torch's DLPack exchange API)
+        variants["| kept check"] = lambda: _C.kept_match(x, kept.signature, kept.weights.held, kept.weights.layout)
     return plan, variants
 
 
