@@ -53,8 +53,11 @@ from fuser.reference import ACTIVATIONS, eager
 from fuser.tools.bench import parse_workload, workload_set
 from fuser.tools.timing import hopper_reason, round_orders
 
-#: ~100 ms at the H200's clocks: longer than any loop below
+#: ~100 ms at the H200's clocks (more at lower clocks): the GPU sleep each loop queues behind
 SLEEP_CYCLES = 200_000_000
+#: GPU time a loop's calls may queue: well under the sleep, so that the loop never waits for the GPU (a
+#: loop of large FFNs that outran the sleep would time the GPU, not the host)
+QUEUED_GPU_US = 40_000
 #: The eager-route shapes of --set quick on a GPU (a spread of sizes, plain and gated)
 QUICK = ("gpt2:1", "gpt2:128", "llama3-8b:16", "llama3-8b:2048", "G4", "S8")
 #: Without a GPU: small float32 FFNs on CPU tensors, where host time is most of a call
@@ -86,16 +89,35 @@ def loop_us(fn, calls):
     return (time.perf_counter() - t0) / calls * 1e6
 
 
+def gpu_us(fn, n=5):
+    """GPU time of one call of `fn` (CUDA events around `n` calls), microseconds."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / n
+
+
+def loop_calls(calls, call_gpu_us):
+    """Calls per loop: `calls`, or fewer (at least 10) where they would queue more than QUEUED_GPU_US of
+    GPU time, at `call_gpu_us` each."""
+    return max(10, min(calls, int(QUEUED_GPU_US / call_gpu_us)))
+
+
 def measure(variants, rounds, calls, seed, base):
     """Per-call host time of each variant, loops interleaved in seeded orders: (the median over rounds of
     each variant's time, name -> us; the median over rounds of each other variant's time minus `base`'s
-    in the same round, name -> us)."""
+    in the same round, name -> us; the calls per loop). On a GPU the loops hold fewer than `calls` calls
+    where that many would queue more than QUEUED_GPU_US of GPU time."""
     cuda = torch.cuda.is_available()
     for fn in variants.values():       # warm-up: route, compile, load, allocate scratch, fill caches
         for _ in range(5):
             fn()
     if cuda:
         torch.cuda.synchronize()
+        calls = loop_calls(calls, max(gpu_us(fn) for fn in variants.values()))
     samples = {name: [] for name in variants}
     for order in round_orders(list(variants), rounds, seed):
         for name in order:
@@ -107,7 +129,7 @@ def measure(variants, rounds, calls, seed, base):
     medians = {name: statistics.median(v) for name, v in samples.items()}
     paired = {name: statistics.median(a - b for a, b in zip(v, samples[base]))
               for name, v in samples.items() if name != base}
-    return medians, paired
+    return medians, paired, calls
 
 
 def eager_variants(w, device):
@@ -180,12 +202,12 @@ def fused_variants(m=16, d=256, f=512):
 
 
 def report_eager(rows):
-    """rows: (label, medians, paired) per shape. Each cell: the median, and for the targeted variants the
+    """rows: (label, medians, paired, calls per loop) per shape. Each cell: the median, and for the targeted variants the
     paired overhead over the ops in parentheses; the verdicts judge the paired overhead."""
     names = ("ops", "fuser.ffn", "FusedFFN", "module")
     print(f"{'shape':34s}" + "".join(f"{n:>18s}" for n in names))
     worst = {n: None for n in TARGETS}
-    for label, res, paired in rows:
+    for label, res, paired, _ in rows:
         cells = []
         for n in names:
             over = paired.get(n)
@@ -229,16 +251,19 @@ def main(argv=None):
             continue
         label = f"{w.name}:{w.m} {w.d_model}x{w.d_ff} {'gated ' if w.gated else ''}{w.activation}"
         rows.append((label, *measure(variants, a.rounds, a.calls, label, "ops")))
+        if rows[-1][3] < a.calls:
+            print(f"{label}: {rows[-1][3]} calls per loop (their GPU time must stay under the GPU's sleep)",
+                  file=sys.stderr)
     report_eager(rows)
     out = dict(device=device, rounds=a.rounds, calls=a.calls, fused=None,
-               eager=[dict(shape=label, **res, paired=paired) for label, res, paired in rows])
+               eager=[dict(shape=label, **res, paired=paired, calls=calls) for label, res, paired, calls in rows])
     if why is not None:
         print(f"== fused route: not measured ({why}) ==")
     else:
         with tempfile.TemporaryDirectory() as d:
             os.environ["FUSER_CACHE_DIR"] = d      # the tuned plan and its kernel stay out of the user's cache
             plan, variants = fused_variants()
-            res, paired = measure(variants, a.rounds, a.calls, "fused", "bare launch")
+            res, paired, _ = measure(variants, a.rounds, a.calls, "fused", "bare launch")
             out["fused"] = dict(plan=plan.summary(), **res, paired=paired)
         report_fused(out["fused"])
     if a.json:
