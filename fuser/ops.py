@@ -173,8 +173,11 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
     """
     key = None
     if out is None and plan is None and _keyed:
-        key = _key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
-        r = _routes.get(key) if key is not None else None
+        try:   # _key, inline: this is every call's path
+            key = _ffn_key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
+        except Exception:  # noqa: BLE001 (the general path says what is wrong)
+            pass
+        r = _routes.get(key)   # never None's: _remember keeps no route under None
         if r is not None and not r.stale:
             return r.run(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
     # the first call of its route key, or one with out=, plan= or tensors of another DLPack producer
