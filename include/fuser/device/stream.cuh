@@ -613,7 +613,9 @@ struct Stream {
             float bd[4];
             bias<C::BIAS_DOWN>(p.b_down, col < C::L ? col : 0, bd);
             reduce_tile<BL, S2, 1>(ws2, 0, stride, C::L, l0, C::L,
-                                   [&](bool ok, int r, int l, const float (&sum)[1][4]) { store_y<4>(ok, y_at(r, l), sum[0], bd); });
+                                   [&](bool ok, int r, int l, const float (&sum)[1][4]) {
+                                       store_y<4>(ok, y_at(r, l), sum[0], bd);
+                                   });
             consumers_sync();
             if (lt == 0)
                 store_relaxed_gpu(sync_of(t.row, TICKETS2 + l_t), 0);
