@@ -9,8 +9,8 @@
 #   prefill build, the stream kernel's GPU tests, memcheck on its sanitizer workload, the prefill sweep
 #          (stream plans of several row tiles timed against eager) and traces of three of them
 #   epilogue build, then ncu on one GPT-2 prefill launch (2048 tokens, bm 128 bn 256 bl 128, 1/1): the
-#          full set with source counters, and per-SASS-line samples exported as CSV (where a phase-1
-#          unit's 7.5 us epilogue waits: docs/kernels.md, steps 13-15)
+#          full set with source counters, and per-SASS-line samples exported as CSV (stall reasons by
+#          instruction: what docs/kernels.md step 16 started from)
 #   all    check and bench, one after the other (a machine without a 10-minute limit)
 # Logs go to $OUT/results-<stage>.tgz (OUT defaults to ./gpu-out), the one-line summaries to $OUT/gpu.txt.
 #     bash benchmarks/gpu_session.sh check|bench|fit|prefill|all
