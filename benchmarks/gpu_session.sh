@@ -11,12 +11,14 @@
 #   epilogue build, then ncu on one GPT-2 prefill launch (2048 tokens, bm 128 bn 256 bl 128, 1/1): the
 #          full set with source counters, and per-SASS-line samples exported as CSV (stall reasons by
 #          instruction: what docs/kernels.md step 16 started from)
+#   trace  build, then the unit traces of `kernel_check.py --trace` (the paper's 128-token chains and
+#          decode plans) and `--trace prefill`: each unit's main loop, data wait and epilogue per phase
 #   all    check and bench, one after the other (a machine without a 10-minute limit)
 # Logs go to $OUT/results-<stage>.tgz (OUT defaults to ./gpu-out), the one-line summaries to $OUT/gpu.txt.
-#     bash benchmarks/gpu_session.sh check|bench|fit|prefill|all
+#     bash benchmarks/gpu_session.sh check|bench|fit|prefill|epilogue|trace|all
 set -uo pipefail
 STAGE=${1:-all}
-case $STAGE in check|bench|fit|prefill|epilogue|all) ;; *) echo "usage: $0 check|bench|fit|prefill|epilogue|all" >&2; exit 2;; esac
+case $STAGE in check|bench|fit|prefill|epilogue|trace|all) ;; *) echo "usage: $0 check|bench|fit|prefill|epilogue|trace|all" >&2; exit 2;; esac
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-gpu-out}
 OUT=$FINAL/r
@@ -45,6 +47,13 @@ if [ "$STAGE" = epilogue ]; then
     ncu --import "$OUT/epilogue.ncu-rep" --page details > "$OUT/epilogue-details.txt" 2>&1
     echo "exports rc $? $(wc -l < "$OUT/epilogue-details.txt") detail lines" | tee -a "$OUT/gpu.txt"
     cp "$OUT/gpu.txt" "$FINAL/gpu.txt"; tar czf "$FINAL/results-epilogue.tgz" -C "$OUT" . && rm -rf "$OUT"; exit 0
+fi
+if [ "$STAGE" = trace ]; then
+    for set in decode prefill; do
+        timeout 150 python3 benchmarks/kernel_check.py --trace $set --out "$OUT/trace-$set" > "$OUT/trace-$set.log" 2>&1
+        echo "trace $set rc $?" | tee -a "$OUT/gpu.txt"; grep -E '^trace' "$OUT/trace-$set.log" | cut -c1-300 >> "$OUT/gpu.txt"
+    done
+    cp "$OUT/gpu.txt" "$FINAL/gpu.txt"; tar czf "$FINAL/results-trace.tgz" -C "$OUT" . && rm -rf "$OUT"; exit 0
 fi
 if [ "$STAGE" = prefill ]; then
     timeout 240 python3 -m pytest tests/test_gpu_stream.py -q -p no:cacheprovider --durations=5 2>&1 | tail -30 \
