@@ -22,6 +22,17 @@ static PyObject *chain_dict(const fuser_chain *c, const fuser_tensor *x)
                          "device", x->device == FUSER_CPU ? "cpu" : "cuda", "device_id", x->device_id);
 }
 
+/* The activation argument's name (a str, exactly), or NULL with a TypeError/ValueError set. */
+static const char *activation_name(PyObject *act_obj)
+{
+    if (!PyUnicode_Check(act_obj)) {
+        PyErr_Format(PyExc_TypeError, "activation: expected a str (one of %s), got %s", fuser_act_choices(),
+                     Py_TYPE(act_obj)->tp_name);
+        return NULL;
+    }
+    return fuser_exact_str(act_obj, "activation", NULL);
+}
+
 /* Take obj[0 .. n) in (None: absent; opts[i] says how) and validate them as fuser.ffn's tensors: the chain
  * in *c, 0; or an exception set, -1. The caller releases held[0 .. n) either way. */
 static int take_and_validate(fuser_state *st, PyObject *const *obj, int n, PyObject *stream, const int *opts,
@@ -56,15 +67,10 @@ PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs)
                                      &obj[A_W_DOWN], &obj[A_W_GATE], &obj[A_B_UP], &obj[A_B_GATE],
                                      &obj[A_B_DOWN], &act_obj, &obj[A_OUT], &stream, &capsules))
         return NULL;
-    const char *activation = "gelu";
-    if (act_obj) { /* None too is refused: the Python layer dispatches on the activation's name */
-        if (!PyUnicode_Check(act_obj))
-            return PyErr_Format(PyExc_TypeError, "activation: expected a str (one of %s), got %s",
-                                fuser_act_choices(), Py_TYPE(act_obj)->tp_name);
-        activation = fuser_exact_str(act_obj, "activation", NULL);
-        if (!activation)
-            return NULL;
-    }
+    /* None too is refused: the Python layer dispatches on the activation's name */
+    const char *activation = act_obj ? activation_name(act_obj) : "gelu";
+    if (!activation)
+        return NULL;
     if (stream != Py_None && !PyLong_Check(stream))
         return PyErr_Format(PyExc_TypeError, "stream: expected None or an int (a cudaStream_t), got %s",
                             Py_TYPE(stream)->tp_name);
@@ -100,11 +106,7 @@ PyObject *fuser_py_ffn_key(PyObject *module, PyObject *const *args, Py_ssize_t n
     if (nargs != A_OUT + 1)
         return PyErr_Format(PyExc_TypeError, "ffn_key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation): "
                             "got %zd arguments", nargs);
-    PyObject *act_obj = args[A_OUT];
-    if (!PyUnicode_Check(act_obj))
-        return PyErr_Format(PyExc_TypeError, "activation: expected a str (one of %s), got %s", fuser_act_choices(),
-                            Py_TYPE(act_obj)->tp_name);
-    const char *activation = fuser_exact_str(act_obj, "activation", NULL);
+    const char *activation = activation_name(args[A_OUT]);
     if (!activation)
         return NULL;
     fuser_state *st = fuser_get_state(module);
