@@ -113,14 +113,14 @@ struct Gemm {
                     mma_k64<DT, BN>(acc, a, smem_addr(s.stage[c.stage]) + A_BYTES, kb > 0);
                     wgmma_commit();
                     wgmma_wait<1>();
-                    if (prev >= 0 && lt == 0)
-                        consume_release<CM>(s.ring, prev);
+                    if (prev >= 0)
+                        consume_release<CM>(s.ring, prev, lt);
                     prev = c.stage;
                 }
                 wgmma_wait<0>();
                 fence_operands(acc);
-                if (prev >= 0 && lt == 0)
-                    consume_release<CM>(s.ring, prev);
+                if (prev >= 0)
+                    consume_release<CM>(s.ring, prev, lt);
                 /* epilogue: round and store straight from the accumulators */
                 const int r0 = tm * GEMM_BM + w * 64 + warp * 16 + lane / 4;
 #pragma unroll

@@ -56,17 +56,18 @@ FUSER_DEVICE void consume_wait(Ring<STAGES> &r, const Cursor<STAGES> &c)
     mbar_wait(&r.full[c.stage], c.phase);
 }
 
-/* Consumer side, one thread per warpgroup: the slot may be refilled. With a cluster of CLUSTER blocks
- * sharing multicast loads, every block's producer must hear it. */
+/* Consumer side: the slot may be refilled. Called by the threads of lanes 0 .. CLUSTER - 1 of each
+ * consumer (a warpgroup's first threads, or a warp's); with a cluster of CLUSTER blocks sharing multicast
+ * loads, every block's producer must hear it: lane r arrives in block r. */
 template <int CLUSTER, int STAGES>
-FUSER_DEVICE void consume_release(Ring<STAGES> &r, int stage)
+FUSER_DEVICE void consume_release(Ring<STAGES> &r, int stage, int lane)
 {
     if constexpr (CLUSTER == 1) {
-        mbar_arrive(&r.empty[stage]);
+        if (lane == 0)
+            mbar_arrive(&r.empty[stage]);
     } else {
-#pragma unroll
-        for (int p = 0; p < CLUSTER; p++)
-            mbar_arrive_cluster(&r.empty[stage], (uint32_t)p);
+        if (lane < CLUSTER)
+            mbar_arrive_cluster(&r.empty[stage], (uint32_t)lane);
     }
 }
 

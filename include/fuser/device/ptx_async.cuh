@@ -42,13 +42,48 @@ FUSER_DEVICE void mbar_arrive(uint64_t *bar)
 }
 
 /* Arrive on the barrier at the same offset in block `rank` of the cluster (the .shared::cluster form on
- * a mapa'd address: the local form on a remote address is wrong). */
+ * a mapa'd address: the local form on a remote address is wrong). The default semantics (release at CTA
+ * scope) are what a ring's slot release needs, the slot's reads being complete (wgmma waited for): the
+ * .release.cluster form costs a MEMBAR.GPU per arrive, which stalls the releasing warp's next MMAs. */
 FUSER_DEVICE void mbar_arrive_cluster(uint64_t *bar, uint32_t rank)
+{
+    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+                 "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}" ::"r"(smem_addr(bar)),
+                 "r"(rank)
+                 : "memory");
+}
+
+/* The same arrive, releasing this thread's earlier accesses at cluster scope (a hand-off, not a hot loop). */
+FUSER_DEVICE void mbar_arrive_cluster_release(uint64_t *bar, uint32_t rank)
 {
     asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
                  "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}" ::"r"(smem_addr(bar)),
                  "r"(rank)
                  : "memory");
+}
+
+/* Store v at the address of `dst` in block `rank`'s shared memory, then arrive on the barrier at `bar`'s
+ * offset there, releasing the store at cluster scope (a waiter that acquires the phase reads v). */
+FUSER_DEVICE void st_cluster_arrive(int *dst, int v, uint64_t *bar, uint32_t rank)
+{
+    asm volatile("{\n.reg .b32 rd, rb;\nmapa.shared::cluster.u32 rd, %0, %3;\nmapa.shared::cluster.u32 rb, %1, %3;\n"
+                 "st.shared::cluster.u32 [rd], %2;\n"
+                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [rb];\n}" ::"r"(smem_addr(dst)),
+                 "r"(smem_addr(bar)), "r"(v), "r"(rank)
+                 : "memory");
+}
+
+/* Wait until the phase with this parity has completed, acquiring at cluster scope what the arrivals of
+ * other blocks released (st_cluster_arrive). */
+FUSER_DEVICE void mbar_wait_cluster(uint64_t *bar, uint32_t parity)
+{
+    uint32_t ok = 0;
+    while (!ok)
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(ok)
+                     : "r"(smem_addr(bar)), "r"(parity)
+                     : "memory");
 }
 
 FUSER_DEVICE bool mbar_try_wait(uint32_t bar, uint32_t parity)
