@@ -127,13 +127,17 @@ static const struct {
     {P_WD, offsetof(stream_params, w_down)},
 };
 
+/* Box rows of a token tile (X, H) and of a weight tile: in pairs, the shared one is loaded in halves. */
+static unsigned token_box(const fuser_plan *p) { return (unsigned)(p->bm / (fuser_stream_pair(p) == FUSER_PAIR_TILES ? 2 : 1)); }
+static unsigned weight_box(const fuser_plan *p, int rows) { return (unsigned)(rows / (fuser_stream_pair(p) == FUSER_PAIR_ROWS ? 2 : 1)); }
+
 static void stream_map_shape(const fuser_plan *p, int64_t m, int slot, uint64_t *rows, uint64_t *cols, unsigned *box)
 {
     const fuser_chain *pc = &p->chain;
     switch (slot) {
-    case P_X: *rows = (uint64_t)m, *cols = (uint64_t)pc->k, *box = (unsigned)p->bm; break;
-    case P_WD: *rows = (uint64_t)pc->l, *cols = (uint64_t)pc->n, *box = (unsigned)p->bl; break;
-    default: *rows = (uint64_t)pc->n, *cols = (uint64_t)pc->k, *box = (unsigned)p->bn; break;
+    case P_X: *rows = (uint64_t)m, *cols = (uint64_t)pc->k, *box = token_box(p); break;
+    case P_WD: *rows = (uint64_t)pc->l, *cols = (uint64_t)pc->n, *box = weight_box(p, p->bl); break;
+    default: *rows = (uint64_t)pc->n, *cols = (uint64_t)pc->k, *box = weight_box(p, p->bn); break;
     }
 }
 
@@ -160,7 +164,7 @@ static int prepare_stream(const fuser_driver *drv, fuser_ffn_kernel *k, const fu
                          : cached_map(drv, k, cache_slot[slot], out->ptr[slot], rows, cols, box, map, err);
     }
     if (!rc)
-        rc = cached_map(drv, k, FUSER_MAP_H, h, (uint64_t)c->m, pc->n, (unsigned)p->bm, &prm->h, err);
+        rc = cached_map(drv, k, FUSER_MAP_H, h, (uint64_t)c->m, pc->n, token_box(p), &prm->h, err);
     if (rc)
         return rc;
     prm->b_up = out->ptr[P_BU];
@@ -173,9 +177,10 @@ static int prepare_stream(const fuser_driver *drv, fuser_ffn_kernel *k, const fu
     prm->trace = trace;
     prm->m = (int)c->m;
     prm->group = (int)fuser_stream_row_group(p, c->m);
-    /* units are claimed dynamically: blocks beyond those resident at once would only find no work */
-    out->grid = (fuser_dim3){(unsigned)fuser_min64(fuser_stream_units(p, c->m), k->max_active), 1, 1};
-    out->cluster = (fuser_dim3){1, 1, 1};
+    /* units (or pairs) are claimed dynamically: clusters beyond those resident at once would find no work */
+    const int64_t cs = p->cluster_size, units = fuser_stream_units(p, c->m);
+    out->grid = (fuser_dim3){(unsigned)(cs * fuser_min64((units + cs - 1) / cs, k->max_active)), 1, 1};
+    out->cluster = (fuser_dim3){(unsigned)cs, 1, 1};
     /* the kernel waits for the previous one (griddepcontrol.wait) before it touches anything but weights */
     out->flags = overlap == FUSER_OVERLAP_NEVER ? 0u : (unsigned)FUSER_LAUNCH_EARLY;
     return FUSER_OK;

@@ -108,9 +108,13 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
                           "128, got %d", p->bn);
     if (p->stages < 2 || p->stages > 8)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: stages = %d: must be in [2, 8]", p->stages);
-    if (p->cls_m != 1 || p->cls_n != 1 || p->cls_k != 1 || p->cls_l != 1 || p->n_iters != 1 ||
-        p->order != FUSER_ORDER_N_OUTER)
-        return fuser_fail(err, FUSER_E_VALUE, "stream plan: cluster must be (1, 1, 1, 1), n_iters 1, order n_outer");
+    const int pair_rows = p->cls_m == 2 && p->cls_n == 1 && p->cls_l == 1,
+              pair_tiles = p->cls_m == 1 && p->cls_n == 2 && p->cls_l == 2;
+    if (!(pair_rows || pair_tiles || (p->cls_m == 1 && p->cls_n == 1 && p->cls_l == 1)) || p->cls_k != 1 ||
+        p->n_iters != 1 || p->order != FUSER_ORDER_N_OUTER)
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: cluster must be (1, 1, 1, 1), or a pair: (2, 1, 1, 1) "
+                          "(row tiles share weight tiles) or (1, 2, 1, 2) (tiles share token tiles); n_iters 1, order "
+                          "n_outer; got (%d, %d, %d, %d)", p->cls_m, p->cls_n, p->cls_k, p->cls_l);
     if (p->gate_mode != (c->gated ? FUSER_GATE_SEQUENTIAL : FUSER_GATE_NONE))
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: gate mode must be %s", c->gated ? "sequential" : "none");
     p->kt = fuser_ceil_div(c->k, FUSER_BK);
@@ -130,10 +134,15 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
     if (acc_regs > 192)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: bn = %d and bl = %d need %d accumulator registers per "
                           "consumer thread; at most 192 compile without spills", p->bn, p->bl, acc_regs);
+    /* a pair's producer needs 56 registers (it maps claims to units and hands them over), which leaves the
+     * consumers 224: tiles of 128 rows at most 192 wide compile without spills */
+    if ((pair_rows || pair_tiles) && p->bm == 128 && (p->bn > 192 || p->bl > 192))
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: in cluster pairs, 128-row tiles are at most 192 wide (the "
+                          "consumers have 224 registers), got bn = %d, bl = %d", p->bn, p->bl);
     if (p->s1 * p->parts > 16 || p->s2 > 16)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: the last split sums at most 16 partials per element "
                           "(s1 x parts = %d, s2 = %d)", p->s1 * p->parts, p->s2);
-    p->cluster_size = 1;
+    p->cluster_size = pair_rows || pair_tiles ? 2 : 1;
     p->cls_shuffle = p->cls_reduce = 1;
     p->ksplit = p->s1;
     p->warps_m = p->warps_n = 0;
@@ -144,6 +153,10 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
     p->lp = p->l_pad = (int64_t)p->lt2 * p->bl;
     p->lc = p->lt2;
     p->sw = p->bl;
+    if (pair_tiles && (p->nt1 < 2 || p->lt2 < 2))
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: tile pairs (cluster (1, 2, 1, 2)) need two n-tiles and "
+                          "two l-tiles; d_ff %lld in tiles of %d and d_out %lld in tiles of %d make %d and %d",
+                          (long long)c->n, p->bn, (long long)c->l, p->bl, p->nt1, p->lt2);
     p->grid_m = fuser_ceil_div(c->m, p->bm); /* row tiles */
     if (p->grid_m * ((int64_t)p->nt1 * p->s1 + (int64_t)p->lt2 * p->s2) > 0x3fffffff)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: %lld tokens in row tiles of %d make more work units than "
@@ -188,6 +201,13 @@ void fuser_plan_scratch(const fuser_plan *p, int64_t m, int64_t *zeroed_words, i
     const int64_t grid_m = fuser_ceil_div(m, (int64_t)p->cls_m * p->bm);
     *zeroed_words = grid_m * p->cls_m * p->cls_l * p->lc * p->cls_reduce;
     *ws_floats = p->grid_n * grid_m * p->cls_m * p->bm * p->l_pad;
+}
+
+fuser_pair fuser_stream_pair(const fuser_plan *p)
+{
+    if (!p->fused || p->kind != FUSER_KIND_STREAM || p->cluster_size != 2)
+        return FUSER_PAIR_NONE;
+    return p->cls_m == 2 ? FUSER_PAIR_ROWS : FUSER_PAIR_TILES;
 }
 
 int64_t fuser_stream_units(const fuser_plan *p, int64_t m)

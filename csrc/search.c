@@ -136,12 +136,17 @@ static void search_stream(const fuser_chain *c, const fuser_target *t, const fus
     fuser_plan_unfused(c, &p);
     p.fused = 1;
     p.kind = FUSER_KIND_STREAM;
-    p.cls_m = p.cls_n = p.cls_k = p.cls_l = 1;
+    /* the cluster: single blocks, or the pair the caller asks for ((2, 1, 1, 1) or (1, 2, 1, 2)); the cost
+     * model does not yet rank pairs against single blocks, so the search offers them only on request */
+    p.cls_m = cons->cls_m == 2 ? 2 : 1;
+    p.cls_n = p.cls_l = cons->cls_n == 2 ? 2 : 1;
+    p.cls_k = 1;
     p.n_iters = 1;
     p.order = FUSER_ORDER_N_OUTER;
     p.gate_mode = c->gated ? FUSER_GATE_SEQUENTIAL : FUSER_GATE_NONE;
-    if ((cons->kind >= 0 && cons->kind != FUSER_KIND_STREAM) || cons->dataflows_all || !free_or(cons->cls_m, 1) ||
-        !free_or(cons->cls_n, 1) || !free_or(cons->cls_k, 1) || !free_or(cons->cls_l, 1) ||
+    if ((cons->kind >= 0 && cons->kind != FUSER_KIND_STREAM) || cons->dataflows_all || !free_or(cons->cls_m, p.cls_m) ||
+        !free_or(cons->cls_n, p.cls_n) || !free_or(cons->cls_k, 1) || !free_or(cons->cls_l, p.cls_l) ||
+        p.cls_m * p.cls_n > 2 ||
         !free_or(cons->n_iters, 1) || !(cons->order < 0 || cons->order == FUSER_ORDER_N_OUTER) ||
         !(cons->gate_mode < 0 || cons->gate_mode == (int)p.gate_mode)) {
         st->constrained += leaves;

@@ -39,13 +39,19 @@ void fuser_stream_traffic(const fuser_plan *p, fuser_traffic *out)
     const geom g = geom_of(p);
     const int64_t e = 2;
     int64_t l2 = 0;
+    /* pairs read their shared operand once for both units: the weights once per pair of row tiles, or the
+     * token tile once per pair of tiles */
+    const fuser_pair pair = fuser_stream_pair(p);
+    const int64_t wr = pair == FUSER_PAIR_ROWS ? (g.rt + 1) / 2 : g.rt;
+    const int64_t nx = pair == FUSER_PAIR_TILES ? (g.nt1 + 1) / 2 : g.nt1;
+    const int64_t nh = pair == FUSER_PAIR_TILES ? (g.lt2 + 1) / 2 : g.lt2;
     /* phase 1: x by every n-tile, the weights by every row tile, biases once, H stored once */
-    l2 += e * g.m * g.K * g.nt1 + e * g.parts * g.N * g.K * g.rt + e * (c->bias_up + c->bias_gate) * g.N +
+    l2 += e * g.m * g.K * nx + e * g.parts * g.N * g.K * wr + e * (c->bias_up + c->bias_gate) * g.N +
           e * g.m * g.N;
     if (g.s1 > 1)
         l2 += 2 * 4 * g.s1 * g.parts * g.m * g.N; /* partials written, read back by the last split */
     /* phase 2: H by every l-tile, W_down by every row tile, b_down once, y */
-    l2 += e * g.m * g.N * g.lt2 + e * g.L * g.N * g.rt + e * c->bias_down * g.L + e * g.m * g.L;
+    l2 += e * g.m * g.N * nh + e * g.L * g.N * wr + e * c->bias_down * g.L + e * g.m * g.L;
     if (g.s2 > 1)
         l2 += 2 * 4 * g.s2 * g.m * g.L;
     out->l2 = l2;
@@ -99,14 +105,17 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
          2.0 * g.bm * g.bl * g.ks2 * FUSER_BK, (g.s2 > 1 ? 4.0 * rows * g.bl : 0) + e * rows * g.bl,
          e * g.L * g.N + h_hbm, nw2},
     };
+    /* pairs: each SM still takes in both operands whole, but L2 serves the shared one once per pair */
+    const fuser_pair pair = fuser_stream_pair(p);
+    const double sw = pair == FUSER_PAIR_ROWS ? 0.5 : 1, sx = pair == FUSER_PAIR_TILES ? 0.5 : 1;
     double T = 0;
     for (int i = 0; i < 2; i++) {
         const double active = fmin(ph[i].units, (double)G);
         const double one = fmax((ph[i].w + ph[i].x) / per_sm,
                                 ph[i].f / (mma_sm * wgmma_eff(t, ph[i].nw)) + ph[i].epi / (t->sm_load_gbs * 1e9) + unit);
         const double rounds = ceil(ph[i].units / G);
-        T += fmax(rounds * one, fmax(ph[i].hbm / (t->hbm_gbs * 1e9),
-                                     ph[i].units * (ph[i].w + ph[i].x) / fmin(t->l2_gbs * 1e9, active * per_sm)));
+        T += fmax(rounds * one, fmax(ph[i].hbm / (t->hbm_gbs * 1e9), ph[i].units * (sw * ph[i].w + sx * ph[i].x) /
+                                                                         fmin(t->l2_gbs * 1e9, active * per_sm)));
     }
     /* the last split of a tile sums every split's partial before H (or y) exists */
     const double red1 = g.s1 > 1 ? 4.0 * g.s1 * g.parts * rows * g.bn / (t->sm_load_gbs * 1e9) : 0;

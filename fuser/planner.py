@@ -16,6 +16,9 @@ __all__ = ["DATAFLOWS", "CHAIN_FIELDS", "Plan", "plan", "plans", "search", "simu
 #: The dataflow primitives, in the order plans list them.
 DATAFLOWS = ("all_exchange", "shuffle", "reduce_scatter", "inter_cluster_reduce")
 _DF_BIT = {name: 1 << i for i, name in enumerate(DATAFLOWS)}
+#: The stream kernel's cluster pairs, as plan summaries name them: units of two row tiles sharing the weight
+#: tiles, or of two tiles sharing the token tile.
+_STREAM_PAIRS = {(2, 1, 1, 1): " (row-tile pairs share weight tiles)", (1, 2, 1, 2): " (tile pairs share token tiles)"}
 _CONSTRAINT_KEYS = ("bm", "bn", "bl", "n_iters", "stages", "order", "gate_mode", "kind", "s1", "s2")
 #: The fields of a chain dict the core plans from (``_C.ffn_check`` adds where the tensors are).
 CHAIN_FIELDS = ("m", "d_model", "d_ff", "d_out", "gated", "activation", "bias_up", "bias_gate", "bias_down", "dtype")
@@ -257,8 +260,8 @@ class Plan:
         if not self.fused:
             return ("unfused",)
         p = self._d["params"]
-        if self.kind == "stream":  # one family, told apart by its tiles and splits
-            return ("stream", p["bm"], p["bn"], p["bl"], p["s1"], p["s2"])
+        if self.kind == "stream":  # one family, told apart by its tiles, splits and pairs
+            return ("stream", p["bm"], p["bn"], p["bl"], p["s1"], p["s2"], tuple(p["cluster"]))
         return (self.dataflow, tuple(p["cluster"]), p["order"], p["gate_mode"])
 
     # ---- serialisation ----
@@ -360,7 +363,8 @@ class Plan:
         p = self._d["params"]
         if self.kind == "stream":
             return (f"fused stream, bm={p['bm']} bn={p['bn']} bl={p['bl']}, splits {p['s1']}/{p['s2']}, "
-                    f"{p['stages']} stages, predicted {self.predicted_us:.1f} us")
+                    f"{p['stages']} stages{_STREAM_PAIRS.get(tuple(p['cluster']), '')}, "
+                    f"predicted {self.predicted_us:.1f} us")
         return (f"fused {self.dataflow}, cluster {tuple(p['cluster'])}, bm={p['bm']} bn={p['bn']}x{p['n_iters']} "
                 f"bl={p['bl']}, {p['stages']} stages, {p['order']}"
                 + (f", gate {p['gate_mode']}" if p["gate_mode"] != "none" else "")
@@ -408,6 +412,9 @@ class Plan:
                        f"up to {p['bm']} tokens into a buffer that stays in L2")
             out.append(f"  phase 2: {d['lt2']} tiles of {p['bl']} output columns x {p['s2']} d_ff split(s) start as "
                        f"soon as their H columns are ready; split partials are summed in order (deterministic)")
+            if tuple(p["cluster"]) in _STREAM_PAIRS:
+                out.append(f"  units run in cluster pairs{_STREAM_PAIRS[tuple(p['cluster'])]}: each block loads half of "
+                           f"the shared tile for both (TMA multicast), so L2 serves it once")
             out.append(f"  {d['units']} work units on {self._d['cost']['sms_used']} SMs, {p['stages']} pipeline stages, "
                        f"shared memory {d['smem_bytes']} B per block, workspace {d['workspace_bytes'] / 1e6:.2f} MB")
         elif self.fused:

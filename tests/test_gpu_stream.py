@@ -83,15 +83,18 @@ def test_row_tiles_in_either_unit_order(d, f, m):
     assert rel_error(out, ref) < 1.5e-2
 
 
-@pytest.mark.parametrize("bm,s1,s2,m", [(16, 2, 4, 13), (64, 3, 2, 13), (64, 1, 2, 150)])
-def test_back_to_back_early_launches_share_a_scratch_safely(bm, s1, s2, m):
+@pytest.mark.parametrize("bm,s1,s2,m,cluster", [(16, 2, 4, 13, (1, 1, 1, 1)), (64, 3, 2, 13, (1, 1, 1, 1)),
+                                                 (64, 1, 2, 150, (1, 1, 1, 1)), (64, 1, 2, 150, (2, 1, 1, 1)),
+                                                 (16, 2, 4, 13, (1, 2, 1, 2))])
+def test_back_to_back_early_launches_share_a_scratch_safely(bm, s1, s2, m, cluster):
     """Stream kernels start early (programmatic dependent launch) while the previous one on the stream
     finishes. Eight launches back to back in a graph, on one scratch (split partials, H, tickets, ready and
     claim counters), alternating four input sets: every output matches float64, and is bitwise what the
-    same launches give when each waits for the previous one to end."""
+    same launches give when each waits for the previous one to end. Cluster pairs too (their claims go
+    through the pair's hand-off box; three row tiles leave a ghost)."""
     d, f = 1024, 4096
     p = fuser.plan(m, d, f, gated=True, activation="silu", target="h200", fused=True, kind="stream", bm=bm,
-                   s1=s1, s2=s2)
+                   s1=s1, s2=s2, cluster=cluster)
     dev, stream = torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream
     launch = runtime.launch_for(p, dev)
     buf = launch.scratch(m, stream)
@@ -116,9 +119,12 @@ def test_back_to_back_early_launches_share_a_scratch_safely(bm, s1, s2, m):
         assert torch.equal(early, serial)
 
 
-@pytest.mark.parametrize("m", [16, 40])
-def test_stream_trace_records_every_unit_once(m):
-    p = fuser.plan(m, 1024, 4096, gated=True, activation="silu", target="h200", fused=True, kind="stream", bm=16)
+@pytest.mark.parametrize("m,cluster", [(16, (1, 1, 1, 1)), (40, (1, 1, 1, 1)), (40, (2, 1, 1, 1)), (40, (1, 2, 1, 2))])
+def test_stream_trace_records_every_unit_once(m, cluster):
+    """Every unit is claimed, gets data and ends once, in order; in cluster pairs a ghost (the missing second
+    row tile of a pair) records nothing, so every record is a real unit's."""
+    p = fuser.plan(m, 1024, 4096, gated=True, activation="silu", target="h200", fused=True, kind="stream", bm=16,
+                   cluster=cluster)
     t = tensors(m, 1024, 4096, 1024, True, 2)
     y = torch.empty(m, 1024, device="cuda", dtype=torch.bfloat16)
     units = p.derived["units"]
@@ -137,7 +143,7 @@ def test_stream_trace_records_every_unit_once(m):
     # the main loop ends between the first data and the end, and waited at most its own length
     assert bool((mma >= first).all()) and bool((done >= mma).all()) and bool((waited <= mma - first).all())
     assert bool((issued >= claimed).all())
-    assert int(tr[:, 0].max()) < _C.kernel_info(launch.kernel)["persistent_clusters"]
+    assert int(tr[:, 0].max()) < _C.kernel_info(launch.kernel)["persistent_clusters"] * p.derived["cluster_size"]
     with pytest.raises(ValueError, match="trace"):
         _C.ffn_launch(launch.kernel, t["x"], t["w_up"], t["w_down"], t["w_gate"], None, None, None, "silu", y,
                       buf.capsule, stream, trace=trace[:8])

@@ -119,6 +119,8 @@ def test_stream_stub_matches_its_golden_file():
                                      kind="stream", bm=16, s1=2, s2=8),
         "cluster_stub.cu": fuser.plan(16, 4096, 14336, gated=True, activation="silu", target="h200", fused=True,
                                       kind="cluster", cluster=(1, 4, 2, 2)),
+        "stream_pair_stub.cu": fuser.plan(2048, 768, 3072, activation="gelu", target="h200", fused=True,
+                                          kind="stream", cluster=(2, 1, 1, 1), bm=128, bn=192, bl=128, s1=1, s2=1),
     }
     for name, p in cases.items():
         src = fuser._C.codegen(p.raw, "h200")
@@ -131,6 +133,9 @@ def test_stream_stub_matches_its_golden_file():
     (dict(bm=48), "bm = 48 token rows: must be 16, 32, 64 or 128"),
     (dict(bm=16, bn=64), "bn and bl must be 128"),
     (dict(bm=64, s1=40), "leave a split empty|no plan"),
+    (dict(bm=128, bn=64, bl=256, cluster=(2, 1, 1, 1)), "in cluster pairs, 128-row tiles are at most 192 wide"),
+    (dict(cluster=(2, 2, 1, 2)), "cluster must be"),
+    (dict(cluster=(1, 2, 1, 1)), "cluster must be"),
 ])
 def test_bad_stream_plans_are_refused_with_the_reason(kw, match):
     with pytest.raises(ValueError, match=match):

@@ -47,8 +47,13 @@ typedef enum { FUSER_ORDER_N_OUTER = 0, FUSER_ORDER_L_OUTER = 1 } fuser_order;
  * columns, split s2 ways over d_ff) as soon as the H columns it needs are ready; split partials are
  * summed deterministically by the last split to finish. bm is the token rows of a row tile (the tokens
  * are cut into ceil(m / bm) of them, each with its own units): 64 or 128 with tokens on wgmma's M side,
- * 16 or 32 with the weights there instead (swap-AB, for decode; bn = bl = 128). */
+ * 16 or 32 with the weights there instead (swap-AB, for decode; bn = bl = 128). A stream plan's cluster
+ * is (1, 1, 1, 1), or a pair of blocks sharing one operand by TMA multicast: (2, 1, 1, 1) runs units of two
+ * consecutive row tiles side by side (they share the weight tiles), (1, 2, 1, 2) units of two consecutive
+ * n-tiles or l-tiles (they share the token tile: X or H). */
 typedef enum { FUSER_KIND_CLUSTER = 0, FUSER_KIND_STREAM = 1 } fuser_kind;
+/* A stream plan's pairs (from its cluster shape). */
+typedef enum { FUSER_PAIR_NONE = 0, FUSER_PAIR_ROWS = 1, FUSER_PAIR_TILES = 2 } fuser_pair;
 typedef enum { FUSER_GATE_NONE = 0, FUSER_GATE_SPATIAL = 1, FUSER_GATE_SEQUENTIAL = 2 } fuser_gate_mode;
 
 /* Dataflow bits (a plan uses a set of them). */
@@ -138,6 +143,10 @@ int fuser_plan_derive(fuser_plan *p, fuser_err *err);
 /** Scratch a launch of plan p with m tokens needs: zeroed 32-bit words (tickets, flags: zero again when
  * the kernel ends) and fp32 workspace words (partials, and the stream kernel's H buffer). */
 void fuser_plan_scratch(const fuser_plan *p, int64_t m, int64_t *zeroed_words, int64_t *ws_floats);
+
+/** The pairs of a stream plan: FUSER_PAIR_ROWS for cluster (2, 1, 1, 1), FUSER_PAIR_TILES for (1, 2, 1, 2),
+ * else FUSER_PAIR_NONE. */
+fuser_pair fuser_stream_pair(const fuser_plan *p);
 
 /** The work units of a stream launch of plan p with m tokens (every row tile's units of both phases):
  * the most blocks worth launching, and the trace's length. */

@@ -18,6 +18,7 @@ struct Plan {
     static constexpr int S1 = 2;
     static constexpr int S2 = 8;
     static constexpr int STAGES = 6;
+    static constexpr int PAIR = 0;
 };
 } // namespace
 

@@ -1,4 +1,5 @@
-"""One small stream plan (swap-AB, both phases K-split, biases, ragged tokens in three row tiles) launched
+"""Small stream plans (swap-AB, both phases K-split, biases, ragged tokens in three row tiles; single blocks and
+both kinds of cluster pairs), each launched
 twice into NaN-poisoned outputs, then checked against a float64 reference computed on the CPU: the workload for
 compute-sanitizer on the stream kernel. The fused kernel runs before any other GPU math, so a tool
 that trips over another library's kernels cannot hide its verdict on this one.
@@ -14,8 +15,14 @@ from plan_check import ffn_tensors, rel
 
 def main():
     m, d, f = 41, 512, 2048
-    p = fuser.plan(m, d, f, gated=True, activation="silu", bias=True, target="h200", fused=True, kind="stream",
-                   bm=16, s1=2, s2=3)
+    # the single-block kernel, then cluster pairs of both kinds (three row tiles: the row-tile pairs end in a
+    # ghost; multicast loads, remote slot releases and the claim hand-off)
+    return max(check(m, d, f, p) for p in (
+        fuser.plan(m, d, f, gated=True, activation="silu", bias=True, target="h200", fused=True, kind="stream",
+                   bm=16, s1=2, s2=3, cluster=cl) for cl in ((1, 1, 1, 1), (2, 1, 1, 1), (1, 2, 1, 2))))
+
+
+def check(m, d, f, p):
     t = ffn_tensors(torch.Generator(device="cpu").manual_seed(0), m, d, f, d, gated=True, bias=True,
                     dtype=torch.bfloat16)
     dev = {k: v.cuda() for k, v in t.items()}

@@ -1,8 +1,8 @@
 """The GPU correctness matrix of the stream kernel (include/fuser/device/stream.cuh): every token-row
 layout (bm 16 and 32 swap-AB, 64, 128) x plain / gated x the four activations x bias or not x bfloat16 /
 float16 x K splits of either phase (none, some, many), over ragged token counts (one row tile, or several
-with a partial last one) and widths (448 -> 1472 -> 200: odd K step counts, a partial output tile), and
-192-wide tiles.
+with a partial last one) and widths (448 -> 1472 -> 200: odd K step counts, a partial output tile),
+192-wide tiles, and cluster pairs sharing an operand (both kinds, with ghost units).
 
 Each case forces a stream plan with its bm and splits, draws fresh random inputs, poisons the output with
 NaN, and checks: the relative error against a float64 reference is at most twice PyTorch eager's own
@@ -42,12 +42,31 @@ def cases():
         yield dict(bm=bm, gated=gated, activation=ACTS[j], bias=j % 2 == 0, dtype=("bfloat16", "float16")[j % 2],
                    s1=1, s2=3 if split else 1, m=(bm + 5, 3 * bm - 7)[j % 2], d_model=448, d_ff=1472, d_out=200,
                    bn=(128 if bm == 64 else 64) if gated else 192, bl=128 if split else 192)
+    # cluster pairs sharing an operand by multicast: row-tile pairs (2, 1, 1, 1) with an odd count of row
+    # tiles (the last pair's second block a ghost) or one row tile (every pair a ghost pair), tile pairs
+    # (1, 2, 1, 2) with an odd count of n-tiles or l-tiles; every bm, split or not
+    for j, (cl, bm, gated, m, shape, tiles, splits) in enumerate((
+            (ROWS, 128, False, 3 * 128 - 7, SHAPES[3], dict(bn=192, bl=128), (1, 1)),
+            (ROWS, 64, True, 5 * 64 - 30, SHAPES[1], {}, (2, 3)),
+            (ROWS, 16, True, 40, SHAPES[2], {}, (4, 8)),
+            (ROWS, 32, False, 4 * 32, SHAPES[0], {}, (1, 3)),
+            (ROWS, 128, True, 100, SHAPES[3], dict(bn=128, bl=64), (2, 1)),
+            (TILES, 128, False, 128 + 5, SHAPES[3], dict(bn=64, bl=64), (1, 1)),
+            (TILES, 64, True, 2 * 64 + 9, SHAPES[1], dict(bn=128, bl=128), (2, 3)),
+            (TILES, 16, True, 9, SHAPES[2], {}, (2, 8)),
+            (TILES, 32, False, 70, SHAPES[1], {}, (4, 1)))):
+        yield dict(bm=bm, gated=gated, activation=ACTS[j % 4], bias=j % 3 == 0, dtype=("bfloat16", "float16")[j % 2],
+                   s1=splits[0], s2=splits[1], m=m, d_model=shape[0], d_ff=shape[1], d_out=shape[2], cluster=cl,
+                   **tiles)
+
+
+ROWS, TILES = (2, 1, 1, 1), (1, 2, 1, 2)   # the stream kernel's cluster pairs
 
 
 def plan_of(c):
     return fuser.plan(c["m"], c["d_model"], c["d_ff"], d_out=c["d_out"], gated=c["gated"], activation=c["activation"],
                       bias=c["bias"], dtype=c["dtype"], target="h200", fused=True, kind="stream", bm=c["bm"],
-                      s1=c["s1"], s2=c["s2"], **{k: c[k] for k in ("bn", "bl") if k in c})
+                      s1=c["s1"], s2=c["s2"], **{k: c[k] for k in ("bn", "bl", "cluster") if k in c})
 
 
 def run_case(c, gen):

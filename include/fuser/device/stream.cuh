@@ -36,7 +36,17 @@
  *   BM = 64: tokens on the M side, both consumers the 64 rows, each half of the columns;
  *   BM = 16 or 32 (swap-AB, decode): weights on the M side (each consumer 64 of the tile's 128 weight
  *     rows), tokens on the N side (wgmma n16 / n32), so a few tokens do not pay for 64 rows of MMA.
- * Tokens beyond M are zero-filled by TMA and never stored. */
+ * Tokens beyond M are zero-filled by TMA and never stored.
+ *
+ * Cluster pairs (C::PAIR): the claim order is a list of pairs of units, run by the two blocks of a
+ * cluster side by side, which share one operand through TMA multicast (each block loads half of its rows
+ * for both), so L2 serves it once:
+ *   ROWS:  units of consecutive row tiles of one tile and split share the weight tiles;
+ *   TILES: units of consecutive tiles (n-tiles, l-tiles) of one row tile and split share the token tile.
+ * The pair's K ranges are equal, so both blocks walk their rings in step; a slot is refilled once the
+ * consumers of both blocks released it. Block 0 claims a pair and hands its id to block 1 through
+ * block 1's shared memory. Where a pair's second unit does not exist (an odd count of row tiles or
+ * tiles), block 1 runs a ghost: it loads its half of the shared tiles for block 0 and computes nothing. */
 #pragma once
 
 #include "fuser/device/pipeline.cuh"
@@ -91,6 +101,14 @@ struct Stream {
     static_assert(BN % 64 == 0 && BN <= 256 && BL % 32 == 0 && BL <= 256, "tiles");
     static_assert((S1 - 1) * KS1 < KT1 && (S2 - 1) * KS2 < KT2, "every split has K steps");
     static_assert(C::N % 8 == 0 && C::L % 8 == 0 && C::K % 8 == 0, "16-byte rows");
+    enum { PAIR_NONE = 0, PAIR_ROWS = 1, PAIR_TILES = 2 };
+    static constexpr int PAIR = C::PAIR, CS = PAIR == PAIR_NONE ? 1 : 2; /* blocks per cluster */
+    static constexpr int GHOST = 1 << 30; /* a unit id with this bit: the partner's unit, run as a ghost */
+    static_assert(PAIR != PAIR_TILES || (NT1 > 1 && LT > 1), "tile pairs need two tiles in each phase");
+    /* registers per thread after the role split, within the 168 x 384 the launch allocates: a pair's
+     * producer maps claims to units and hands them over, which needs more than 40 */
+    static constexpr int PRODUCER_REGS = PAIR == PAIR_NONE ? 40 : 56, CONSUMER_REGS = PAIR == PAIR_NONE ? 232 : 224;
+    static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 168 * 384, "register budget");
 
     /* sync words: two per launch, then each row tile's (offsets within its group of ROW_WORDS) */
     static constexpr int CLAIM = 0, DONE = 1, ROWS0 = 2;
@@ -101,6 +119,8 @@ struct Stream {
         Ring<STAGES> ring;
         int unit[STAGES]; /* the unit whose first K step a slot holds (-1: no more units), set by the producer */
         int last;
+        int box;                    /* pairs: the claimed pair block 0 hands to block 1 */
+        uint64_t box_full, box_empty;
     };
 
     const StreamParams &p;
@@ -115,18 +135,39 @@ struct Stream {
     {
     }
 
+    /* (computed where used: kept as members they outlive the role split and spill in the producer's 40
+     * registers) entries of each phase in the claim order (units, or pairs of units); the block's rank
+     * in its cluster */
+    FUSER_DEVICE int q1() const { return entries(rt, NT1, S1); }
+    FUSER_DEVICE int q2() const { return entries(rt, LT, S2); }
+    static FUSER_DEVICE int rank() { return PAIR == PAIR_NONE ? 0 : (int)cluster_rank(); }
+
+    /* Claim-order entries of a phase of T tiles and S splits over `rows` row tiles. */
+    static FUSER_DEVICE int entries(int rows, int T, int S)
+    {
+        return PAIR == PAIR_ROWS ? ceil_div(rows, 2) * T * S : PAIR == PAIR_TILES ? rows * ceil_div(T, 2) * S
+                                                                                  : rows * T * S;
+    }
+
     /* One unit's coordinates: which tile (n-tile or l-tile), which split, which row tile. A phase's
      * units run group by group (p.group row tiles each, the last group what is left); within a group,
      * `per` units per row tile, ordered (tile and split, then row tile). */
     struct Unit {
         int tile, split, row;
     };
-    FUSER_DEVICE void locate(int u, int per, int &index, int &row) const
+    static FUSER_DEVICE void locate(int u, int per, int group, int rows_total, int &index, int &row)
     {
-        const int g = u / (p.group * per), r0 = g * p.group, rows = cmin(p.group, rt - r0);
+        const int g = u / (group * per), r0 = g * group, rows = cmin(group, rows_total - r0);
         const int local = u - r0 * per;
         index = local / rows;
         row = r0 + local % rows;
+    }
+    FUSER_DEVICE void locate(int u, int per, int &index, int &row) const { locate(u, per, p.group, rt, index, row); }
+    /* The inverse: the unit of index `i` (tile and split) in row tile `row`. */
+    FUSER_DEVICE int unit_at(int per, int i, int row) const
+    {
+        const int r0 = row / p.group * p.group, rows = cmin(p.group, rt - r0);
+        return r0 * per + i * rows + (row - r0);
     }
     FUSER_DEVICE Unit unit1(int u) const
     {
@@ -141,6 +182,36 @@ struct Stream {
         return {i % LT, i / LT, r};
     }
     FUSER_DEVICE int *sync_of(int row, int word) const { return p.sync + ROWS0 + row * ROW_WORDS + word; }
+
+    /* Entry q of the claim order -> this block's unit (phase 1: [0, u1), phase 2: u1 + its index), or, where
+     * a pair's second unit does not exist, GHOST plus the partner's unit (same tile or row tile, same split). */
+    FUSER_DEVICE int member(int q) const
+    {
+        if constexpr (PAIR == PAIR_NONE)
+            return q;
+        const bool one = q < q1();
+        const int v = one ? q : q - q1(), T = one ? NT1 : LT, S = one ? S1 : S2;
+        int row, tile, split, ghost;
+        if constexpr (PAIR == PAIR_ROWS) {
+            int i, rp;
+            locate(v, T * S, cmax(1, p.group / 2), ceil_div(rt, 2), i, rp);
+            tile = one ? i / S1 : i % LT;
+            split = one ? i % S1 : i / LT;
+            row = 2 * rp + rank();
+            ghost = row >= rt;
+            row -= ghost;
+        } else {
+            const int TP = ceil_div(T, 2);
+            int ip;
+            locate(v, TP * S, ip, row);
+            tile = 2 * (one ? ip / S1 : ip % TP) + rank();
+            split = one ? ip % S1 : ip / TP;
+            ghost = tile >= T;
+            tile -= ghost;
+        }
+        const int u = one ? unit_at(T * S, tile * S1 + split, row) : u1 + unit_at(T * S, split * LT + tile, row);
+        return ghost ? u | GHOST : u;
+    }
 
     /* ---------------- producer ---------------- */
 
@@ -182,48 +253,97 @@ struct Stream {
         }
     }
 
+    /* Rows [r0, r0 + rows) of `map` at K step kb into dst: alone, or, `shared` in a pair, this block's half
+     * of them for both blocks (multicast; the partner loads the other half; the map's box is rows / 2). */
+    FUSER_DEVICE void load_rows(unsigned char *dst, const TensorMap *map, uint64_t *bar, int kb, int r0, int rows,
+                                bool shared) const
+    {
+        if (PAIR != PAIR_NONE && shared) {
+            const int half = rows / 2;
+            const int r = rank();
+            tma_load_2d_multicast(dst + r * half * SW_ROW_BYTES, map, bar, kb * SW_COLS, r0 + r * half, 3);
+        } else {
+            tma_load_2d(dst, map, bar, kb * SW_COLS, r0);
+        }
+    }
+
+    /* The next entry of the claim order. In a pair, block 0 takes it from the counter and hands it to
+     * block 1 through block 1's one-entry box (waiting until block 1 took the previous one); `n` counts
+     * the hand-offs. */
+    FUSER_DEVICE int claim(int fixed, uint32_t &n) const
+    {
+        if constexpr (PAIR == PAIR_NONE) {
+            return fixed + atomic_add_relaxed_gpu(p.sync + CLAIM, 1);
+        } else {
+            int q;
+            if (rank() == 0) {
+                q = fixed + atomic_add_relaxed_gpu(p.sync + CLAIM, 1);
+                mbar_wait(&s.box_empty, (n & 1) ^ 1);
+                st_cluster_arrive(&s.box, q, &s.box_full, 1);
+            } else {
+                mbar_wait_cluster(&s.box_full, n & 1);
+                q = *(volatile int *)&s.box;
+                mbar_arrive_cluster_release(&s.box_empty, 0);
+            }
+            n++;
+            return q;
+        }
+    }
+
     FUSER_DEVICE void produce() const
     {
         Cursor<STAGES> c;
-        /* Block b's first unit is phase-1 unit b (known without a claim, so its weights are requested
-         * before the previous kernel is waited for); later units are claimed in order from a counter,
-         * which the previous launch resets as it ends. A phase-2 unit waits only for phase-1 units that
-         * are claimed or fixed to a block; a fixed block that has not started yet (another stream's
+        /* Block b's first entry is entry b (cluster b's, in pairs), known without a claim, so its weights are
+         * requested before the previous kernel is waited for; later entries are claimed in order from a
+         * counter, which the previous launch resets as it ends. A phase-2 unit waits only for phase-1 units
+         * that are claimed or fixed to a block; a fixed block that has not started yet (another stream's
          * kernel holds SMs) starts when one is free, since the grid is at most what fits at once. */
-        const int fixed = cmin((int)gridDim.x, u1);
+        const int cid = (int)blockIdx.x / CS, fixed = cmin((int)gridDim.x / CS, q1());
         bool after_prev = false; /* griddepcontrol.wait done: the previous kernel's writes are visible */
-        int u = (int)blockIdx.x < fixed ? (int)blockIdx.x : -1;
+        uint32_t handoffs = 0;
+        int q = cid < fixed ? cid : -1;
         for (;;) {
-            if (u < 0) {
+            if (q < 0) {
                 if (!after_prev)
                     griddep_wait();
                 after_prev = true;
-                u = fixed + atomic_add_relaxed_gpu(p.sync + CLAIM, 1);
+                q = claim(fixed, handoffs);
             }
-            if (p.trace && u < u1 + u2) {
-                p.trace[u * TRACE_WORDS + 0] = blockIdx.x;
-                p.trace[u * TRACE_WORDS + 1] = global_ns();
-                p.trace[u * TRACE_WORDS + 5] = sm_id();
-            }
-            if (u >= u1 + u2) { /* tell the consumers: no more units */
+            if (q >= q1() + q2()) { /* tell the consumers: no more units */
                 mbar_wait(&s.ring.empty[c.stage], c.phase ^ 1);
                 s.unit[c.stage] = -1;
                 mbar_arrive(&s.ring.full[c.stage]);
                 return;
             }
+            const int tagged = member(q), u = tagged & ~GHOST;
+            const bool ghost = tagged != u;
+            /* a ghost loads only its half of the shared tiles: the weights (ROWS) or the tokens (TILES) */
+            const bool own_w = !ghost || PAIR == PAIR_ROWS, own_t = !ghost || PAIR == PAIR_TILES;
+            if (p.trace && !ghost) {
+                p.trace[u * TRACE_WORDS + 0] = blockIdx.x;
+                p.trace[u * TRACE_WORDS + 1] = global_ns();
+                p.trace[u * TRACE_WORDS + 5] = sm_id();
+            }
             if (u < u1) {
                 const Unit t = unit1(u);
                 const int nt = t.tile, sp = t.split, m0 = t.row * BM;
-                fill(c, u, sp * KS1, cmin(KT1, (sp + 1) * KS1), BYTES1, after_prev,
+                const uint32_t bytes = (own_t ? X_BYTES : 0) + (own_w ? PARTS * BN * SW_ROW_BYTES : 0);
+                fill(c, tagged, sp * KS1, cmin(KT1, (sp + 1) * KS1), bytes, after_prev || !own_t,
                      [&](unsigned char *st, uint64_t *bar, int kb) {
+                         if (!own_w)
+                             return;
                          if constexpr (C::GATED)
-                             tma_load_2d(st + X_BYTES + BN * SW_ROW_BYTES, &p.w_gate, bar, kb * SW_COLS, nt * BN);
-                         tma_load_2d(st + X_BYTES, &p.w_up, bar, kb * SW_COLS, nt * BN);
+                             load_rows(st + X_BYTES + BN * SW_ROW_BYTES, &p.w_gate, bar, kb, nt * BN, BN,
+                                       PAIR == PAIR_ROWS);
+                         load_rows(st + X_BYTES, &p.w_up, bar, kb, nt * BN, BN, PAIR == PAIR_ROWS);
                      },
-                     [&](unsigned char *st, uint64_t *bar, int kb) { tma_load_2d(st, &p.x, bar, kb * SW_COLS, m0); },
+                     [&](unsigned char *st, uint64_t *bar, int kb) {
+                         if (own_t)
+                             load_rows(st, &p.x, bar, kb, m0, BM, PAIR == PAIR_TILES);
+                     },
                      [&] { griddep_wait(); });
-                after_prev = true;
-                if (p.trace)
+                after_prev = after_prev || own_t;
+                if (p.trace && !ghost)
                     p.trace[u * TRACE_WORDS + 8] = global_ns();
             } else {
                 const Unit t = unit2(u - u1);
@@ -232,25 +352,30 @@ struct Stream {
                 /* the H columns of the split exist and are visible to TMA */
                 auto h_ready = [&] {
                     fence_proxy_async_global();
-                    if (p.trace)
+                    if (p.trace && !ghost)
                         p.trace[u * TRACE_WORDS + 2] = global_ns();
                 };
-                const bool now = ld_acquire_gpu(ready) >= tiles_in(sp);
-                if (now)
+                const bool now = !own_t || ld_acquire_gpu(ready) >= tiles_in(sp);
+                if (now && own_t)
                     h_ready();
-                fill(c, u, sp * KS2, cmin(KT2, (sp + 1) * KS2), BYTES2, now,
+                const uint32_t bytes = (own_t ? X_BYTES : 0) + (own_w ? BL * SW_ROW_BYTES : 0);
+                fill(c, tagged, sp * KS2, cmin(KT2, (sp + 1) * KS2), bytes, now,
                      [&](unsigned char *st, uint64_t *bar, int kb) {
-                         tma_load_2d(st + X_BYTES, &p.w_down, bar, kb * SW_COLS, l_t * BL);
+                         if (own_w)
+                             load_rows(st + X_BYTES, &p.w_down, bar, kb, l_t * BL, BL, PAIR == PAIR_ROWS);
                      },
-                     [&](unsigned char *st, uint64_t *bar, int kb) { tma_load_2d(st, &p.h, bar, kb * SW_COLS, m0); },
+                     [&](unsigned char *st, uint64_t *bar, int kb) {
+                         if (own_t)
+                             load_rows(st, &p.h, bar, kb, m0, BM, PAIR == PAIR_TILES);
+                     },
                      [&] {
                          wait_flag(ready, tiles_in(sp));
                          h_ready();
                      });
-                if (p.trace)
+                if (p.trace && !ghost)
                     p.trace[u * TRACE_WORDS + 8] = global_ns();
             }
-            u = -1;
+            q = -1;
         }
     }
 
@@ -315,13 +440,25 @@ struct Stream {
     FUSER_DEVICE void consumers_sync() const { named_sync(1, 256); }
 
     /* This warp no longer reads the slot: its tiles (wgmma) or its unit id. Every consumer warp arrives
-     * (the warp's reads ordered before its lane 0's arrive), so the producer refills or rewrites the
-     * slot only after all of them. */
+     * (the warp's reads ordered before its lanes' arrives), in pairs in both blocks, so a producer
+     * refills or rewrites the slot only after all of them. */
     FUSER_DEVICE void release(int stage) const
     {
         __syncwarp();
-        if (lane == 0)
-            consume_release<1>(s.ring, stage);
+        consume_release<CS>(s.ring, stage, lane);
+    }
+
+    /* A ghost unit (the partner's unit u): its slots hold only the shared tiles, for the partner; wait
+     * for each (the partner's loads land here too) and release it. */
+    FUSER_DEVICE void idle(Cursor<STAGES> &c, int u) const
+    {
+        const bool one = u < u1;
+        const int sp = one ? unit1(u).split : unit2(u - u1).split;
+        const int k0 = sp * (one ? KS1 : KS2), k1 = cmin(one ? KT1 : KT2, k0 + (one ? KS1 : KS2));
+        for (int kb = k0; kb < k1; kb++, c.next()) {
+            consume_wait(s.ring, c);
+            release(c.stage);
+        }
     }
 
     /* After this unit's fp32 partial is in the workspace: take a ticket; true (in every consumer thread)
@@ -658,6 +795,10 @@ struct Stream {
             const int u = s.unit[c.stage];
             if (u < 0)
                 break;
+            if (PAIR != PAIR_NONE && (u & GHOST)) {
+                idle(c, u & ~GHOST);
+                continue;
+            }
             if (p.trace && lt == 0)
                 p.trace[u * TRACE_WORDS + 3] = global_ns();
             if (u < u1) {
@@ -690,7 +831,10 @@ struct Stream {
         Smem &sm = *(Smem *)align_smem<1024>(smem_raw);
         const int tid = (int)threadIdx.x;
         if (tid == 0) {
-            sm.ring.init(CONSUMER_WARPS);
+            sm.ring.init(CS * CONSUMER_WARPS);
+            mbar_init(&sm.box_full, 1);
+            mbar_init(&sm.box_empty, 1);
+            fence_mbar_init();
             tma_prefetch(&p.x);
             tma_prefetch(&p.w_up);
             if constexpr (C::GATED)
@@ -698,17 +842,23 @@ struct Stream {
             tma_prefetch(&p.h);
             tma_prefetch(&p.w_down);
         }
-        __syncthreads();
+        if constexpr (CS > 1)
+            cluster_sync(); /* the partner's barriers exist before the first multicast or remote arrive */
+        else
+            __syncthreads();
         griddep_launch_dependents(); /* the next kernel's blocks may take SMs as this grid's blocks leave */
-        Stream k(p, sm);
+        /* each role builds its own view: values computed before the split would live across it and spill
+         * in the producer's 40 registers */
         if (tid < 128) {
-            setmaxnreg_dec<40>();
+            setmaxnreg_dec<PRODUCER_REGS>();
             if (tid == 0)
-                k.produce();
+                Stream(p, sm).produce();
         } else {
-            setmaxnreg_inc<232>();
-            k.consume(tid);
+            setmaxnreg_inc<CONSUMER_REGS>();
+            Stream(p, sm).consume(tid);
         }
+        if constexpr (CS > 1)
+            cluster_sync(); /* no block leaves while its partner may still load into it or arrive on its barriers */
     }
 };
 
