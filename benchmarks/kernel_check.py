@@ -147,34 +147,83 @@ def sweep_section(log, top=6, shapes=None):
         uniq = {}
         for p in ps:
             uniq.setdefault(p.summary(), p)
-        bytes_ = 2 * (f * d * (2 if gated else 1) + l * f)
-        sets = max(1, min(6, -(-(150 << 20) // bytes_)))
-        ins = _inputs(d, f, l, gated, m, sets, gen)
-        # several calls per graph: one replay of a single small call is mostly the graph's own launch
-        per = max(4, min(20, int(2e7 // bytes_)))
-        ref_fn = [lambda t=t: fuser.ffn_reference(activation=act, **t) for t in ins]
-        eager = graph_of([ref_fn[i % sets] for i in range(per)])
-        ref = fuser.ffn_reference(activation=act, **{k: x.double() for k, x in ins[0].items()})
-        for p in uniq.values():
-            try:
-                outs = [torch.empty(m, l, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
-                calls = [lambda t=t, o=o: fuser.ffn(activation=act, out=o, plan=p, **t) for t, o in zip(ins, outs)]
-                g = graph_of([calls[i % sets] for i in range(per)])
-                te, tf = _time_graphs([eager, g], per)
-                err = float((outs[0].double() - ref).norm() / ref.norm())
-                row = dict(name=name, m=m, plan=p.summary(), params=p.raw["params"], predicted=p.predicted_us,
-                           measured=tf, eager=te, speedup=te / tf, floor=p.floor_us, rel_err=err, ok=err < 2e-2,
-                           tflops=p.raw["cost"]["useful_flops"] / tf / 1e6)
-                rows.append(row)
-                log(f"{name:10s} m={m:<4d} {tf:8.1f} us (eager {te:7.1f}, {te / tf:.2f}x; predicted "
-                    f"{p.predicted_us:7.1f}; floor {p.floor_us:.1f}; {row['tflops']:.0f} TFLOP/s; err {err:.1e}"
-                    f"{'' if row['ok'] else ' BAD'}) {p.summary()}")
-                del g
-            except Exception as e:  # noqa: BLE001
-                log(f"{name} m={m} {p.summary()}: {type(e).__name__}: {e}")
-        del eager, ref
-        torch.cuda.empty_cache()
+        rows += time_plans(log, gen, (name, d, f, l, gated, act, m), uniq.values())
     return rows
+
+
+def time_plans(log, gen, shape, plans):
+    """Each plan of one shape in a CUDA graph of several calls, interleaved with eager in a graph (rotating
+    input sets), its output for the first set checked against float64: one row per plan."""
+    name, d, f, l, gated, act, m = shape
+    rows = []
+    bytes_ = 2 * (f * d * (2 if gated else 1) + l * f)
+    sets = max(1, min(6, -(-(150 << 20) // bytes_)))
+    ins = _inputs(d, f, l, gated, m, sets, gen)
+    # several calls per graph: one replay of a single small call is mostly the graph's own launch
+    per = max(4, min(20, int(2e7 // bytes_)))
+    ref_fn = [lambda t=t: fuser.ffn_reference(activation=act, **t) for t in ins]
+    eager = graph_of([ref_fn[i % sets] for i in range(per)])
+    ref = fuser.ffn_reference(activation=act, **{k: x.double() for k, x in ins[0].items()})
+    for p in plans:
+        try:
+            outs = [torch.empty(m, l, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
+            calls = [lambda t=t, o=o: fuser.ffn(activation=act, out=o, plan=p, **t) for t, o in zip(ins, outs)]
+            g = graph_of([calls[i % sets] for i in range(per)])
+            te, tf = _time_graphs([eager, g], per)
+            err = float((outs[0].double() - ref).norm() / ref.norm())
+            row = dict(name=name, m=m, plan=p.summary(), params=p.raw["params"], predicted=p.predicted_us,
+                       measured=tf, eager=te, speedup=te / tf, floor=p.floor_us, rel_err=err, ok=err < 2e-2,
+                       tflops=p.raw["cost"]["useful_flops"] / tf / 1e6)
+            rows.append(row)
+            log(f"{name:10s} m={m:<4d} {tf:8.1f} us (eager {te:7.1f}, {te / tf:.2f}x; predicted "
+                f"{p.predicted_us:7.1f}; floor {p.floor_us:.1f}; {row['tflops']:.0f} TFLOP/s; err {err:.1e}"
+                f"{'' if row['ok'] else ' BAD'}) {p.summary()}")
+            del g
+        except Exception as e:  # noqa: BLE001
+            log(f"{name} m={m} {p.summary()}: {type(e).__name__}: {e}")
+    del eager, ref
+    torch.cuda.empty_cache()
+    return rows
+
+
+PAIRS = [  # name, d_model, d_ff, d_out, gated, act, tokens, constraints of the base plan
+    ("gpt2", 768, 3072, 768, False, "gelu", 2048, dict(bm=128, bn=192, bl=128, s1=1, s2=1)),
+    ("gpt2", 768, 3072, 768, False, "gelu", 2048, dict(bm=128, bn=128, bl=128, s1=1, s2=1)),
+    ("gpt2-medium", 1024, 4096, 1024, False, "gelu", 2048, dict(bm=128, bn=192, bl=128, s1=1, s2=1)),
+    ("gpt2-medium", 1024, 4096, 1024, False, "gelu", 1024, dict(bm=128, bn=192)),
+    ("llama3-8b", 4096, 14336, 4096, True, "silu", 1024, dict(bm=128, bn=128, bl=128, s1=1, s2=1)),
+    ("S1", 3072, 8192, 3072, True, "silu", 128, dict(bm=64)),
+    ("S1", 3072, 8192, 3072, True, "silu", 128, dict(bm=128)),
+    ("S8", 1024, 3072, 1024, True, "silu", 128, {}),
+    ("G8", 2048, 8192, 2048, False, "relu", 128, {}),
+    ("G4", 768, 3072, 768, False, "relu", 128, {}),
+]
+PAIR_CLUSTERS = {"rows": (2, 1, 1, 1), "tiles": (1, 2, 1, 2)}
+
+
+def pairs_section(log):
+    """Cluster pairs against single blocks: for each PAIRS shape, the model's best stream plan under the
+    constraints, then the same tiles and splits as row-tile pairs and as tile pairs, timed side by side
+    against eager (time_plans), and each traced (unit timelines)."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    out = dict(rows=[], traces=[])
+    for name, d, f, l, gated, act, m, cons in PAIRS:
+        kw = dict(d_out=l, gated=gated, activation=act, target="h200", fused=True, kind="stream")
+        base = fuser.plan(m, d, f, **kw, **cons)
+        fixed = {k: base.raw["params"][k] for k in ("bm", "bn", "bl", "s1", "s2")}
+        plans = [base]
+        for pair, cl in PAIR_CLUSTERS.items():
+            try:
+                plans.append(fuser.plan(m, d, f, **kw, **fixed, cluster=cl))
+            except ValueError as e:
+                log(f"{name} m={m} {pair} pairs: {e}")
+        out["rows"] += time_plans(log, gen, (name, d, f, l, gated, act, m), plans)
+        for p in plans:
+            try:
+                out["traces"].append(trace_run(name, m, log, cluster=tuple(p.cluster), **fixed))
+            except Exception:  # noqa: BLE001
+                log(f"trace {name} failed:\n{traceback.format_exc()}")
+    return out
 
 
 def trace_run(name, m, log, act=None, **cons):
@@ -182,7 +231,7 @@ def trace_run(name, m, log, act=None, **cons):
     got its first data and was done (global timer), summarised per phase. `act` replaces the shape's
     activation."""
     from fuser import _C, runtime
-    (_, d, f, l, gated, act0, _), = [w for w in SWEEP + PREFILL if w[0] == name][:1]
+    (_, d, f, l, gated, act0, _), = [w[:7] for w in SWEEP + PREFILL + PAIRS if w[0] == name][:1]
     act = act or act0
     p = fuser.plan(m, d, f, d_out=l, gated=gated, activation=act, target="h200", fused=True, kind="stream", **cons)
     t = _inputs(d, f, l, gated, m, 1, torch.Generator(device="cuda").manual_seed(1))[0]
@@ -343,6 +392,8 @@ def main():
     ap.add_argument("--trace", nargs="?", const="decode", choices=("decode", "prefill"),
                     help="trace a few stream plans (unit timelines): decode-size (default) or prefill-size")
     ap.add_argument("--overlap", action="store_true", help="early (PDL) against serial launches of stream plans")
+    ap.add_argument("--pairs", action="store_true", help="cluster pairs (multicast) against single blocks, timed "
+                    "and traced")
     ap.add_argument("--epilogue", action="store_true",
                     help="trace GPT-2 prefill plans (2048 tokens, bn 256 and 128) with GELU and with ReLU: what the "
                     "activation costs a phase-1 epilogue")
@@ -374,7 +425,7 @@ def main():
                            (a.splits, "splits", splits_section), (a.sweep, "sweep", sweep_section),
                            (a.decode, "decode", lambda log: sweep_section(log, top=4, shapes=DECODE)),
                            (a.prefill, "prefill", lambda log: sweep_section(log, top=3, shapes=PREFILL)),
-                           (a.overlap, "overlap", overlap_section)):
+                           (a.overlap, "overlap", overlap_section), (a.pairs, "pairs", pairs_section)):
         if flag:
             t0 = time.time()
             try:
