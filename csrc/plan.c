@@ -139,6 +139,17 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
     if ((pair_rows || pair_tiles) && p->bm == 128 && (p->bn > 192 || p->bl > 192))
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: in cluster pairs, 128-row tiles are at most 192 wide (the "
                           "consumers have 224 registers), got bn = %d, bl = %d", p->bn, p->bl);
+    if (p->phases == 0)
+        p->phases = 2; /* a plan built without the field: H through the buffer */
+    if (p->phases != 1 && p->phases != 2)
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: phases = %d: must be 2 (H through a buffer) or 1 (each unit "
+                          "computes its own H)", p->phases);
+    const int64_t range = fuser_ceil_div(kt2, p->s2) * FUSER_BK; /* d_ff columns of a phase-2 split */
+    if (p->phases == 1 && (p->s1 != 1 || range % p->bn || pair_rows || pair_tiles))
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: one phase computes each split's H in n-tiles of the whole "
+                          "K: s1 must be 1, bn must divide the split's %lld d_ff columns, no cluster pairs (got s1 = %d, "
+                          "bn = %d, cluster (%d, %d, %d, %d))", (long long)range, p->s1, p->bn, p->cls_m, p->cls_n,
+                          p->cls_k, p->cls_l);
     if (p->s1 * p->parts > 16 || p->s2 > 16)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: the last split sums at most 16 partials per element "
                           "(s1 x parts = %d, s2 = %d)", p->s1 * p->parts, p->s2);
@@ -170,8 +181,8 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
     const int64_t stage = stream_stage_bytes(p);
     p->smem_pipe = (int)(stage * p->stages);
     p->smem_xbuf = 0;
-    p->smem_hg = 0;
-    p->smem_bytes = p->smem_pipe + 2048; /* barriers and flag; slack to align the ring to 1024 bytes */
+    p->smem_hg = p->phases == 1 ? (int)(range / FUSER_BK * p->bm * 128) : 0; /* one phase: the unit's H */
+    p->smem_bytes = p->smem_pipe + p->smem_hg + 2048; /* barriers and flag; slack to align the ring to 1024 bytes */
     p->regs_est = 0;                     /* fixed by setmaxnreg: 40 producer, 232 consumer */
     int64_t zw, wf;
     fuser_plan_scratch(p, c->m, &zw, &wf);
@@ -212,7 +223,7 @@ fuser_pair fuser_stream_pair(const fuser_plan *p)
 
 int64_t fuser_stream_units(const fuser_plan *p, int64_t m)
 {
-    return fuser_ceil_div(m, p->bm) * ((int64_t)p->nt1 * p->s1 + (int64_t)p->lt2 * p->s2);
+    return fuser_ceil_div(m, p->bm) * ((p->phases == 1 ? 0 : (int64_t)p->nt1 * p->s1) + (int64_t)p->lt2 * p->s2);
 }
 
 double fuser_stream_phase_weights(const fuser_plan *p, int phase)

@@ -118,14 +118,18 @@ static int pruned(const fuser_plan *p, const fuser_target *t, fuser_level lvl, i
 
 static int free_or(int want, int have) { return want <= 0 || want == have; }
 
+/* A stream plan's phases: H through a buffer in L2 (2), or each unit computing its own (1). */
+static const int stream_phase_set[] = {2, 1};
+
 static int64_t stream_leaves(const fuser_chain *c)
 {
     (void)c;
-    return (int64_t)COUNT(stream_bm_set) * COUNT(stream_tile_set) * COUNT(stream_tile_set) * COUNT(stream_split_set) *
-           COUNT(stream_split_set);
+    return (int64_t)COUNT(stream_phase_set) * COUNT(stream_bm_set) * COUNT(stream_tile_set) * COUNT(stream_tile_set) *
+           COUNT(stream_split_set) * COUNT(stream_split_set);
 }
 
-/* The stream family's candidates: every (bm, bn, bl, s1, s2), each with the deepest pipeline that fits. */
+/* The stream family's candidates: every (phases, bm, bn, bl, s1, s2), each with the deepest pipeline that
+ * fits. */
 static void search_stream(const fuser_chain *c, const fuser_target *t, const fuser_constraints *cons, topk *best,
                           fuser_search_stats *st)
 {
@@ -141,6 +145,7 @@ static void search_stream(const fuser_chain *c, const fuser_target *t, const fus
     p.cls_m = cons->cls_m == 2 ? 2 : 1;
     p.cls_n = p.cls_l = cons->cls_n == 2 ? 2 : 1;
     p.cls_k = 1;
+    p.phases = 2;
     p.n_iters = 1;
     p.order = FUSER_ORDER_N_OUTER;
     p.gate_mode = c->gated ? FUSER_GATE_SEQUENTIAL : FUSER_GATE_NONE;
@@ -154,15 +159,17 @@ static void search_stream(const fuser_chain *c, const fuser_target *t, const fus
     }
     if (pruned(&p, t, FUSER_LEVEL_CHAIN, leaves, st))
         return;
+    for (int ip = 0; ip < COUNT(stream_phase_set); ip++)
     for (int ib = 0; ib < COUNT(stream_bm_set); ib++)
     for (int jn = 0; jn < COUNT(stream_tile_set); jn++)
     for (int jl = 0; jl < COUNT(stream_tile_set); jl++)
     for (int a = 0; a < COUNT(stream_split_set); a++)
     for (int b = 0; b < COUNT(stream_split_set); b++) {
+        p.phases = stream_phase_set[ip];
         p.bm = stream_bm_set[ib], p.bn = stream_tile_set[jn], p.bl = stream_tile_set[jl];
         p.s1 = stream_split_set[a], p.s2 = stream_split_set[b];
-        if (!free_or(cons->bm, p.bm) || !free_or(cons->bn, p.bn) || !free_or(cons->bl, p.bl) ||
-            !free_or(cons->s1, p.s1) || !free_or(cons->s2, p.s2)) {
+        if (!free_or(cons->phases, p.phases) || !free_or(cons->bm, p.bm) || !free_or(cons->bn, p.bn) ||
+            !free_or(cons->bl, p.bl) || !free_or(cons->s1, p.s1) || !free_or(cons->s2, p.s2)) {
             st->constrained++;
             continue;
         }
@@ -175,9 +182,10 @@ static void search_stream(const fuser_chain *c, const fuser_target *t, const fus
                 continue;
             fit = q.smem_bytes <= t->smem_per_block;
         }
-        if (!fit) {
+        if (!fit) { /* the shallowest ring (derived where it can be), for the rules to refuse */
             q = p;
             q.stages = cons->stages > 0 ? cons->stages : 2;
+            (void)fuser_plan_derive(&q, NULL);
         }
         if (pruned(&q, t, FUSER_LEVEL_FULL, 1, st))
             continue;
@@ -236,7 +244,7 @@ int fuser_search(const fuser_chain *c, const fuser_target *t, const fuser_constr
     search_stream(c, t, &cons, &best, st);
     fuser_plan_unfused(c, &p);
     p.fused = 1;
-    if ((cons.kind >= 0 && cons.kind != FUSER_KIND_CLUSTER) || cons.s1 > 1 || cons.s2 > 1) {
+    if ((cons.kind >= 0 && cons.kind != FUSER_KIND_CLUSTER) || cons.s1 > 1 || cons.s2 > 1 || cons.phases > 0) {
         st->constrained += leaves_all(c);
         goto done;
     }

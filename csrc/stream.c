@@ -13,12 +13,14 @@ typedef struct {
     int64_t m, K, N, L, parts, bm, bn, bl, s1, s2;
     int64_t kt1, ks1, kt2, ks2, nt1, lt2, u1, u2; /* u1, u2: units of each phase per row tile */
     int64_t rt;                                   /* row tiles of bm tokens */
+    int64_t reps;                                 /* GEMM1 runs per row tile and n-tile: 1, or LT in one phase */
+    int one;                                      /* one phase: each unit computes its own H in shared memory */
 } geom;
 
 static geom geom_of(const fuser_plan *p)
 {
     const fuser_chain *c = &p->chain;
-    geom g = {c->m, c->k, c->n, c->l, p->parts, p->bm, p->bn, p->bl, p->s1, p->s2, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    geom g = {c->m, c->k, c->n, c->l, p->parts, p->bm, p->bn, p->bl, p->s1, p->s2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0};
     g.kt1 = fuser_ceil_div(g.K, FUSER_BK);
     g.ks1 = fuser_ceil_div(g.kt1, g.s1);
     g.kt2 = fuser_ceil_div(g.N, FUSER_BK);
@@ -28,6 +30,8 @@ static geom geom_of(const fuser_plan *p)
     g.u1 = g.nt1 * g.s1;
     g.u2 = g.lt2 * g.s2;
     g.rt = fuser_ceil_div(g.m, g.bm);
+    g.one = p->phases == 1;
+    g.reps = g.one ? g.lt2 : 1;
     return g;
 }
 
@@ -45,20 +49,22 @@ void fuser_stream_traffic(const fuser_plan *p, fuser_traffic *out)
     const int64_t wr = pair == FUSER_PAIR_ROWS ? (g.rt + 1) / 2 : g.rt;
     const int64_t nx = pair == FUSER_PAIR_TILES ? (g.nt1 + 1) / 2 : g.nt1;
     const int64_t nh = pair == FUSER_PAIR_TILES ? (g.lt2 + 1) / 2 : g.lt2;
-    /* phase 1: x by every n-tile, the weights by every row tile, biases once, H stored once */
-    l2 += e * g.m * g.K * nx + e * g.parts * g.N * g.K * wr + e * (c->bias_up + c->bias_gate) * g.N +
-          e * g.m * g.N;
+    /* phase 1 (one phase: in every unit, once per l-tile): x by every n-tile, the weights by every row tile,
+     * biases once, H stored once (one phase: kept in shared memory) */
+    l2 += g.reps * (e * g.m * g.K * nx + e * g.parts * g.N * g.K * wr + e * (c->bias_up + c->bias_gate) * g.N) +
+          (g.one ? 0 : e * g.m * g.N);
     if (g.s1 > 1)
         l2 += 2 * 4 * g.s1 * g.parts * g.m * g.N; /* partials written, read back by the last split */
-    /* phase 2: H by every l-tile, W_down by every row tile, b_down once, y */
-    l2 += e * g.m * g.N * nh + e * g.L * g.N * wr + e * c->bias_down * g.L + e * g.m * g.L;
+    /* phase 2: H by every l-tile (not in one phase), W_down by every row tile, b_down once, y */
+    l2 += (g.one ? 0 : e * g.m * g.N * nh) + e * g.L * g.N * wr + e * c->bias_down * g.L + e * g.m * g.L;
     if (g.s2 > 1)
         l2 += 2 * 4 * g.s2 * g.m * g.L;
     out->l2 = l2;
     out->hbm = e * (g.m * g.K + g.parts * g.N * g.K + g.L * g.N + (c->bias_up + c->bias_gate) * g.N +
                     c->bias_down * g.L + g.m * g.L);
     out->dsm = 0;
-    out->smem = g.rt * (g.nt1 * g.kt1 * (g.bm + g.parts * g.bn) + g.lt2 * g.kt2 * (g.bm + g.bl)) * FUSER_BK * e;
+    out->smem = g.rt * (g.reps * g.nt1 * g.kt1 * (g.bm + g.parts * g.bn) + g.lt2 * g.kt2 * ((g.one ? 0 : g.bm) + g.bl)) *
+                FUSER_BK * e;
 }
 
 /* ---- cost ---- */
@@ -79,7 +85,7 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
     const geom g = geom_of(p);
     fuser_cost *k = &p->cost;
     memset(k, 0, sizeof *k);
-    const int64_t G = fuser_min64(g.rt * (g.u1 + g.u2), t->sm_count);
+    const int64_t G = fuser_min64(g.rt * ((g.one ? 0 : g.u1) + g.u2), t->sm_count);
     const double rows = (double)g.m / g.rt; /* token rows of a row tile, on average */
     const double e = 2, clk = t->clock_ghz * 1e9;
     const double mma_sm = t->mma_tflops * 1e12 * t->stream_mma_eff / t->sm_count;
@@ -96,23 +102,35 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
      * weights once: the row tiles of a weight tile are consecutive units, so all but one read it from L2).
      * The blocks claim units in order, so the phase takes ceil(units / G) rounds of one unit on one SM
      * (its loads, or its MMAs plus epilogue, whichever is longer), or the phase's bytes over HBM or L2
-     * bandwidth, whichever is longest. */
-    const struct { double units, w, x, f, epi, hbm; int nw; } ph[2] = {
+     * bandwidth, whichever is longest. `f1` FLOPs more run at GEMM1's wgmma width: one phase's units
+     * compute their own H (GEMM1 over their d_ff range, n-tile by n-tile) before GEMM2, and phase 1 is empty. */
+    struct { double units, w, x, f, f1, epi, hbm; int nw; } ph[2] = {
         {(double)(g.rt * g.u1), e * g.parts * g.N * g.K / g.u1, e * rows * g.K * g.nt1 / g.u1,
-         2.0 * g.bm * g.parts * g.bn * g.ks1 * FUSER_BK, (g.s1 > 1 ? 4.0 * g.parts * rows * g.bn : 0) + e * rows * g.bn,
+         2.0 * g.bm * g.parts * g.bn * g.ks1 * FUSER_BK, 0, (g.s1 > 1 ? 4.0 * g.parts * rows * g.bn : 0) + e * rows * g.bn,
          e * g.parts * g.N * g.K + h_hbm, nw1},
         {(double)(g.rt * g.u2), e * g.L * g.N / g.u2, e * rows * g.N * g.lt2 / g.u2,
-         2.0 * g.bm * g.bl * g.ks2 * FUSER_BK, (g.s2 > 1 ? 4.0 * rows * g.bl : 0) + e * rows * g.bl,
+         2.0 * g.bm * g.bl * g.ks2 * FUSER_BK, 0, (g.s2 > 1 ? 4.0 * rows * g.bl : 0) + e * rows * g.bl,
          e * g.L * g.N + h_hbm, nw2},
     };
+    if (g.one) {
+        const double range = (double)g.ks2 * FUSER_BK; /* d_ff columns of a unit's split */
+        ph[1].w += e * g.parts * range * g.K;
+        ph[1].x = e * rows * g.K * range / g.bn;
+        ph[1].f1 = 2.0 * g.bm * g.parts * range * g.kt1 * FUSER_BK;
+        ph[1].hbm = e * (g.parts * g.N * g.K + g.L * g.N);
+        memset(&ph[0], 0, sizeof ph[0]);
+    }
     /* pairs: each SM still takes in both operands whole, but L2 serves the shared one once per pair */
     const fuser_pair pair = fuser_stream_pair(p);
     const double sw = pair == FUSER_PAIR_ROWS ? 0.5 : 1, sx = pair == FUSER_PAIR_TILES ? 0.5 : 1;
     double T = 0;
     for (int i = 0; i < 2; i++) {
+        if (ph[i].units == 0)
+            continue;
         const double active = fmin(ph[i].units, (double)G);
         const double one = fmax((ph[i].w + ph[i].x) / per_sm,
-                                ph[i].f / (mma_sm * wgmma_eff(t, ph[i].nw)) + ph[i].epi / (t->sm_load_gbs * 1e9) + unit);
+                                ph[i].f / (mma_sm * wgmma_eff(t, ph[i].nw)) + ph[i].f1 / (mma_sm * wgmma_eff(t, nw1)) +
+                                    ph[i].epi / (t->sm_load_gbs * 1e9) + unit);
         const double rounds = ceil(ph[i].units / G);
         T += fmax(rounds * one, fmax(ph[i].hbm / (t->hbm_gbs * 1e9), ph[i].units * (sw * ph[i].w + sx * ph[i].x) /
                                                                          fmin(t->l2_gbs * 1e9, active * per_sm)));
@@ -122,7 +140,7 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
     const double red2 = g.s2 > 1 ? 4.0 * g.s2 * rows * g.bl / (t->sm_load_gbs * 1e9) : 0;
     T += red1 + red2;
 
-    k->flops = 2.0 * FUSER_BK * g.bm * g.rt * (g.parts * g.bn * g.nt1 * g.kt1 + g.bl * g.lt2 * g.kt2);
+    k->flops = 2.0 * FUSER_BK * g.bm * g.rt * (g.reps * g.parts * g.bn * g.nt1 * g.kt1 + g.bl * g.lt2 * g.kt2);
     k->useful_flops = 2.0 * c->m * c->n * ((double)c->k * (c->gated ? 2 : 1) + c->l);
     k->compute = k->flops / (G * mma_sm) * 1e6;
     k->hbm = (p->traffic.hbm + 2 * h_hbm) / (t->hbm_gbs * 1e9) * 1e6;
@@ -194,10 +212,10 @@ static void phase1(ssim *S, int64_t nt)
         for (int q = 0; q < g->parts; q++)
             split_product(S, S_X, NULL, d->x, g->K, wi[q], w[q], g->K, n0, nr, k0, k1,
                           S->part + (sp * g->parts + q) * g->m * g->bn, g->bn);
-        /* every row tile's unit reads the weight tile */
-        S->tr.l2 += 2 * g->m * (k1 - k0) + 2 * g->parts * nr * (k1 - k0) * g->rt;
-        S->tr.smem += g->rt * steps * (g->bm + g->parts * g->bn) * FUSER_BK * 2;
-        S->flops += 2.0 * g->rt * steps * FUSER_BK * g->bm * g->parts * g->bn;
+        /* every row tile's unit reads the weight tile (one phase: every l-tile's unit of every row tile) */
+        S->tr.l2 += g->reps * (2 * g->m * (k1 - k0) + 2 * g->parts * nr * (k1 - k0) * g->rt);
+        S->tr.smem += g->reps * g->rt * steps * (g->bm + g->parts * g->bn) * FUSER_BK * 2;
+        S->flops += 2.0 * g->reps * g->rt * steps * FUSER_BK * g->bm * g->parts * g->bn;
         if (g->s1 > 1)
             S->tr.l2 += 2 * 4 * g->parts * g->m * nr; /* written, then read back by the last split */
     }
@@ -213,7 +231,7 @@ static void phase1(ssim *S, int64_t nt)
             S->h[r * g->N + n0 + j] = fuser_half_to_float(fuser_float_to_half(hv, S->dt), S->dt);
         }
     }
-    S->tr.l2 += 2 * (c->bias_up + c->bias_gate) * nr + 2 * g->m * nr;
+    S->tr.l2 += g->reps * 2 * (c->bias_up + c->bias_gate) * nr + (g->one ? 0 : 2 * g->m * nr);
 }
 
 static void phase2(ssim *S, int64_t lt)
@@ -227,8 +245,8 @@ static void phase2(ssim *S, int64_t lt)
         const int64_t steps = fuser_ceil_div(k1 - k0, FUSER_BK);
         split_product(S, -1, S->h, NULL, g->N, S_WD, d->w_down, g->N, l0, lr, k0, k1, S->part + sp * g->m * g->bl,
                       g->bl);
-        S->tr.l2 += 2 * g->m * (k1 - k0) + 2 * lr * (k1 - k0) * g->rt;
-        S->tr.smem += g->rt * steps * (g->bm + g->bl) * FUSER_BK * 2;
+        S->tr.l2 += (g->one ? 0 : 2 * g->m * (k1 - k0)) + 2 * lr * (k1 - k0) * g->rt;
+        S->tr.smem += g->rt * steps * ((g->one ? 0 : g->bm) + g->bl) * FUSER_BK * 2;
         S->flops += 2.0 * g->rt * steps * FUSER_BK * g->bm * g->bl;
         if (g->s2 > 1)
             S->tr.l2 += 2 * 4 * g->m * lr;

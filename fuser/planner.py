@@ -19,7 +19,7 @@ _DF_BIT = {name: 1 << i for i, name in enumerate(DATAFLOWS)}
 #: The stream kernel's cluster pairs, as plan summaries name them: units of two row tiles sharing the weight
 #: tiles, or of two tiles sharing the token tile.
 _STREAM_PAIRS = {(2, 1, 1, 1): " (row-tile pairs share weight tiles)", (1, 2, 1, 2): " (tile pairs share token tiles)"}
-_CONSTRAINT_KEYS = ("bm", "bn", "bl", "n_iters", "stages", "order", "gate_mode", "kind", "s1", "s2")
+_CONSTRAINT_KEYS = ("bm", "bn", "bl", "n_iters", "stages", "order", "gate_mode", "kind", "s1", "s2", "phases")
 #: The fields of a chain dict the core plans from (``_C.ffn_check`` adds where the tensors are).
 CHAIN_FIELDS = ("m", "d_model", "d_ff", "d_out", "gated", "activation", "bias_up", "bias_gate", "bias_down", "dtype")
 
@@ -261,7 +261,7 @@ class Plan:
             return ("unfused",)
         p = self._d["params"]
         if self.kind == "stream":  # one family, told apart by its tiles, splits and pairs
-            return ("stream", p["bm"], p["bn"], p["bl"], p["s1"], p["s2"], tuple(p["cluster"]))
+            return ("stream", p["bm"], p["bn"], p["bl"], p["s1"], p["s2"], tuple(p["cluster"]), p["phases"])
         return (self.dataflow, tuple(p["cluster"]), p["order"], p["gate_mode"])
 
     # ---- serialisation ----
@@ -363,7 +363,8 @@ class Plan:
         p = self._d["params"]
         if self.kind == "stream":
             return (f"fused stream, bm={p['bm']} bn={p['bn']} bl={p['bl']}, splits {p['s1']}/{p['s2']}, "
-                    f"{p['stages']} stages{_STREAM_PAIRS.get(tuple(p['cluster']), '')}, "
+                    f"{p['stages']} stages{_STREAM_PAIRS.get(tuple(p['cluster']), '')}"
+                    f"{', one phase' if p['phases'] == 1 else ''}, "
                     f"predicted {self.predicted_us:.1f} us")
         return (f"fused {self.dataflow}, cluster {tuple(p['cluster'])}, bm={p['bm']} bn={p['bn']}x{p['n_iters']} "
                 f"bl={p['bl']}, {p['stages']} stages, {p['order']}"
@@ -408,10 +409,16 @@ class Plan:
         if self.fused and self.kind == "stream":
             d, p = self.derived, self._d["params"]
             out.append("Choice: fused, stream: one persistent launch streams every weight byte once on the whole GPU")
-            out.append(f"  phase 1: {d['nt1']} tiles of {p['bn']} d_ff columns x {p['s1']} K split(s) compute H for "
-                       f"up to {p['bm']} tokens into a buffer that stays in L2")
-            out.append(f"  phase 2: {d['lt2']} tiles of {p['bl']} output columns x {p['s2']} d_ff split(s) start as "
-                       f"soon as their H columns are ready; split partials are summed in order (deterministic)")
+            if p["phases"] == 1:
+                out.append(f"  one phase: {d['lt2']} tiles of {p['bl']} output columns x {p['s2']} d_ff split(s); each "
+                           f"unit first computes the H columns of its d_ff range for up to {p['bm']} tokens itself (in "
+                           f"tiles of {p['bn']}, into shared memory: GEMM1 is repeated per output tile), then its "
+                           f"output tile; split partials are summed in order (deterministic)")
+            else:
+                out.append(f"  phase 1: {d['nt1']} tiles of {p['bn']} d_ff columns x {p['s1']} K split(s) compute H "
+                           f"for up to {p['bm']} tokens into a buffer that stays in L2")
+                out.append(f"  phase 2: {d['lt2']} tiles of {p['bl']} output columns x {p['s2']} d_ff split(s) start as "
+                           f"soon as their H columns are ready; split partials are summed in order (deterministic)")
             if tuple(p["cluster"]) in _STREAM_PAIRS:
                 out.append(f"  units run in cluster pairs{_STREAM_PAIRS[tuple(p['cluster'])]}: each block loads half of "
                            f"the shared tile for both (TMA multicast), so L2 serves it once")

@@ -85,7 +85,7 @@ def test_row_tiles_in_either_unit_order(d, f, m):
 
 @pytest.mark.parametrize("bm,s1,s2,m,cluster", [(16, 2, 4, 13, (1, 1, 1, 1)), (64, 3, 2, 13, (1, 1, 1, 1)),
                                                  (64, 1, 2, 150, (1, 1, 1, 1)), (64, 1, 2, 150, (2, 1, 1, 1)),
-                                                 (16, 2, 4, 13, (1, 2, 1, 2))])
+                                                 (16, 2, 4, 13, (1, 2, 1, 2)), (16, 1, 8, 40, "one phase")])
 def test_back_to_back_early_launches_share_a_scratch_safely(bm, s1, s2, m, cluster):
     """Stream kernels start early (programmatic dependent launch) while the previous one on the stream
     finishes. Eight launches back to back in a graph, on one scratch (split partials, H, tickets, ready and
@@ -93,8 +93,9 @@ def test_back_to_back_early_launches_share_a_scratch_safely(bm, s1, s2, m, clust
     same launches give when each waits for the previous one to end. Cluster pairs too (their claims go
     through the pair's hand-off box; three row tiles leave a ghost)."""
     d, f = 1024, 4096
+    shape = dict(phases=1) if cluster == "one phase" else dict(cluster=cluster)
     p = fuser.plan(m, d, f, gated=True, activation="silu", target="h200", fused=True, kind="stream", bm=bm,
-                   s1=s1, s2=s2, cluster=cluster)
+                   s1=s1, s2=s2, **shape)
     dev, stream = torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream
     launch = runtime.launch_for(p, dev)
     buf = launch.scratch(m, stream)
@@ -119,16 +120,18 @@ def test_back_to_back_early_launches_share_a_scratch_safely(bm, s1, s2, m, clust
         assert torch.equal(early, serial)
 
 
-@pytest.mark.parametrize("m,cluster", [(16, (1, 1, 1, 1)), (40, (1, 1, 1, 1)), (40, (2, 1, 1, 1)), (40, (1, 2, 1, 2))])
-def test_stream_trace_records_every_unit_once(m, cluster):
+@pytest.mark.parametrize("m,shape", [(16, {}), (40, {}), (40, dict(cluster=(2, 1, 1, 1))),
+                                     (40, dict(cluster=(1, 2, 1, 2))), (40, dict(phases=1))])
+def test_stream_trace_records_every_unit_once(m, shape):
     """Every unit is claimed, gets data and ends once, in order; in cluster pairs a ghost (the missing second
-    row tile of a pair) records nothing, so every record is a real unit's."""
+    row tile of a pair) records nothing, so every record is a real unit's; one phase has only phase-2 units."""
     p = fuser.plan(m, 1024, 4096, gated=True, activation="silu", target="h200", fused=True, kind="stream", bm=16,
-                   cluster=cluster)
+                   **shape)
     t = tensors(m, 1024, 4096, 1024, True, 2)
     y = torch.empty(m, 1024, device="cuda", dtype=torch.bfloat16)
     units = p.derived["units"]
-    assert units == -(-m // 16) * (p.derived["nt1"] * p.splits[0] + p.derived["lt2"] * p.splits[1])
+    assert units == -(-m // 16) * (p.derived["nt1"] * p.splits[0] * (p.raw["params"]["phases"] == 2) +
+                                   p.derived["lt2"] * p.splits[1])
     words = _C.STREAM_TRACE_WORDS
     trace = torch.zeros(units * words * 2, device="cuda", dtype=torch.float32)
     dev, stream = torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream

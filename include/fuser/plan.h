@@ -107,6 +107,9 @@ typedef struct fuser_plan {
     fuser_order order;
     fuser_gate_mode gate_mode;
     int s1, s2;                      /* stream: K splits of phase 1 (over d_model) and phase 2 (over d_ff) */
+    int phases;                      /* stream: 2 (phase 1 writes H to a buffer in L2, phase 2 reads it) or 1
+                                        (each unit computes the H columns of its d_ff range itself); 0 reads
+                                        as 2 */
     /* --- derived by fuser_plan_derive --- */
     int cluster_size;                /* cls_m * cls_n * cls_k */
     int cls_shuffle, cls_reduce;     /* cls_l / cls_k, cls_n * cls_k / cls_l */

@@ -19,6 +19,7 @@ struct Plan {
     static constexpr int S2 = 1;
     static constexpr int STAGES = 5;
     static constexpr int PAIR = 1;
+    static constexpr int PHASES = 2;
 };
 } // namespace
 

@@ -19,6 +19,7 @@ struct Plan {
     static constexpr int S2 = 8;
     static constexpr int STAGES = 6;
     static constexpr int PAIR = 0;
+    static constexpr int PHASES = 2;
 };
 } // namespace
 

@@ -1,5 +1,5 @@
 """Small stream plans (swap-AB, both phases K-split, biases, ragged tokens in three row tiles; single blocks and
-both kinds of cluster pairs), each launched
+both kinds of cluster pairs, and one phase), each launched
 twice into NaN-poisoned outputs, then checked against a float64 reference computed on the CPU: the workload for
 compute-sanitizer on the stream kernel. The fused kernel runs before any other GPU math, so a tool
 that trips over another library's kernels cannot hide its verdict on this one.
@@ -17,9 +17,10 @@ def main():
     m, d, f = 41, 512, 2048
     # the single-block kernel, then cluster pairs of both kinds (three row tiles: the row-tile pairs end in a
     # ghost; multicast loads, remote slot releases and the claim hand-off)
-    return max(check(m, d, f, p) for p in (
-        fuser.plan(m, d, f, gated=True, activation="silu", bias=True, target="h200", fused=True, kind="stream",
-                   bm=16, s1=2, s2=3, cluster=cl) for cl in ((1, 1, 1, 1), (2, 1, 1, 1), (1, 2, 1, 2))))
+    kw = dict(gated=True, activation="silu", bias=True, target="h200", fused=True, kind="stream", bm=16)
+    plans = [fuser.plan(m, d, f, s1=2, s2=3, cluster=cl, **kw) for cl in ((1, 1, 1, 1), (2, 1, 1, 1), (1, 2, 1, 2))]
+    plans.append(fuser.plan(m, d, f, s1=1, s2=4, phases=1, **kw))  # one phase: each unit's H in shared memory
+    return max(check(m, d, f, p) for p in plans)
 
 
 def check(m, d, f, p):

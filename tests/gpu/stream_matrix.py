@@ -2,7 +2,7 @@
 layout (bm 16 and 32 swap-AB, 64, 128) x plain / gated x the four activations x bias or not x bfloat16 /
 float16 x K splits of either phase (none, some, many), over ragged token counts (one row tile, or several
 with a partial last one) and widths (448 -> 1472 -> 200: odd K step counts, a partial output tile),
-192-wide tiles, and cluster pairs sharing an operand (both kinds, with ghost units).
+192-wide tiles, cluster pairs sharing an operand (both kinds, with ghost units), and one-phase plans.
 
 Each case forces a stream plan with its bm and splits, draws fresh random inputs, poisons the output with
 NaN, and checks: the relative error against a float64 reference is at most twice PyTorch eager's own
@@ -59,6 +59,18 @@ def cases():
                    s1=splits[0], s2=splits[1], m=m, d_model=shape[0], d_ff=shape[1], d_out=shape[2], cluster=cl,
                    **tiles)
 
+    # one phase (each unit computes the H of its d_ff range into shared memory): every bm, gated or not,
+    # several row tiles, d_ff 200 (the second n-tile of the range mostly beyond d_ff), split or not
+    for j, (bm, gated, m, shape, tiles, s2) in enumerate((
+            (16, False, 40, SHAPES[0], {}, 4),
+            (32, True, 70, SHAPES[1], {}, 3),
+            (64, False, 150, (448, 200, 392), dict(bn=128, bl=128), 1),
+            (128, True, 133, SHAPES[0], dict(bn=64, bl=64), 4),
+            (16, True, 1, SHAPES[2], {}, 8))):
+        yield dict(bm=bm, gated=gated, activation=ACTS[(j + 1) % 4], bias=j % 2 == 0,
+                   dtype=("bfloat16", "float16")[j // 2 % 2], s1=1, s2=s2, m=m, d_model=shape[0], d_ff=shape[1],
+                   d_out=shape[2], phases=1, **tiles)
+
 
 ROWS, TILES = (2, 1, 1, 1), (1, 2, 1, 2)   # the stream kernel's cluster pairs
 
@@ -66,7 +78,7 @@ ROWS, TILES = (2, 1, 1, 1), (1, 2, 1, 2)   # the stream kernel's cluster pairs
 def plan_of(c):
     return fuser.plan(c["m"], c["d_model"], c["d_ff"], d_out=c["d_out"], gated=c["gated"], activation=c["activation"],
                       bias=c["bias"], dtype=c["dtype"], target="h200", fused=True, kind="stream", bm=c["bm"],
-                      s1=c["s1"], s2=c["s2"], **{k: c[k] for k in ("bn", "bl", "cluster") if k in c})
+                      s1=c["s1"], s2=c["s2"], **{k: c[k] for k in ("bn", "bl", "cluster", "phases") if k in c})
 
 
 def run_case(c, gen):

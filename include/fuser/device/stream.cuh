@@ -46,7 +46,13 @@
  * The pair's K ranges are equal, so both blocks walk their rings in step; a slot is refilled once the
  * consumers of both blocks released it. Block 0 claims a pair and hands its id to block 1 through
  * block 1's shared memory. Where a pair's second unit does not exist (an odd count of row tiles or
- * tiles), block 1 runs a ghost: it loads its half of the shared tiles for block 0 and computes nothing. */
+ * tiles), block 1 runs a ghost: it loads its half of the shared tiles for block 0 and computes nothing.
+ *
+ * One phase (C::PHASES == 1, for chains whose GEMM1 is cheap to repeat): there are no phase-1 units and no H
+ * buffer. Each unit (split, l-tile, row tile) first computes the H columns of its d_ff range itself,
+ * n-tile by n-tile over the whole K (X and W_up tiles through the ring as a phase-1 unit's), activates
+ * and rounds them into shared memory in the layout TMA would load from the H buffer, then runs GEMM2 on
+ * them (the ring brings only W_down). GEMM1 is repeated for every l-tile; nothing waits for another unit. */
 #pragma once
 
 #include "fuser/device/pipeline.cuh"
@@ -101,6 +107,12 @@ struct Stream {
     static_assert(BN % 64 == 0 && BN <= 256 && BL % 32 == 0 && BL <= 256, "tiles");
     static_assert((S1 - 1) * KS1 < KT1 && (S2 - 1) * KS2 < KT2, "every split has K steps");
     static_assert(C::N % 8 == 0 && C::L % 8 == 0 && C::K % 8 == 0, "16-byte rows");
+    static constexpr bool ONE = C::PHASES == 1; /* one phase: each unit computes its own H (above) */
+    /* one phase: the unit's H, GEMM2's token operand, one MP x 64 swizzled tile per K step of its split */
+    static constexpr int H_BYTES = ONE ? KS2 * X_BYTES : 0;
+    static_assert(C::PHASES == 1 || C::PHASES == 2, "PHASES");
+    static_assert(!ONE || (S1 == 1 && KS2 * SW_COLS % BN == 0 && C::PAIR == 0),
+                  "one phase: GEMM1 unsplit, n-tiles tiling each d_ff split, no pairs");
     enum { PAIR_NONE = 0, PAIR_ROWS = 1, PAIR_TILES = 2 };
     static constexpr int PAIR = C::PAIR, CS = PAIR == PAIR_NONE ? 1 : 2; /* blocks per cluster */
     static constexpr int GHOST = 1 << 30; /* a unit id with this bit: the partner's unit, run as a ghost */
@@ -116,6 +128,7 @@ struct Stream {
 
     struct Smem {
         alignas(1024) unsigned char stage[STAGES][STAGE_BYTES];
+        alignas(1024) unsigned char hs[H_BYTES > 0 ? H_BYTES : 16]; /* one phase: the unit's H */
         Ring<STAGES> ring;
         int unit[STAGES]; /* the unit whose first K step a slot holds (-1: no more units), set by the producer */
         int last;
@@ -131,14 +144,14 @@ struct Stream {
     const int u1, u2;        /* units of each phase */
 
     FUSER_DEVICE Stream(const StreamParams &prm, Smem &sm)
-        : p(prm), s(sm), rt(ceil_div(prm.m, BM)), u1(rt * NT1 * S1), u2(rt * LT * S2)
+        : p(prm), s(sm), rt(ceil_div(prm.m, BM)), u1(ONE ? 0 : rt * NT1 * S1), u2(rt * LT * S2)
     {
     }
 
     /* (computed where used: kept as members they outlive the role split and spill in the producer's 40
      * registers) entries of each phase in the claim order (units, or pairs of units); the block's rank
      * in its cluster */
-    FUSER_DEVICE int q1() const { return entries(rt, NT1, S1); }
+    FUSER_DEVICE int q1() const { return ONE ? 0 : entries(rt, NT1, S1); }
     FUSER_DEVICE int q2() const { return entries(rt, LT, S2); }
     static FUSER_DEVICE int rank() { return PAIR == PAIR_NONE ? 0 : (int)cluster_rank(); }
 
@@ -298,7 +311,8 @@ struct Stream {
          * counter, which the previous launch resets as it ends. A phase-2 unit waits only for phase-1 units
          * that are claimed or fixed to a block; a fixed block that has not started yet (another stream's
          * kernel holds SMs) starts when one is free, since the grid is at most what fits at once. */
-        const int cid = (int)blockIdx.x / CS, fixed = cmin((int)gridDim.x / CS, q1());
+        /* (one phase: no unit waits for another, so every block's first unit can be fixed) */
+        const int cid = (int)blockIdx.x / CS, fixed = cmin((int)gridDim.x / CS, ONE ? q2() : q1());
         bool after_prev = false; /* griddepcontrol.wait done: the previous kernel's writes are visible */
         uint32_t handoffs = 0;
         int q = cid < fixed ? cid : -1;
@@ -355,17 +369,30 @@ struct Stream {
                     if (p.trace && !ghost)
                         p.trace[u * TRACE_WORDS + 2] = global_ns();
                 };
-                const bool now = !own_t || ld_acquire_gpu(ready) >= tiles_in(sp);
-                if (now && own_t)
+                if constexpr (ONE) {
+                    /* the unit's own H first: X and W_up (W_gate) tiles of each n-tile of its d_ff range */
+                    for (int n0 = sp * KS2 * SW_COLS; n0 < cmin(C::N, (sp + 1) * KS2 * SW_COLS); n0 += BN)
+                        fill(c, u, 0, KT1, BYTES1, after_prev,
+                             [&](unsigned char *st, uint64_t *bar, int kb) {
+                                 if constexpr (C::GATED)
+                                     tma_load_2d(st + X_BYTES + BN * SW_ROW_BYTES, &p.w_gate, bar, kb * SW_COLS, n0);
+                                 tma_load_2d(st + X_BYTES, &p.w_up, bar, kb * SW_COLS, n0);
+                             },
+                             [&](unsigned char *st, uint64_t *bar, int kb) { tma_load_2d(st, &p.x, bar, kb * SW_COLS, m0); },
+                             [&] { griddep_wait(); });
+                    after_prev = true;
+                }
+                const bool now = ONE || !own_t || ld_acquire_gpu(ready) >= tiles_in(sp);
+                if (now && own_t && !ONE)
                     h_ready();
-                const uint32_t bytes = (own_t ? X_BYTES : 0) + (own_w ? BL * SW_ROW_BYTES : 0);
+                const uint32_t bytes = (own_t && !ONE ? X_BYTES : 0) + (own_w ? BL * SW_ROW_BYTES : 0);
                 fill(c, tagged, sp * KS2, cmin(KT2, (sp + 1) * KS2), bytes, now,
                      [&](unsigned char *st, uint64_t *bar, int kb) {
                          if (own_w)
                              load_rows(st + X_BYTES, &p.w_down, bar, kb, l_t * BL, BL, PAIR == PAIR_ROWS);
                      },
                      [&](unsigned char *st, uint64_t *bar, int kb) {
-                         if (own_t)
+                         if (own_t && !ONE)
                              load_rows(st, &p.h, bar, kb, m0, BM, PAIR == PAIR_TILES);
                      },
                      [&] {
@@ -386,10 +413,11 @@ struct Stream {
     FUSER_DEVICE int col_of(int j) const { return (MT == 2 ? 0 : NW * w) + 8 * j + 2 * (lane % 4); }
 
     /* Run the K steps [k0, k1) of one unit into acc (and acc2 when TWO: the gate tile after the up tile).
-     * A tile rows: this warpgroup's 64 token rows; B tile rows: its columns. */
+     * A tile rows: this warpgroup's 64 token rows; B tile rows: its columns. The token tiles are the
+     * slots' (X or H by TMA) or, at own_tokens, tiles in shared memory the consumers wrote. */
     template <int NW, bool TWO, int R>
     FUSER_DEVICE void mainloop(Cursor<STAGES> &c, int k0, int k1, int b_rows, float (&acc)[R], float (&acc2)[R],
-                               uint64_t *trace) const
+                               uint64_t *trace, uint32_t own_tokens = 0) const
     {
         uint64_t waited = 0; /* traced: ns this thread waited for full slots after the unit's first */
         if (k0 >= k1) {
@@ -413,7 +441,8 @@ struct Stream {
             const uint32_t st = smem_addr(s.stage[c.stage]);
             /* A: this consumer's 64 token rows (or, swap-AB, 64 weight rows); B: its columns (or the tokens) */
             const uint32_t w_rows = st + X_BYTES + (SWAP ? w * 64 : MT == 2 ? 0 : w * NW) * SW_ROW_BYTES;
-            const uint32_t tokens = st + (MT == 2 ? w * 64 * SW_ROW_BYTES : 0);
+            /* (own_tokens: the token tiles are the unit's H in shared memory, one per K step) */
+            const uint32_t tokens = (own_tokens ? own_tokens + (kb - k0) * X_BYTES : st) + (MT == 2 ? w * 64 * SW_ROW_BYTES : 0);
             const uint32_t a = SWAP ? w_rows : tokens, b = SWAP ? tokens : w_rows;
             const uint32_t second = b_rows * SW_ROW_BYTES; /* the gate tile, after the up tile */
             wgmma_fence();
@@ -733,12 +762,68 @@ struct Stream {
         }
     }
 
+    /* One phase: H[rows, d_ff range of split sp] into s.hs, n-tile by n-tile (a phase-1 unit's main loop
+     * over the whole K), activated and rounded as phase 1 stores it, at the place TMA would put the H
+     * buffer's tiles: K step j of the range is an MP x 64 tile, row r's 16-byte chunk q at chunk q ^ (r % 8)
+     * (the 128-byte swizzle). Columns beyond d_ff are zeros (their W_down columns are too). */
+    FUSER_DEVICE void local_h(Cursor<STAGES> &c, int sp) const
+    {
+        const int n_lo = sp * KS2 * SW_COLS, n_hi = cmin(C::N, n_lo + KS2 * SW_COLS);
+        consumers_sync(); /* every warp has finished reading the previous unit's H */
+        for (int n0 = n_lo; n0 < n_hi; n0 += BN) {
+            float up[NW1 / 2], gate[NW1 / 2];
+            mainloop<NW1, C::GATED>(c, 0, KT1, BN, up, gate, nullptr);
+            /* 2 consecutive d_ff columns (n even) of token row r (of the tile) */
+            auto put = [&](int r, int n, const float (&f)[2]) {
+                const int rel = n - n_lo, col = rel % SW_COLS;
+                const uint32_t off = rel / SW_COLS * X_BYTES + r * SW_ROW_BYTES +
+                                     (((col / 8) ^ (r % 8)) * 16 + col % 8 * 2);
+                *(uint32_t *)(s.hs + off) = n < C::N ? pack2<DT>(f[0], f[1]) : 0u;
+            };
+            if constexpr (SWAP) {
+                /* element i: (token_of(i), feature_of(i)); the pair partner (next feature) is in lane + 4:
+                 * a thread stores its value and its partner's, even features only */
+#pragma unroll
+                for (int i = 0; i < NW1 / 2; i++) {
+                    const int n = cmin(n0 + feature_of(i), C::N - 1);
+                    float bu[1], bg[1], v[1];
+                    bias<C::BIAS_UP>(p.b_up, n, bu);
+                    bias<C::BIAS_GATE>(p.b_gate, n, bg);
+                    h_values<1>({up[i]}, {gate[i]}, bu, bg, v);
+                    const float other = __shfl_down_sync(0xffffffffu, v[0], 4);
+                    if ((lane / 4) % 2 == 0)
+                        put(token_of(i) - m0, n0 + feature_of(i), {v[0], other});
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < NW1 / 8; j++) {
+                    const int n = cmin(n0 + col_of<NW1>(j), C::N - 2);
+                    float bu[2], bg[2];
+                    unpack2(bias2<C::BIAS_UP>(p.b_up, n), bu);
+                    unpack2(bias2<C::BIAS_GATE>(p.b_gate, n), bg);
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        float f[2];
+                        h_values<2>({up[4 * j + 2 * h], up[4 * j + 2 * h + 1]},
+                                    {gate[4 * j + 2 * h], gate[4 * j + 2 * h + 1]}, bu, bg, f);
+                        put(row_of(h) - m0, n0 + col_of<NW1>(j), f);
+                    }
+                }
+            }
+        }
+        fence_proxy_async_smem(); /* the stores, before wgmma (the async proxy) reads them */
+        consumers_sync();
+    }
+
     FUSER_DEVICE void phase2(Cursor<STAGES> &c, int u) const
     {
         const Unit t = unit2(u);
         const int l_t = t.tile, sp = t.split;
+        if constexpr (ONE)
+            local_h(c, sp);
         float acc[NW2 / 2];
-        mainloop<NW2, false>(c, sp * KS2, cmin(KT2, (sp + 1) * KS2), 0, acc, acc, unit_trace(u1 + u));
+        mainloop<NW2, false>(c, sp * KS2, cmin(KT2, (sp + 1) * KS2), 0, acc, acc, unit_trace(u1 + u),
+                             ONE ? smem_addr(s.hs) : 0u);
         const int l0 = l_t * BL;
         if constexpr (S2 > 1) {
             const int64_t stride = (int64_t)p.m * C::L;
