@@ -16,12 +16,14 @@
 #   pairs  build, the GEMM probe, a smoke run of both kinds of cluster pairs (stopping there if it fails or
 #          hangs), the stream kernel's GPU tests, memcheck on its sanitizer workload, then `kernel_check.py
 #          --pairs` (pairs against single blocks, timed against eager and traced)
+#   onephase build, a smoke run of the sanitizer workload, the stream kernel's GPU tests, memcheck, then
+#          `kernel_check.py --one-phase` (one-phase plans against two-phase ones, timed and traced)
 #   all    check and bench, one after the other (a machine without a 10-minute limit)
 # Logs go to $OUT/results-<stage>.tgz (OUT defaults to ./gpu-out), the one-line summaries to $OUT/gpu.txt.
-#     bash benchmarks/gpu_session.sh check|bench|fit|prefill|epilogue|trace|pairs|all
+#     bash benchmarks/gpu_session.sh check|bench|fit|prefill|epilogue|trace|pairs|onephase|all
 set -uo pipefail
 STAGE=${1:-all}
-case $STAGE in check|bench|fit|prefill|epilogue|trace|pairs|all) ;; *) echo "usage: $0 check|bench|fit|prefill|epilogue|trace|pairs|all" >&2; exit 2;; esac
+case $STAGE in check|bench|fit|prefill|epilogue|trace|pairs|onephase|all) ;; *) echo "usage: $0 check|bench|fit|prefill|epilogue|trace|pairs|onephase|all" >&2; exit 2;; esac
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-gpu-out}
 OUT=$FINAL/r
@@ -58,24 +60,36 @@ if [ "$STAGE" = trace ]; then
     done
     cp "$OUT/gpu.txt" "$FINAL/gpu.txt"; tar czf "$FINAL/results-trace.tgz" -C "$OUT" . && rm -rf "$OUT"; exit 0
 fi
+# The stream kernel's checks: a smoke run of the sanitizer workload (the rest is skipped if it fails or
+# hangs), the stream GPU tests, memcheck on the workload. Returns the smoke run's status.
+stream_checks() {
+    timeout 60 python3 tests/gpu/sanitize_stream.py > "$OUT/smoke.log" 2>&1
+    local rc=$?
+    echo "smoke rc $rc" | tee -a "$OUT/gpu.txt"; cat "$OUT/smoke.log" >> "$OUT/gpu.txt"
+    [ $rc = 0 ] || return $rc
+    timeout 240 python3 -m pytest tests/test_gpu_stream.py -q -p no:cacheprovider -x --durations=5 2>&1 | tail -30 \
+        > "$OUT/pytest_stream.log"
+    echo "pytest stream rc ${PIPESTATUS[0]} $(grep -E '(passed|failed|error)' "$OUT/pytest_stream.log" | tail -1)" \
+        | tee -a "$OUT/gpu.txt"
+    timeout 90 compute-sanitizer --tool memcheck --error-exitcode 3 --kernel-name regex=fuser_ffn \
+        python3 tests/gpu/sanitize_stream.py > "$OUT/sanitizer_memcheck.txt" 2>&1
+    echo "memcheck rc $? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer_memcheck.txt" | head -1)" | tee -a "$OUT/gpu.txt"
+}
+# `kernel_check.py --SECTION` into $OUT/NAME, its timing and trace lines into the summary.
+kernel_section() {
+    timeout "$3" python3 benchmarks/kernel_check.py --"$1" --out "$OUT/$2" > "$OUT/$2.log" 2>&1
+    echo "$2 rc $?" | tee -a "$OUT/gpu.txt"
+    grep -E ' us \(eager|^trace .*span|^trace .*phase 2:' "$OUT/$2.log" | cut -c1-240 >> "$OUT/gpu.txt"
+}
 if [ "$STAGE" = pairs ]; then
     timeout 60 python3 benchmarks/kernel_check.py --gemm --out "$OUT/gemm" > "$OUT/gemm.log" 2>&1
     echo "gemm rc $?" | tee -a "$OUT/gpu.txt"; grep -E "\^3|variant|x torch" "$OUT/gemm.log" | head -12 >> "$OUT/gpu.txt"
-    timeout 60 python3 tests/gpu/sanitize_stream.py > "$OUT/smoke.log" 2>&1
-    rc=$?; echo "smoke rc $rc" | tee -a "$OUT/gpu.txt"; cat "$OUT/smoke.log" >> "$OUT/gpu.txt"
-    if [ $rc = 0 ]; then
-        timeout 240 python3 -m pytest tests/test_gpu_stream.py -q -p no:cacheprovider -x --durations=5 2>&1 | tail -30 \
-            > "$OUT/pytest_stream.log"
-        echo "pytest stream rc ${PIPESTATUS[0]} $(grep -E '(passed|failed|error)' "$OUT/pytest_stream.log" | tail -1)" \
-            | tee -a "$OUT/gpu.txt"
-        timeout 90 compute-sanitizer --tool memcheck --error-exitcode 3 --kernel-name regex=fuser_ffn \
-            python3 tests/gpu/sanitize_stream.py > "$OUT/sanitizer_memcheck.txt" 2>&1
-        echo "memcheck rc $? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer_memcheck.txt" | head -1)" | tee -a "$OUT/gpu.txt"
-        timeout 200 python3 benchmarks/kernel_check.py --pairs --out "$OUT/pairs" > "$OUT/pairs.log" 2>&1
-        echo "pairs rc $?" | tee -a "$OUT/gpu.txt"
-        grep -E ' us \(eager|^trace .*span' "$OUT/pairs.log" | cut -c1-220 >> "$OUT/gpu.txt"
-    fi
+    stream_checks && kernel_section pairs pairs 200
     cp "$OUT/gpu.txt" "$FINAL/gpu.txt"; tar czf "$FINAL/results-pairs.tgz" -C "$OUT" . && rm -rf "$OUT"; exit 0
+fi
+if [ "$STAGE" = onephase ]; then
+    stream_checks && kernel_section one-phase onephase 150
+    cp "$OUT/gpu.txt" "$FINAL/gpu.txt"; tar czf "$FINAL/results-onephase.tgz" -C "$OUT" . && rm -rf "$OUT"; exit 0
 fi
 if [ "$STAGE" = prefill ]; then
     timeout 240 python3 -m pytest tests/test_gpu_stream.py -q -p no:cacheprovider --durations=5 2>&1 | tail -30 \

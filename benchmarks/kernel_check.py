@@ -226,12 +226,47 @@ def pairs_section(log):
     return out
 
 
+ONE_PHASE = [  # name, d_model, d_ff, d_out, gated, act, tokens: chains whose GEMM1 is cheap to repeat
+    ("G1", 32, 512, 256, False, "relu", 128), ("G2", 512, 256, 64, False, "relu", 128),
+    ("G3", 416, 512, 256, False, "relu", 128), ("G7", 768, 768, 768, False, "relu", 128),
+    ("G9", 512, 2048, 512, False, "relu", 128), ("G10", 384, 1536, 384, False, "relu", 128),
+    ("G4", 768, 3072, 768, False, "relu", 128), ("S8", 1024, 3072, 1024, True, "silu", 128),
+    ("gpt2", 768, 3072, 768, False, "gelu", 1), ("gpt2", 768, 3072, 768, False, "gelu", 16),
+]
+
+
+def one_phase_section(log):
+    """One phase against two: for each ONE_PHASE chain, the model's best two-phase stream plan and its best
+    one-phase plans (the top 3, the best at bm 16 and at bm 32), timed side by side against eager
+    (time_plans); then traces of G1's."""
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    out = dict(rows=[], traces=[])
+    for name, d, f, l, gated, act, m in ONE_PHASE:
+        kw = dict(d_out=l, gated=gated, activation=act, target="h200", fused=True, kind="stream")
+        plans = fuser.plans(m, d, f, k=1, **kw)
+        for extra in (dict(k=3), dict(k=1, bm=16), dict(k=1, bm=32)):
+            try:
+                plans += fuser.plans(m, d, f, phases=1, **kw, **extra)
+            except ValueError as e:
+                log(f"{name} m={m} one phase {extra}: {e}")
+        uniq = {}
+        for p in plans:
+            uniq.setdefault(p.summary(), p)
+        out["rows"] += time_plans(log, gen, (name, d, f, l, gated, act, m), uniq.values())
+    for phases in (2, 1):
+        try:
+            out["traces"].append(trace_run("G1", 128, log, phases=phases))
+        except Exception:  # noqa: BLE001
+            log(f"trace G1 failed:\n{traceback.format_exc()}")
+    return out
+
+
 def trace_run(name, m, log, act=None, **cons):
     """One stream plan of a SWEEP shape, launched with its trace: when each unit was claimed, could load,
     got its first data and was done (global timer), summarised per phase. `act` replaces the shape's
     activation."""
     from fuser import _C, runtime
-    (_, d, f, l, gated, act0, _), = [w[:7] for w in SWEEP + PREFILL + PAIRS if w[0] == name][:1]
+    (_, d, f, l, gated, act0, _), = [w[:7] for w in SWEEP + PREFILL + PAIRS + ONE_PHASE if w[0] == name][:1]
     act = act or act0
     p = fuser.plan(m, d, f, d_out=l, gated=gated, activation=act, target="h200", fused=True, kind="stream", **cons)
     t = _inputs(d, f, l, gated, m, 1, torch.Generator(device="cuda").manual_seed(1))[0]
@@ -250,9 +285,11 @@ def trace_run(name, m, log, act=None, **cons):
     torch.cuda.synchronize()
     tr = trace.view(torch.int64).reshape(units, words).cpu()
     t0 = int(tr[:, 1].min())
-    u1 = p.derived["grid_m"] * p.derived["nt1"] * p.splits[0]
+    u1 = p.derived["grid_m"] * p.derived["nt1"] * p.splits[0] * (p.raw["params"]["phases"] == 2)
     rows = []
     for lo, hi, ph in ((0, u1, 1), (u1, units, 2)):
+        if hi <= lo:  # one phase: no phase-1 units
+            continue
         seg = tr[lo:hi]
         claim, ready, first, done, mma, issued = ((seg[:, i] - t0).double() / 1e3 for i in (1, 2, 3, 4, 6, 8))
         busy = (done - first)
@@ -265,7 +302,7 @@ def trace_run(name, m, log, act=None, **cons):
                  data_wait_us_median=float(seg[:, 7].double().median() / 1e3),
                  epilogue_us_median=float((done - mma).median()),
                  issue_us_median=float((issued - claim).median()))
-        if ph == 2:
+        if ph == 2 and p.raw["params"]["phases"] == 2:  # (one phase: nothing to wait for)
             r["ready_wait_us_median"] = float((ready - claim).median())
         rows.append(r)
         log(f"trace {name} m={m} phase {ph}: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
@@ -394,6 +431,8 @@ def main():
     ap.add_argument("--overlap", action="store_true", help="early (PDL) against serial launches of stream plans")
     ap.add_argument("--pairs", action="store_true", help="cluster pairs (multicast) against single blocks, timed "
                     "and traced")
+    ap.add_argument("--one-phase", action="store_true", help="one-phase stream plans against two-phase ones on "
+                    "small chains, timed and traced")
     ap.add_argument("--epilogue", action="store_true",
                     help="trace GPT-2 prefill plans (2048 tokens, bn 256 and 128) with GELU and with ReLU: what the "
                     "activation costs a phase-1 epilogue")
@@ -425,7 +464,8 @@ def main():
                            (a.splits, "splits", splits_section), (a.sweep, "sweep", sweep_section),
                            (a.decode, "decode", lambda log: sweep_section(log, top=4, shapes=DECODE)),
                            (a.prefill, "prefill", lambda log: sweep_section(log, top=3, shapes=PREFILL)),
-                           (a.overlap, "overlap", overlap_section), (a.pairs, "pairs", pairs_section)):
+                           (a.overlap, "overlap", overlap_section), (a.pairs, "pairs", pairs_section),
+                           (a.one_phase, "one_phase", one_phase_section)):
         if flag:
             t0 = time.time()
             try:
