@@ -97,12 +97,6 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: bn = %d: must be 64, 128, 192 or 256", p->bn);
     if (p->bl != 64 && p->bl != 128 && p->bl != 192 && p->bl != 256)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: bl = %d: must be 64, 128, 192 or 256", p->bl);
-    /* the last split sums its tile in 4-column pieces, 256 threads each keeping one column (stream.cuh's
-     * reduce_tile): the tile's pieces must divide 256 */
-    if ((p->s1 > 1 && p->bn == 192) || (p->s2 > 1 && p->bl == 192))
-        return fuser_fail(err, FUSER_E_VALUE, "stream plan: a split phase sums 64-, 128- or 256-wide tiles, got %s = "
-                          "192 with %d splits", p->s1 > 1 && p->bn == 192 ? "bn" : "bl",
-                          p->s1 > 1 && p->bn == 192 ? p->s1 : p->s2);
     if (c->gated && p->bn > 128)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: a gated chain keeps gate and up accumulators: bn <= "
                           "128, got %d", p->bn);
@@ -202,9 +196,11 @@ void fuser_plan_scratch(const fuser_plan *p, int64_t m, int64_t *zeroed_words, i
     if (p->kind == FUSER_KIND_STREAM) {
         /* claim and done counters, then per row tile its tickets and ready counters */
         *zeroed_words = 2 + fuser_ceil_div(m, p->bm) * ((int64_t)p->nt1 + p->lt2 + p->s2);
-        /* H [m][N] in 16 bits (a multiple of 4 floats: N % 8 == 0), then the split partials */
-        *ws_floats = m * c->n / 2 + (p->s1 > 1 ? (int64_t)p->s1 * p->parts * m * c->n : 0) +
-                     (p->s2 > 1 ? (int64_t)p->s2 * m * c->l : 0);
+        /* H [m][N] in 16 bits (a multiple of 4 floats: N % 8 == 0), then the split partials: whole tiles
+         * (bm rows, bn or bl columns) of every row tile and n- or l-tile, in the accumulators' order */
+        const int64_t rows = fuser_ceil_div(m, p->bm) * p->bm;
+        *ws_floats = m * c->n / 2 + (p->s1 > 1 ? (int64_t)p->s1 * p->parts * rows * p->nt1 * p->bn : 0) +
+                     (p->s2 > 1 ? (int64_t)p->s2 * rows * p->lt2 * p->bl : 0);
         return;
     }
     if (p->grid_n < 2)

@@ -54,11 +54,11 @@ void fuser_stream_traffic(const fuser_plan *p, fuser_traffic *out)
     l2 += g.reps * (e * g.m * g.K * nx + e * g.parts * g.N * g.K * wr + e * (c->bias_up + c->bias_gate) * g.N) +
           (g.one ? 0 : e * g.m * g.N);
     if (g.s1 > 1)
-        l2 += 2 * 4 * g.s1 * g.parts * g.m * g.N; /* partials written, read back by the last split */
+        l2 += 2 * 4 * g.s1 * g.parts * g.rt * g.bm * g.nt1 * g.bn; /* whole partial tiles written, read back */
     /* phase 2: H by every l-tile (not in one phase), W_down by every row tile, b_down once, y */
     l2 += (g.one ? 0 : e * g.m * g.N * nh) + e * g.L * g.N * wr + e * c->bias_down * g.L + e * g.m * g.L;
     if (g.s2 > 1)
-        l2 += 2 * 4 * g.s2 * g.m * g.L;
+        l2 += 2 * 4 * g.s2 * g.rt * g.bm * g.lt2 * g.bl;
     out->l2 = l2;
     out->hbm = e * (g.m * g.K + g.parts * g.N * g.K + g.L * g.N + (c->bias_up + c->bias_gate) * g.N +
                     c->bias_down * g.L + g.m * g.L);
@@ -217,7 +217,7 @@ static void phase1(ssim *S, int64_t nt)
         S->tr.smem += g->reps * g->rt * steps * (g->bm + g->parts * g->bn) * FUSER_BK * 2;
         S->flops += 2.0 * g->reps * g->rt * steps * FUSER_BK * g->bm * g->parts * g->bn;
         if (g->s1 > 1)
-            S->tr.l2 += 2 * 4 * g->parts * g->m * nr; /* written, then read back by the last split */
+            S->tr.l2 += 2 * 4 * g->parts * g->rt * g->bm * g->bn; /* whole tiles, written and read back */
     }
     for (int64_t j = 0; j < nr; j++) {
         const float bu = c->bias_up ? val(S, S_BU, d->b_up, n0 + j) : 0;
@@ -249,7 +249,7 @@ static void phase2(ssim *S, int64_t lt)
         S->tr.smem += g->rt * steps * ((g->one ? 0 : g->bm) + g->bl) * FUSER_BK * 2;
         S->flops += 2.0 * g->rt * steps * FUSER_BK * g->bm * g->bl;
         if (g->s2 > 1)
-            S->tr.l2 += 2 * 4 * g->m * lr;
+            S->tr.l2 += 2 * 4 * g->rt * g->bm * g->bl;
     }
     for (int64_t j = 0; j < lr; j++) {
         const float b = c->bias_down ? val(S, S_BD, d->b_down, l0 + j) : 0;

@@ -4,7 +4,8 @@
  *
  * Traffic of a stream plan: hbm is the compulsory bytes (x, weights, biases, y once each); l2 every
  * global load and store of data (in-bounds bytes: x and H tiles by every unit that reads them, weights,
- * the H buffer's stores, the fp32 split partials written and read back, biases once per tile, y); the
+ * the H buffer's stores, biases once per tile, y; and the fp32 split partials written and read back as
+ * whole tiles, padding included); the
  * sync words (tickets, ready flags) are not counted. smem: bytes TMA writes into shared memory (whole
  * boxes, zero fill included). dsm: none. */
 #ifndef FUSER_STREAM_H

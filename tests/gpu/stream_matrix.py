@@ -42,6 +42,9 @@ def cases():
         yield dict(bm=bm, gated=gated, activation=ACTS[j], bias=j % 2 == 0, dtype=("bfloat16", "float16")[j % 2],
                    s1=1, s2=3 if split else 1, m=(bm + 5, 3 * bm - 7)[j % 2], d_model=448, d_ff=1472, d_out=200,
                    bn=(128 if bm == 64 else 64) if gated else 192, bl=128 if split else 192)
+    # 192-wide tiles in split phases (their partials are whole fragments, like any width's)
+    yield dict(bm=128, gated=False, activation="gelu", bias=True, dtype="bfloat16", s1=2, s2=3, m=200, d_model=448,
+               d_ff=1472, d_out=392, bn=192, bl=192)
     # cluster pairs sharing an operand by multicast: row-tile pairs (2, 1, 1, 1) with an odd count of row
     # tiles (the last pair's second block a ghost) or one row tile (every pair a ghost pair), tile pairs
     # (1, 2, 1, 2) with an odd count of n-tiles or l-tiles; every bm, split or not

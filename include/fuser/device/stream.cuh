@@ -14,7 +14,9 @@
  *     W[n-tile, K range]^T, for W = W_up (and W_gate when gated: both accumulators in one block, so the
  *     gate product is local).
  *     With S1 K splits, fp32 partials go to a workspace and the last split to arrive (an atomic ticket)
- *     sums all of them in split order (deterministic); it adds the biases, activates (and gates), rounds
+ *     sums all of them in split order (deterministic; each thread its own fragment, which the workspace
+ *     keeps in the accumulators' order: 16-byte stores and loads, every warp's contiguous); it adds the
+ *     biases, activates (and gates), rounds
  *     H to 16 bits into a global buffer (it stays in L2) and counts the n-tile done (release) in the
  *     row tile's ready counter of every phase-2 split whose d_ff range the n-tile overlaps.
  *   phase 2, unit (split, l-tile, row tile): Y[rows, l-tile] partial = H[rows, N range] * W_down[l-tile,
@@ -69,7 +71,8 @@ struct StreamParams {
     const uint16_t *b_up, *b_gate, *b_down;
     uint16_t *hbuf;   /* H's memory: [M][N] */
     uint16_t *y;      /* [M, L] */
-    float *ws;        /* fp32 partials: phase 1 [S1][PARTS][M][N], then phase 2 [S2][M][L] */
+    float *ws;        /* fp32 split partials, whole tiles in the accumulators' order (store_frag): phase 1
+                         [row tile][n-tile][S1][PARTS][BM x BN], then phase 2 [row tile][l-tile][S2][BM x BL] */
     int *sync;        /* [claim][done], then per row tile [NT1 tickets][LT tickets][S2 ready counters]; all
                          zero between launches */
     uint64_t *trace;  /* optional (null: off): per unit TRACE_WORDS words, see Stream::trace_unit */
@@ -140,19 +143,20 @@ struct Stream {
     Smem &s;
     int lt, warp, lane, w;   /* consumer thread: index in the consumers, warp in its warpgroup, lane, warpgroup */
     int m0;                  /* consumer: the first token row of the current unit's row tile */
-    const int rt;            /* row tiles */
-    const int u1, u2;        /* units of each phase */
 
-    FUSER_DEVICE Stream(const StreamParams &prm, Smem &sm)
-        : p(prm), s(sm), rt(ceil_div(prm.m, BM)), u1(ONE ? 0 : rt * NT1 * S1), u2(rt * LT * S2)
-    {
-    }
+    FUSER_DEVICE Stream(const StreamParams &prm, Smem &sm) : p(prm), s(sm) {}
+
+    /* Row tiles and the units of each phase, computed from the parameters where used (a few instructions;
+     * held in registers they live through every epilogue and the largest ones spill) */
+    FUSER_DEVICE int rt() const { return ceil_div(p.m, BM); }
+    FUSER_DEVICE int u1() const { return ONE ? 0 : rt() * NT1 * S1; }
+    FUSER_DEVICE int u2() const { return rt() * LT * S2; }
 
     /* (computed where used: kept as members they outlive the role split and spill in the producer's 40
      * registers) entries of each phase in the claim order (units, or pairs of units); the block's rank
      * in its cluster */
-    FUSER_DEVICE int q1() const { return ONE ? 0 : entries(rt, NT1, S1); }
-    FUSER_DEVICE int q2() const { return entries(rt, LT, S2); }
+    FUSER_DEVICE int q1() const { return ONE ? 0 : entries(rt(), NT1, S1); }
+    FUSER_DEVICE int q2() const { return entries(rt(), LT, S2); }
     static FUSER_DEVICE int rank() { return PAIR == PAIR_NONE ? 0 : (int)cluster_rank(); }
 
     /* Claim-order entries of a phase of T tiles and S splits over `rows` row tiles. */
@@ -175,11 +179,11 @@ struct Stream {
         index = local / rows;
         row = r0 + local % rows;
     }
-    FUSER_DEVICE void locate(int u, int per, int &index, int &row) const { locate(u, per, p.group, rt, index, row); }
+    FUSER_DEVICE void locate(int u, int per, int &index, int &row) const { locate(u, per, p.group, rt(), index, row); }
     /* The inverse: the unit of index `i` (tile and split) in row tile `row`. */
     FUSER_DEVICE int unit_at(int per, int i, int row) const
     {
-        const int r0 = row / p.group * p.group, rows = cmin(p.group, rt - r0);
+        const int r0 = row / p.group * p.group, rows = cmin(p.group, rt() - r0);
         return r0 * per + i * rows + (row - r0);
     }
     FUSER_DEVICE Unit unit1(int u) const
@@ -207,11 +211,11 @@ struct Stream {
         int row, tile, split, ghost;
         if constexpr (PAIR == PAIR_ROWS) {
             int i, rp;
-            locate(v, T * S, cmax(1, p.group / 2), ceil_div(rt, 2), i, rp);
+            locate(v, T * S, cmax(1, p.group / 2), ceil_div(rt(), 2), i, rp);
             tile = one ? i / S1 : i % LT;
             split = one ? i % S1 : i / LT;
             row = 2 * rp + rank();
-            ghost = row >= rt;
+            ghost = row >= rt();
             row -= ghost;
         } else {
             const int TP = ceil_div(T, 2);
@@ -222,7 +226,7 @@ struct Stream {
             ghost = tile >= T;
             tile -= ghost;
         }
-        const int u = one ? unit_at(T * S, tile * S1 + split, row) : u1 + unit_at(T * S, split * LT + tile, row);
+        const int u = one ? unit_at(T * S, tile * S1 + split, row) : u1() + unit_at(T * S, split * LT + tile, row);
         return ghost ? u | GHOST : u;
     }
 
@@ -338,7 +342,7 @@ struct Stream {
                 p.trace[u * TRACE_WORDS + 1] = global_ns();
                 p.trace[u * TRACE_WORDS + 5] = sm_id();
             }
-            if (u < u1) {
+            if (u < u1()) {
                 const Unit t = unit1(u);
                 const int nt = t.tile, sp = t.split, m0 = t.row * BM;
                 const uint32_t bytes = (own_t ? X_BYTES : 0) + (own_w ? PARTS * BN * SW_ROW_BYTES : 0);
@@ -360,7 +364,7 @@ struct Stream {
                 if (p.trace && !ghost)
                     p.trace[u * TRACE_WORDS + 8] = global_ns();
             } else {
-                const Unit t = unit2(u - u1);
+                const Unit t = unit2(u - u1());
                 const int l_t = t.tile, sp = t.split, m0 = t.row * BM;
                 int *ready = sync_of(t.row, READY + sp);
                 /* the H columns of the split exist and are visible to TMA */
@@ -481,8 +485,8 @@ struct Stream {
      * for each (the partner's loads land here too) and release it. */
     FUSER_DEVICE void idle(Cursor<STAGES> &c, int u) const
     {
-        const bool one = u < u1;
-        const int sp = one ? unit1(u).split : unit2(u - u1).split;
+        const bool one = u < u1();
+        const int sp = one ? unit1(u).split : unit2(u - u1()).split;
         const int k0 = sp * (one ? KS1 : KS2), k1 = cmin(one ? KT1 : KT2, k0 + (one ? KS1 : KS2));
         for (int kb = k0; kb < k1; kb++, c.next()) {
             consume_wait(s.ring, c);
@@ -506,82 +510,51 @@ struct Stream {
     FUSER_DEVICE int token_of(int i) const { return m0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1); }
     FUSER_DEVICE int feature_of(int i) const { return 64 * w + 16 * warp + lane / 4 + 8 * ((i >> 1) & 1); }
 
-    /* Store one fp32 partial tile at column offset c0 of a [m][width] workspace slice. */
-    template <int NW, int R>
-    FUSER_DEVICE void store_partial(const float (&acc)[R], float *ws, int width, int c0, int limit) const
+    /* Split partials, in the accumulators' own order: a tile's partial is FRAG floats, R per consumer
+     * thread, kept as [R / 4][256 threads][4] so each float4 store or load of a warp covers 512 contiguous
+     * bytes (a [row][column] layout made each warp instruction write 8 rows of 32 bytes). Every element is
+     * stored, in bounds or not (the tiles' padding is zeros or never stored later). */
+    template <int R>
+    FUSER_DEVICE void store_frag(const float (&acc)[R], float *tile) const
     {
-        if constexpr (SWAP) {
+        static_assert(R % 4 == 0, "float4 pieces");
 #pragma unroll
-            for (int i = 0; i < R; i++) {
-                const int t = token_of(i), f = c0 + feature_of(i);
-                if (t < p.m && f < limit)
-                    ws[(int64_t)t * width + f] = acc[i];
-            }
-            return;
-        }
-#pragma unroll
-        for (int j = 0; j < NW / 8; j++) {
-            const int col = c0 + col_of<NW>(j);
-            if (col >= limit)
-                continue;
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int row = row_of(h);
-                if (row < p.m)
-                    *(float2 *)(ws + (int64_t)row * width + col) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-            }
-        }
+        for (int i = 0; i < R; i += 4)
+            *(float4 *)(tile + ((int64_t)(i / 4) * 256 + lt) * 4) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
     }
 
-    /* The column of the 4-column pieces this consumer thread sums in reduce_tile (the same in every row). */
-    template <int W>
-    FUSER_DEVICE int reduce_col(int c0) const { return c0 + lt % (W / 4) * 4; }
-
-    /* The last split of a tile: every consumer thread takes 4-column pieces of the [rows x W] tile at row
-     * m0, column c0 (coalesced; a thread always the same column, reduce_col), sums the SPLITS partials of
-     * each of NP parts in split order (deterministic) and hands the sums to fin(ok, row, col, sums), ok false
-     * for a piece outside the tile (its sums are zeros: computed, not stored). Called
-     * after the ticket's barrier: the laundered pointer keeps the loads after it, and the loads, free of
-     * volatile, are issued in batches before the first sum. */
-    template <int W, int SPLITS, int NP, class Fin>
-    FUSER_DEVICE void reduce_tile(const float *ws_, int64_t part_stride, int64_t split_stride, int width, int c0,
-                                  int limit, Fin fin) const
+    /* The last split of a tile: acc = the SPLITS partials at tile + sp * stride summed in split order (this
+     * thread's fragment). Called after the ticket's barrier: the laundered pointer keeps the loads after
+     * it, and the loads (L2, `.cg`: other blocks wrote them), free of volatile, are issued in batches
+     * before their sums: 16 float4 loads in flight, 8 beside 64 accumulators, 4 beside 128 (gate and up;
+     * more spilled). */
+    template <int SPLITS, int R>
+    FUSER_DEVICE void sum_frags(float (&acc)[R], const float *tile_, int64_t stride) const
     {
-        const float *ws = launder(ws_);
-        /* float4 loads in flight per thread: 16, or 8 in a kernel whose phase-1 tile is 128 x 256 (with 16,
-         * ptxas spilled there) */
-        constexpr int LOADS = MT == 2 && BN == 256 ? 8 : 16;
-        constexpr int Q = W / 4, B = cmax(1, LOADS / (SPLITS * NP));
-        static_assert(256 % Q == 0, "a thread's pieces share one column");
-        const int items = cmin(BM, p.m - m0) * Q;
-        for (int base = lt; base < items; base += 256 * B) {
-            float4 v[B][NP][SPLITS];
+        const float *tile = launder(tile_);
+        constexpr int LOADS = R * PARTS >= 128 ? 4 : R >= 64 ? 8 : 16;
+        constexpr int B = cmax(1, LOADS / SPLITS); /* float4 pieces per batch */
+#pragma unroll
+        for (int i0 = 0; i0 < R / 4; i0 += B) {
+            float4 v[B][SPLITS];
+#pragma unroll
+            for (int b = 0; b < B; b++)
+#pragma unroll
+                for (int sp = 0; sp < SPLITS; sp++)
+                    if (i0 + b < R / 4)
+                        v[b][sp] = ld_cg_f4_relaxed(tile + sp * stride + ((int64_t)(i0 + b) * 256 + lt) * 4);
 #pragma unroll
             for (int b = 0; b < B; b++) {
-                const int i = base + 256 * b, r = m0 + i / Q, col = c0 + i % Q * 4;
-                const bool in = i < items && col < limit;
-                const float *q = ws + (in ? (int64_t)r * width + col : 0);
+                if (i0 + b >= R / 4)
+                    continue;
+                float4 t = v[b][0];
 #pragma unroll
-                for (int k = 0; k < NP; k++)
-#pragma unroll
-                    for (int sp = 0; sp < SPLITS; sp++)
-                        v[b][k][sp] = in ? ld_cg_f4_relaxed(q + k * part_stride + sp * split_stride)
-                                         : make_float4(0.f, 0.f, 0.f, 0.f);
+                for (int sp = 1; sp < SPLITS; sp++)
+                    t.x += v[b][sp].x, t.y += v[b][sp].y, t.z += v[b][sp].z, t.w += v[b][sp].w;
+                const int i = 4 * (i0 + b);
+                acc[i] = t.x, acc[i + 1] = t.y, acc[i + 2] = t.z, acc[i + 3] = t.w;
             }
-#pragma unroll
-            for (int b = 0; b < B; b++) {
-                const int i = base + 256 * b, r = m0 + i / Q, col = c0 + i % Q * 4;
-                float sum[NP][4];
-#pragma unroll
-                for (int k = 0; k < NP; k++) {
-                    float4 t = v[b][k][0];
-#pragma unroll
-                    for (int sp = 1; sp < SPLITS; sp++)
-                        t.x += v[b][k][sp].x, t.y += v[b][k][sp].y, t.z += v[b][k][sp].z, t.w += v[b][k][sp].w;
-                    sum[k][0] = t.x, sum[k][1] = t.y, sum[k][2] = t.z, sum[k][3] = t.w;
-                }
-                fin(i < items && col < limit, r, col, sum);
-            }
+            compiler_fence(); /* the next batch's loads stay after this one's (unrolled, ptxas hoists them) */
         }
     }
 
@@ -624,36 +597,29 @@ struct Stream {
         }
     }
 
-    /* H[row][n .. n+E) = h_values, rounded; stored only where `ok` (the row and columns in the output),
-     * computed everywhere (st_global_if). */
-    template <int E>
-    FUSER_DEVICE void store_h(bool ok, uint16_t *dst, const float (&up)[E], const float (&gate)[E],
-                              const float (&bu)[E], const float (&bg)[E]) const
+    /* H[row][n] = h_values, rounded; stored only where `ok` (the row and column in the output), computed
+     * everywhere (st_global_if). */
+    FUSER_DEVICE void store_h(bool ok, uint16_t *dst, float up, float gate, float bu, float bg) const
     {
-        float v[E];
-        h_values<E>(up, gate, bu, bg, v);
-        store16<E>(ok, dst, v);
+        float v[1];
+        h_values<1>({up}, {gate}, {bu}, {bg}, v);
+        store16(ok, dst, v[0]);
     }
     FUSER_DEVICE uint16_t *h_at(int row, int n) const { return p.hbuf + (int64_t)row * C::N + n; }
 
-    /* Y[row][l .. l+E) = v + bd, rounded; stored only where `ok`. */
-    template <int E>
-    FUSER_DEVICE void store_y(bool ok, uint16_t *dst, const float (&v)[E], const float (&bd)[E]) const
+    /* Y[row][l] = v + bd, rounded; stored only where `ok`. */
+    FUSER_DEVICE void store_y(bool ok, uint16_t *dst, float v, float bd) const
     {
-        float o[E];
-#pragma unroll
-        for (int e = 0; e < E; e++)
-            o[e] = plus<C::BIAS_DOWN>(v[e], bd[e]);
-        store16<E>(ok, dst, o);
+        store16(ok, dst, plus<C::BIAS_DOWN>(v, bd));
     }
     FUSER_DEVICE uint16_t *y_at(int row, int l) const { return p.y + (int64_t)row * C::L + l; }
 
-    /* A consumer's fragment tile, rounded to 16 bits, into the [rows][width] matrix `out`: pair j of row h
-     * (row row_of(h), columns c0 + col_of<NW>(j) and the next) is value(j, h, f) in fp32; only rows in
-     * the tokens and columns below `limit` are stored, every value is computed. The 4 lanes of a quad
-     * trade pairs (quad_transpose) so that each stores 8 consecutive columns: 16-byte stores filling
-     * whole 32-byte sectors, where a lane's own pairs would take four 4-byte stores that each write half
-     * a sector. */
+    /* A consumer's fragment tile, rounded to 16 bits, into the [rows][width] matrix `out`: chunk j (column
+     * pair c0 + col_of<NW>(j) and the next, in row row_of(0) then row_of(1): the accumulators' order) is
+     * value(j, f) in fp32; only rows in the tokens and columns below `limit` are stored, every value is
+     * computed. The 4 lanes of a quad trade pairs (quad_transpose) so that each stores 8 consecutive
+     * columns: 16-byte stores filling whole 32-byte sectors, where a lane's own pairs would take four
+     * 4-byte stores that each write half a sector. */
     template <int NW, class V>
     FUSER_DEVICE void store_tile(uint16_t *out, int width, int c0, int limit, V value) const
     {
@@ -664,31 +630,42 @@ struct Stream {
         uint16_t *const at[2] = {out + (int64_t)row_of(0) * width + c, out + (int64_t)row_of(1) * width + c};
         const bool rows_in[2] = {row_of(0) < p.m, row_of(1) < p.m};
 #pragma unroll
-        for (int g = 0; g < NW / 32; g++)
+        for (int g = 0; g < NW / 32; g++) {
+            uint32_t v[2][4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                float f[4];
+                value(4 * g + k, f);
+                v[0][k] = pack2<DT>(f[0], f[1]);
+                v[1][k] = pack2<DT>(f[2], f[3]);
+            }
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                uint32_t v[4];
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    float f[2];
-                    value(4 * g + k, h, f);
-                    v[k] = pack2<DT>(f[0], f[1]);
-                }
-                quad_transpose(v, q);
+                quad_transpose(v[h], q);
                 st_global_if(rows_in[h] && c + 32 * g < limit, (uint4 *)(at[h] + 32 * g),
-                             make_uint4(v[0], v[1], v[2], v[3]));
+                             make_uint4(v[h][0], v[h][1], v[h][2], v[h][3]));
             }
+        }
     }
 
-    /* E (1 or 4) fp32 values rounded to 16 bits, one store where `ok`. */
-    template <int E>
-    static FUSER_DEVICE void store16(bool ok, uint16_t *dst, const float (&v)[E])
+    /* Chunk j of a tile's SPLITS partials at tile + sp * stride (store_frag's order), summed in split order:
+     * L2 loads (`.cg`: other blocks wrote them) through a pointer laundered after the ticket's barrier. */
+    template <int SPLITS>
+    FUSER_DEVICE float4 frag_sum(const float *tile, int64_t stride, int j) const
     {
-        static_assert(E == 1 || E == 4, "one value (swap-AB) or four (the split sums)");
-        if constexpr (E == 1)
-            st_global_if(ok, dst, (uint16_t)(pack2<DT>(v[0], 0.f) & 0xffff));
-        else
-            st_global_if(ok, (uint2 *)dst, make_uint2(pack2<DT>(v[0], v[1]), pack2<DT>(v[2], v[3])));
+        float4 t = ld_cg_f4_relaxed(tile + ((int64_t)j * 256 + lt) * 4);
+#pragma unroll
+        for (int sp = 1; sp < SPLITS; sp++) {
+            const float4 v = ld_cg_f4_relaxed(tile + sp * stride + ((int64_t)j * 256 + lt) * 4);
+            t.x += v.x, t.y += v.y, t.z += v.z, t.w += v.w;
+        }
+        return t;
+    }
+
+    /* One fp32 value rounded to 16 bits, stored where `ok` (swap-AB's epilogues: a value per element). */
+    static FUSER_DEVICE void store16(bool ok, uint16_t *dst, float v)
+    {
+        st_global_if(ok, dst, (uint16_t)(pack2<DT>(v, 0.f) & 0xffff));
     }
 
     /* where consumer thread 0 records its unit's mainloop (null: no trace, or another thread) */
@@ -702,22 +679,36 @@ struct Stream {
         mainloop<NW1, C::GATED>(c, sp * KS1, cmin(KT1, (sp + 1) * KS1), BN, up, gate, unit_trace(u));
         const int n0 = nt * BN;
         if constexpr (S1 > 1) {
-            const int64_t stride = (int64_t)p.m * C::N;
-            float *ws = p.ws + (int64_t)sp * PARTS * stride;
-            store_partial<NW1>(up, ws, C::N, n0, C::N);
+            /* this split's partials; the last split sums them all into up (and gate), then stores H */
+            constexpr int64_t TILE = (int64_t)BM * BN;
+            float *tile = p.ws + ((int64_t)t.row * NT1 + nt) * S1 * PARTS * TILE;
+            store_frag(up, tile + sp * PARTS * TILE);
             if constexpr (C::GATED)
-                store_partial<NW1>(gate, ws + stride, C::N, n0, C::N);
+                store_frag(gate, tile + (sp * PARTS + 1) * TILE);
             if (!last_of(sync_of(t.row, TICKETS1 + nt), S1))
                 return;
-            const int col = reduce_col<BN>(n0);
-            float bu[4], bg[4];
-            bias<C::BIAS_UP>(p.b_up, col < C::N ? col : 0, bu);
-            bias<C::BIAS_GATE>(p.b_gate, col < C::N ? col : 0, bg);
-            reduce_tile<BN, S1, PARTS>(p.ws, stride, PARTS * stride, C::N, n0, C::N,
-                                       [&](bool ok, int r, int n, const float (&sum)[PARTS][4]) {
-                                           store_h<4>(ok, h_at(r, n), sum[0], sum[PARTS - 1], bu, bg);
-                                       });
-        } else if constexpr (SWAP) {
+            if (lt == 0) /* every split has arrived: the ticket is zero again for the next launch */
+                store_relaxed_gpu(sync_of(t.row, TICKETS1 + nt), 0);
+            if constexpr (!SWAP) { /* H straight from the summed partials, chunk by chunk */
+                const float *sums = launder(tile);
+                store_tile<NW1>(p.hbuf, C::N, n0, C::N, [&](int j, float (&f)[4]) {
+                    const float4 u = frag_sum<S1>(sums, PARTS * TILE, j);
+                    const float4 g = C::GATED ? frag_sum<S1>(sums + TILE, PARTS * TILE, j) : u;
+                    const int n = cmin(n0 + col_of<NW1>(j), C::N - 2);
+                    float bu[2], bg[2];
+                    unpack2(bias2<C::BIAS_UP>(p.b_up, n), bu);
+                    unpack2(bias2<C::BIAS_GATE>(p.b_gate, n), bg);
+                    h_values<2>({u.x, u.y}, {g.x, g.y}, bu, bg, *(float (*)[2])&f[0]);
+                    h_values<2>({u.z, u.w}, {g.z, g.w}, bu, bg, *(float (*)[2])&f[2]);
+                });
+                publish1(t.row, n0);
+                return;
+            }
+            sum_frags<S1>(up, tile, PARTS * TILE);
+            if constexpr (C::GATED)
+                sum_frags<S1>(gate, tile + TILE, PARTS * TILE);
+        }
+        if constexpr (SWAP) {
             /* a thread's features: feature_of(i) for i % 4 < 2 and for i % 4 >= 2 */
             float bu[2], bg[2];
 #pragma unroll
@@ -731,7 +722,7 @@ struct Stream {
 #pragma unroll
             for (int i = 0; i < NW1 / 2; i++) {
                 const int t = token_of(i), n = n0 + feature_of(i), h = (i >> 1) & 1;
-                store_h<1>(t < p.m && n < C::N, h_at(t, n), {up[i]}, {gate[i]}, {bu[h]}, {bg[h]});
+                store_h(t < p.m && n < C::N, h_at(t, n), up[i], gate[i], bu[h], bg[h]);
             }
         } else {
             /* the biases of the thread's column pairs first (16-bit pairs, every load before the first store) */
@@ -742,23 +733,28 @@ struct Stream {
                 bu[j] = bias2<C::BIAS_UP>(p.b_up, n);
                 bg[j] = bias2<C::BIAS_GATE>(p.b_gate, n);
             }
-            store_tile<NW1>(p.hbuf, C::N, n0, C::N, [&](int j, int h, float (&f)[2]) {
+            store_tile<NW1>(p.hbuf, C::N, n0, C::N, [&](int j, float (&f)[4]) {
                 float bu2[2], bg2[2];
                 unpack2(bu[j], bu2);
                 unpack2(bg[j], bg2);
-                h_values<2>({up[4 * j + 2 * h], up[4 * j + 2 * h + 1]}, {gate[4 * j + 2 * h], gate[4 * j + 2 * h + 1]},
-                            bu2, bg2, f);
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    h_values<2>({up[4 * j + 2 * h], up[4 * j + 2 * h + 1]}, {gate[4 * j + 2 * h], gate[4 * j + 2 * h + 1]},
+                                bu2, bg2, *(float (*)[2])&f[2 * h]);
             });
         }
-        /* publish the n-tile: every consumer's stores, then one release per phase-2 split it feeds (the
-         * barrier orders the other threads' stores before it) */
+        publish1(t.row, n0);
+    }
+
+    /* Publish the n-tile at column n0 of row tile `row`: every consumer's stores of it, then one release per
+     * phase-2 split it feeds (the barrier orders the other threads' stores before it). */
+    FUSER_DEVICE void publish1(int row, int n0) const
+    {
         consumers_sync();
         if (lt == 0) {
-            if constexpr (S1 > 1)
-                store_relaxed_gpu(sync_of(t.row, TICKETS1 + nt), 0);
             const int last_step = (cmin(C::N, n0 + BN) - 1) / SW_COLS;
             for (int sp2 = n0 / SW_COLS / KS2; sp2 <= last_step / KS2; sp2++)
-                red_release_gpu_add(sync_of(t.row, READY + sp2), 1);
+                red_release_gpu_add(sync_of(row, READY + sp2), 1);
         }
     }
 
@@ -822,26 +818,32 @@ struct Stream {
         if constexpr (ONE)
             local_h(c, sp);
         float acc[NW2 / 2];
-        mainloop<NW2, false>(c, sp * KS2, cmin(KT2, (sp + 1) * KS2), 0, acc, acc, unit_trace(u1 + u),
+        mainloop<NW2, false>(c, sp * KS2, cmin(KT2, (sp + 1) * KS2), 0, acc, acc, unit_trace(u1() + u),
                              ONE ? smem_addr(s.hs) : 0u);
         const int l0 = l_t * BL;
         if constexpr (S2 > 1) {
-            const int64_t stride = (int64_t)p.m * C::L;
-            float *ws2 = p.ws + (S1 > 1 ? (int64_t)S1 * PARTS * p.m * C::N : 0);
-            store_partial<NW2>(acc, ws2 + sp * stride, C::L, l0, C::L);
+            constexpr int64_t TILE = (int64_t)BM * BL;
+            float *tile = p.ws + (S1 > 1 ? (int64_t)S1 * PARTS * rt() * BM * NT1 * BN : 0) +
+                          ((int64_t)t.row * LT + l_t) * S2 * TILE;
+            store_frag(acc, tile + sp * TILE);
             if (!last_of(sync_of(t.row, TICKETS2 + l_t), S2))
                 return;
-            const int col = reduce_col<BL>(l0);
-            float bd[4];
-            bias<C::BIAS_DOWN>(p.b_down, col < C::L ? col : 0, bd);
-            reduce_tile<BL, S2, 1>(ws2, 0, stride, C::L, l0, C::L,
-                                   [&](bool ok, int r, int l, const float (&sum)[1][4]) {
-                                       store_y<4>(ok, y_at(r, l), sum[0], bd);
-                                   });
-            consumers_sync();
-            if (lt == 0)
+            if (lt == 0) /* every split has arrived: the ticket is zero again for the next launch */
                 store_relaxed_gpu(sync_of(t.row, TICKETS2 + l_t), 0);
-        } else if constexpr (SWAP) {
+            if constexpr (!SWAP) { /* y straight from the summed partials, chunk by chunk */
+                const float *sums = launder(tile);
+                store_tile<NW2>(p.y, C::L, l0, C::L, [&](int j, float (&f)[4]) {
+                    const float4 v = frag_sum<S2>(sums, TILE, j);
+                    float bd[2];
+                    unpack2(bias2<C::BIAS_DOWN>(p.b_down, cmin(l0 + col_of<NW2>(j), C::L - 2)), bd);
+                    f[0] = plus<C::BIAS_DOWN>(v.x, bd[0]), f[1] = plus<C::BIAS_DOWN>(v.y, bd[1]);
+                    f[2] = plus<C::BIAS_DOWN>(v.z, bd[0]), f[3] = plus<C::BIAS_DOWN>(v.w, bd[1]);
+                });
+                return;
+            }
+            sum_frags<S2>(acc, tile, TILE);
+        }
+        if constexpr (SWAP) {
             float bd[2];
 #pragma unroll
             for (int h = 0; h < 2; h++) {
@@ -852,18 +854,19 @@ struct Stream {
 #pragma unroll
             for (int i = 0; i < NW2 / 2; i++) {
                 const int t = token_of(i), l = l0 + feature_of(i);
-                store_y<1>(t < p.m && l < C::L, y_at(t, l), {acc[i]}, {bd[(i >> 1) & 1]});
+                store_y(t < p.m && l < C::L, y_at(t, l), acc[i], bd[(i >> 1) & 1]);
             }
         } else {
             uint32_t bd[NW2 / 8];
 #pragma unroll
             for (int j = 0; j < NW2 / 8; j++)
                 bd[j] = bias2<C::BIAS_DOWN>(p.b_down, cmin(l0 + col_of<NW2>(j), C::L - 2));
-            store_tile<NW2>(p.y, C::L, l0, C::L, [&](int j, int h, float (&f)[2]) {
+            store_tile<NW2>(p.y, C::L, l0, C::L, [&](int j, float (&f)[4]) {
                 float bd2[2];
                 unpack2(bd[j], bd2);
-                f[0] = plus<C::BIAS_DOWN>(acc[4 * j + 2 * h], bd2[0]);
-                f[1] = plus<C::BIAS_DOWN>(acc[4 * j + 2 * h + 1], bd2[1]);
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    f[e] = plus<C::BIAS_DOWN>(acc[4 * j + e], bd2[e % 2]);
             });
         }
     }
@@ -886,12 +889,12 @@ struct Stream {
             }
             if (p.trace && lt == 0)
                 p.trace[u * TRACE_WORDS + 3] = global_ns();
-            if (u < u1) {
+            if (u < u1()) {
                 m0 = unit1(u).row * BM;
                 phase1(c, u);
             } else {
-                m0 = unit2(u - u1).row * BM;
-                phase2(c, u - u1);
+                m0 = unit2(u - u1()).row * BM;
+                phase2(c, u - u1());
             }
             if (p.trace && lt == 0)
                 p.trace[u * TRACE_WORDS + 4] = global_ns();
@@ -901,7 +904,7 @@ struct Stream {
         consumers_sync();
         if (lt == 0) {
             if (atomic_add_gpu(p.sync + DONE, 1) == (int)gridDim.x - 1) {
-                for (int r = 0; r < rt; r++)
+                for (int r = 0; r < rt(); r++)
                     for (int i = 0; i < S2; i++)
                         store_relaxed_gpu(sync_of(r, READY + i), 0);
                 store_relaxed_gpu(p.sync + CLAIM, 0);
