@@ -6,7 +6,7 @@
 #          shapes, the decode set twice for run-to-run agreement; GEMM=0 and DECODE_RUNS=1 shorten it)
 #   fit    build, the stream sweeps (every SWEEP and DECODE shape's candidate plans timed against eager,
 #          several calls per CUDA graph) and benchmarks/fit_stream.py on them: the rows a cost-model refit needs
-#   prefill build, the stream kernel's GPU tests, memcheck on its sanitizer workload, the prefill sweep
+#   prefill build, the stream checks (smoke run, GPU tests, memcheck), the prefill sweep
 #          (stream plans of several row tiles timed against eager) and traces of three of them
 #   epilogue build, then ncu on one GPT-2 prefill launch (2048 tokens, bm 128 bn 256 bl 128, 1/1): the
 #          full set with source counters, and per-SASS-line samples exported as CSV (stall reasons by
@@ -92,13 +92,7 @@ if [ "$STAGE" = onephase ]; then
     cp "$OUT/gpu.txt" "$FINAL/gpu.txt"; tar czf "$FINAL/results-onephase.tgz" -C "$OUT" . && rm -rf "$OUT"; exit 0
 fi
 if [ "$STAGE" = prefill ]; then
-    timeout 240 python3 -m pytest tests/test_gpu_stream.py -q -p no:cacheprovider --durations=5 2>&1 | tail -30 \
-        > "$OUT/pytest_stream.log"
-    echo "pytest stream rc ${PIPESTATUS[0]} $(grep -E '(passed|failed|error)' "$OUT/pytest_stream.log" | tail -1)" \
-        | tee -a "$OUT/gpu.txt"
-    timeout 90 compute-sanitizer --tool memcheck --error-exitcode 3 --kernel-name regex=fuser_ffn \
-        python3 tests/gpu/sanitize_stream.py > "$OUT/sanitizer_memcheck.txt" 2>&1
-    echo "memcheck rc $? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer_memcheck.txt" | head -1)" | tee -a "$OUT/gpu.txt"
+    stream_checks
     timeout 240 python3 benchmarks/kernel_check.py --prefill --out "$OUT/prefill" > "$OUT/prefill.log" 2>&1
     echo "prefill rc $?" | tee -a "$OUT/gpu.txt"; grep -E ' us \(eager' "$OUT/prefill.log" | cut -c1-200 >> "$OUT/gpu.txt"
     timeout 60 python3 benchmarks/kernel_check.py --trace prefill --out "$OUT/trace" > "$OUT/trace.log" 2>&1

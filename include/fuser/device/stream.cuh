@@ -152,9 +152,8 @@ struct Stream {
     FUSER_DEVICE int u1() const { return ONE ? 0 : rt() * NT1 * S1; }
     FUSER_DEVICE int u2() const { return rt() * LT * S2; }
 
-    /* (computed where used: kept as members they outlive the role split and spill in the producer's 40
-     * registers) entries of each phase in the claim order (units, or pairs of units); the block's rank
-     * in its cluster */
+    /* Entries of each phase in the claim order (units, or pairs of units) and the block's rank in its
+     * cluster, likewise computed where used */
     FUSER_DEVICE int q1() const { return ONE ? 0 : entries(rt(), NT1, S1); }
     FUSER_DEVICE int q2() const { return entries(rt(), LT, S2); }
     static FUSER_DEVICE int rank() { return PAIR == PAIR_NONE ? 0 : (int)cluster_rank(); }
