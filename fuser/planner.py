@@ -125,10 +125,13 @@ def plan(m, d_model, d_ff, *, d_out=None, gated=False, activation="gelu", bias=F
         dtype: "bfloat16" or "float16" (float32 chains always run unfused).
         target: a built-in name ("h200", "h100"), a dict of target fields, or None for this machine's
             GPU (the H200 defaults without one).
-        fused: force (True) or forbid (False) fusion; cluster: force (cls_m, cls_n, cls_k, cls_l);
+        fused: force (True) or forbid (False) fusion; cluster: force (cls_m, cls_n, cls_k, cls_l) (a
+            stream plan's: (1, 1, 1, 1), or a pair sharing an operand by multicast, (2, 1, 1, 1) or
+            (1, 2, 1, 2), offered only when asked for);
         dataflows / avoid: dataflow names the plan must use / must not use;
-        bm, bn, bl, n_iters, stages, order ("n_outer"/"l_outer"), gate_mode ("spatial"/"sequential"):
-            force a tile or schedule parameter.
+        bm, bn, bl, n_iters, stages, order ("n_outer"/"l_outer"), gate_mode ("spatial"/"sequential"),
+            kind ("cluster"/"stream"), s1, s2 (a stream plan's K splits), phases (a stream plan's 2, or 1:
+            each unit computes its own H): force a tile or schedule parameter.
 
     Returns a :class:`Plan`; ``plan.explain()`` says why it was chosen over the runner-up.
 
