@@ -3,6 +3,7 @@ with no spills, no stack frame and no serialised wgmma; the CPU plan interpreter
 token-row layout, one or several row tiles, split counts, ragged shapes) to the float64 reference with
 byte counts equal to the cost model's closed forms; the generated stubs match their golden files; and the
 core refuses stream plans it cannot run, saying why. The wgmma GEMM probe compiles clean too."""
+import math
 import os
 import random
 import sys
@@ -170,3 +171,16 @@ def test_stream_explain_and_picture():
     assert "Choice: fused, stream" in text and "phase 1" in text and "phase 2" in text and "deterministic" in text
     assert p.kind == "stream" and p.dataflow == "stream" and p.cluster == (1, 1, 1, 1)
     assert 'class="fz-unit"' in p.to_svg()
+
+
+def test_candidates_whose_ring_does_not_fit_are_refused_not_scored():
+    """One-phase plans keep a d_ff split's H in shared memory beside the ring: for S8's 3072-wide d_ff at
+    bm 64 most splits leave no room for even two stages. Those candidates are refused by the shared
+    memory rule; every plan returned is derived (its shared memory counted) and costed."""
+    ps = fuser.plans(64, 1024, 3072, gated=True, activation="silu", target="h200", fused=True, kind="stream",
+                     phases=1, bm=64, k=40)
+    assert ps and ps[0].pruned["smem_capacity"] > 0
+    for p in ps:
+        d = p.derived
+        assert 0 < d["smem_bytes"] <= 232448 and d["units"] > 0, p.summary()
+        assert math.isfinite(p.predicted_us) and p.predicted_us > 0, p.summary()
