@@ -4,6 +4,8 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "fuser/search.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -128,10 +130,36 @@ static int64_t stream_leaves(const fuser_chain *c)
            COUNT(stream_split_set) * COUNT(stream_split_set);
 }
 
+/* Why stream candidates could not be derived, by kind of reason (a message up to its first number, so
+ * the same rule's messages for different tiles count together): how many candidates each refused and
+ * its first message (collected only to explain a search that found nothing). */
+enum { REFUSAL_KINDS = 8 };
+typedef struct {
+    int n;
+    int64_t count[REFUSAL_KINDS];
+    char msg[REFUSAL_KINDS][FUSER_ERRMSG_MAX];
+} refusals;
+
+static size_t reason_len(const char *msg) { return strcspn(msg, "0123456789"); }
+
+static void refusal_add(refusals *r, const char *msg)
+{
+    const size_t k = reason_len(msg);
+    for (int i = 0; i < r->n; i++)
+        if (reason_len(r->msg[i]) == k && !strncmp(r->msg[i], msg, k)) {
+            r->count[i]++;
+            return;
+        }
+    if (r->n < REFUSAL_KINDS) {
+        snprintf(r->msg[r->n], sizeof r->msg[0], "%s", msg);
+        r->count[r->n++] = 1;
+    }
+}
+
 /* The stream family's candidates: every (phases, bm, bn, bl, s1, s2), each with the deepest pipeline that
- * fits. */
+ * fits. With `why`, each candidate that cannot be derived also adds its reason there. */
 static void search_stream(const fuser_chain *c, const fuser_target *t, const fuser_constraints *cons, topk *best,
-                          fuser_search_stats *st)
+                          fuser_search_stats *st, refusals *why)
 {
     const int64_t leaves = stream_leaves(c);
     if (!leaves)
@@ -185,7 +213,10 @@ static void search_stream(const fuser_chain *c, const fuser_target *t, const fus
         if (!fit) { /* the shallowest ring (derived where it can be), for the rules to refuse */
             q = p;
             q.stages = cons->stages > 0 ? cons->stages : 2;
-            (void)fuser_plan_derive(&q, NULL);
+            fuser_err e;
+            fuser_err_clear(&e);
+            if (fuser_plan_derive(&q, why ? &e : NULL) != FUSER_OK && why)
+                refusal_add(why, e.msg);
         }
         if (pruned(&q, t, FUSER_LEVEL_FULL, 1, st))
             continue;
@@ -241,7 +272,7 @@ int fuser_search(const fuser_chain *c, const fuser_target *t, const fuser_constr
         st->constrained += leaves_all(c) + stream_leaves(c);
         goto done;
     }
-    search_stream(c, t, &cons, &best, st);
+    search_stream(c, t, &cons, &best, st, NULL);
     fuser_plan_unfused(c, &p);
     p.fused = 1;
     if ((cons.kind >= 0 && cons.kind != FUSER_KIND_CLUSTER) || cons.s1 > 1 || cons.s2 > 1 || cons.phases > 0) {
@@ -347,9 +378,45 @@ done:
     clock_gettime(CLOCK_MONOTONIC, &t1);
     st->search_ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
     *n_out = best.n;
-    if (!best.n)
-        return fuser_fail(err, FUSER_E_VALUE,
-                          "no plan satisfies the constraints for this chain (m=%lld, d_model=%lld, d_ff=%lld, "
-                          "d_out=%lld)", (long long)c->m, (long long)c->k, (long long)c->n, (long long)c->l);
+    if (!best.n) {
+        /* say which rules refused the candidates the constraints left (name: count, what it protects) */
+        char why[512] = "";
+        size_t len = 0;
+        for (int i = 0; i < fuser_num_rules && len < sizeof why - 1; i++) {
+            if (!st->pruned[i])
+                continue;
+            const int w = snprintf(why + len, sizeof why - len, "%s %s (%lld: %s)", len ? "," : "; refused by",
+                                   fuser_rules[i].name, (long long)st->pruned[i], fuser_rules[i].why);
+            len = w < 0 || len + (size_t)w >= sizeof why ? sizeof why - 1 : len + (size_t)w;
+        }
+        /* and the stream candidates' two most common kinds of reason, from a second pass that collects them */
+        refusals *r = calloc(1, sizeof *r);
+        char reasons[2 * FUSER_ERRMSG_MAX + 64] = "";
+        if (r) {
+            fuser_plan scratch[1];
+            topk none = {scratch, 0, 1, {t->fusion_margin, t->stream_margin}};
+            fuser_search_stats ignored;
+            memset(&ignored, 0, sizeof ignored);
+            search_stream(c, t, &cons, &none, &ignored, r);
+            int top[2] = {-1, -1};
+            for (int i = 0; i < r->n; i++)
+                if (top[0] < 0 || r->count[i] > r->count[top[0]])
+                    top[1] = top[0], top[0] = i;
+                else if (top[1] < 0 || r->count[i] > r->count[top[1]])
+                    top[1] = i;
+            size_t at = 0;
+            for (int j = 0; j < 2 && top[j] >= 0 && at < sizeof reasons; j++) {
+                const int w = snprintf(reasons + at, sizeof reasons - at, "; %lld stream candidates: %s",
+                                       (long long)r->count[top[j]], r->msg[top[j]]);
+                at = w < 0 ? sizeof reasons : at + (size_t)w;
+            }
+        }
+        const int rc = fuser_fail(err, FUSER_E_VALUE,
+                                  "no plan satisfies the constraints for this chain (m=%lld, d_model=%lld, d_ff=%lld, "
+                                  "d_out=%lld)%s%s", (long long)c->m, (long long)c->k, (long long)c->n,
+                                  (long long)c->l, why, reasons);
+        free(r);
+        return rc;
+    }
     return FUSER_OK;
 }

@@ -184,3 +184,15 @@ def test_candidates_whose_ring_does_not_fit_are_refused_not_scored():
         d = p.derived
         assert 0 < d["smem_bytes"] <= 232448 and d["units"] > 0, p.summary()
         assert math.isfinite(p.predicted_us) and p.predicted_us > 0, p.summary()
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(phases=1, s1=2), "one phase computes each split's H in n-tiles of the whole K: s1 must be 1"),
+    (dict(cluster=(2, 1, 1, 1), bm=128, bn=256), "in cluster pairs, 128-row tiles are at most 192 wide"),
+])
+def test_a_search_that_finds_nothing_says_why(kw, match):
+    """Constraints no stream plan can meet: the error names the rule that refused the candidates and the
+    commonest reasons the geometry gave, with an example."""
+    with pytest.raises(ValueError, match="no plan satisfies") as e:
+        fuser.plan(128, 1024, 4096, activation="gelu", target="h200", fused=True, kind="stream", **kw)
+    assert "refused by stream_geometry" in str(e.value) and match in str(e.value)
