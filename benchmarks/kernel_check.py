@@ -9,6 +9,7 @@ import argparse
 import itertools
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -104,6 +105,14 @@ SWEEP = [  # name, d_model, d_ff, d_out, gated, act, tokens
     ("S8", 1024, 3072, 1024, True, "silu", 128), ("llama3-8b", 4096, 14336, 4096, True, "silu", 16),
     ("llama3-8b", 4096, 14336, 4096, True, "silu", 128), ("gpt2", 768, 3072, 768, False, "gelu", 16),
     ("llama3-8b", 4096, 14336, 4096, True, "silu", 1),
+    # the rest of the paper's table at 128 tokens, where one-phase plans and split epilogues decide
+    ("G2", 512, 256, 64, False, "relu", 128), ("G3", 416, 512, 256, False, "relu", 128),
+    ("G5", 4096, 16384, 4096, False, "relu", 128), ("G6", 1024, 4096, 1024, False, "relu", 128),
+    ("G7", 768, 768, 768, False, "relu", 128), ("G9", 512, 2048, 512, False, "relu", 128),
+    ("G10", 384, 1536, 384, False, "relu", 128), ("S2", 2048, 5632, 2048, True, "silu", 128),
+    ("S3", 4096, 11008, 4096, True, "silu", 128), ("S4", 2048, 8192, 2048, True, "silu", 128),
+    ("S5", 2048, 11008, 2048, True, "silu", 128), ("S6", 1536, 8960, 1536, True, "silu", 128),
+    ("S7", 2560, 9728, 2560, True, "silu", 128),
 ]
 
 
@@ -130,12 +139,16 @@ def _extras(m, gated):
             dict(bm=64) if m <= 64 else dict(bn=128, bl=64)]
 
 
-def sweep_section(log, top=6, shapes=None):
+#: Each sweep section's rows so far, by section: what a run stopped by SIGTERM (`timeout`) still writes.
+_IN_PROGRESS = {}
+
+
+def sweep_section(log, top=6, shapes=None, section="sweep"):
     """For each SWEEP shape: the `top` best predicted stream plans plus wide-tile ones, each timed in a CUDA
     graph interleaved with eager in a graph (rotating input sets): rows for fitting the cost model. Each
     plan's output for the first input set is checked against a float64 reference."""
     gen = torch.Generator(device="cuda").manual_seed(3)
-    rows = []
+    rows = _IN_PROGRESS.setdefault(section, [])
     for name, d, f, l, gated, act, m in shapes or SWEEP:
         kw = dict(d_out=l, gated=gated, activation=act, target="h200", fused=True, kind="stream")
         ps = fuser.plans(m, d, f, k=top, **kw)
@@ -460,10 +473,21 @@ def main():
         log_lines.append(s)
     log(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {torch.cuda.get_device_name()} torch {torch.__version__}")
     result = {}
+
+    def write(res):
+        with open(os.path.join(a.out, "kernel_check.json"), "w") as f:
+            json.dump(dict(result=res, log=log_lines), f, indent=1, default=str)
+
+    def stopped(signum, frame):  # `timeout` ran out: keep what the sweeps timed
+        log(f"stopped by signal {signum}: writing the rows timed so far")
+        write({**{k: v for k, v in _IN_PROGRESS.items()}, **result})
+        sys.exit(128 + signum)
+    signal.signal(signal.SIGTERM, stopped)
     for flag, name, fn in ((a.gemm, "gemm", gemm_section), (a.stream, "stream", stream_section),
                            (a.splits, "splits", splits_section), (a.sweep, "sweep", sweep_section),
-                           (a.decode, "decode", lambda log: sweep_section(log, top=4, shapes=DECODE)),
-                           (a.prefill, "prefill", lambda log: sweep_section(log, top=3, shapes=PREFILL)),
+                           (a.decode, "decode", lambda log: sweep_section(log, top=4, shapes=DECODE, section="decode")),
+                           (a.prefill, "prefill", lambda log: sweep_section(log, top=3, shapes=PREFILL,
+                                                                            section="prefill")),
                            (a.overlap, "overlap", overlap_section), (a.pairs, "pairs", pairs_section),
                            (a.one_phase, "one_phase", one_phase_section)):
         if flag:
@@ -507,8 +531,7 @@ def main():
         except Exception:  # noqa: BLE001
             log(f"bench section failed:\n{traceback.format_exc()}")
         log(f"[bench: {time.time() - t0:.1f} s]")
-    with open(os.path.join(a.out, "kernel_check.json"), "w") as f:
-        json.dump(dict(result=result, log=log_lines), f, indent=1, default=str)
+    write(result)
     bad = sum(1 for sec in ("stream", "splits", "overlap") for r in result.get(sec, []) if not r.get("ok"))
     bad += sum(1 for sec in ("sweep", "decode", "prefill") for r in result.get(sec, []) if r.get("ok") is False)
     bad += sum(1 for r in result.get("gemm", []) if r.get("ok") is False)
