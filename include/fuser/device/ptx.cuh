@@ -201,9 +201,6 @@ FUSER_DEVICE T *launder(T *p)
     return p;
 }
 
-/* Nothing moves memory accesses the compiler sees across this point. */
-FUSER_DEVICE void compiler_fence() { asm volatile("" ::: "memory"); }
-
 /* An L1-bypassing load the compiler may schedule freely (batch, reorder among loads): for data made
  * visible before a barrier, read through a pointer laundered after it. */
 FUSER_DEVICE float4 ld_cg_f4_relaxed(const float *p)

@@ -283,6 +283,19 @@ struct Stream {
         }
     }
 
+    /* GEMM1's slot at K step kb: W_up's rows [n0, n0 + BN) (and W_gate's after them), X's rows [m0, m0 + BM)
+     * (in pairs, the shared ones in halves: load_rows). */
+    FUSER_DEVICE void load_w1(unsigned char *st, uint64_t *bar, int kb, int n0) const
+    {
+        if constexpr (C::GATED)
+            load_rows(st + X_BYTES + BN * SW_ROW_BYTES, &p.w_gate, bar, kb, n0, BN, PAIR == PAIR_ROWS);
+        load_rows(st + X_BYTES, &p.w_up, bar, kb, n0, BN, PAIR == PAIR_ROWS);
+    }
+    FUSER_DEVICE void load_x(unsigned char *st, uint64_t *bar, int kb, int m0) const
+    {
+        load_rows(st, &p.x, bar, kb, m0, BM, PAIR == PAIR_TILES);
+    }
+
     /* The next entry of the claim order. In a pair, block 0 takes it from the counter and hands it to
      * block 1 through block 1's one-entry box (waiting until block 1 took the previous one); `n` counts
      * the hand-offs. */
@@ -347,16 +360,12 @@ struct Stream {
                 const uint32_t bytes = (own_t ? X_BYTES : 0) + (own_w ? PARTS * BN * SW_ROW_BYTES : 0);
                 fill(c, tagged, sp * KS1, cmin(KT1, (sp + 1) * KS1), bytes, after_prev || !own_t,
                      [&](unsigned char *st, uint64_t *bar, int kb) {
-                         if (!own_w)
-                             return;
-                         if constexpr (C::GATED)
-                             load_rows(st + X_BYTES + BN * SW_ROW_BYTES, &p.w_gate, bar, kb, nt * BN, BN,
-                                       PAIR == PAIR_ROWS);
-                         load_rows(st + X_BYTES, &p.w_up, bar, kb, nt * BN, BN, PAIR == PAIR_ROWS);
+                         if (own_w)
+                             load_w1(st, bar, kb, nt * BN);
                      },
                      [&](unsigned char *st, uint64_t *bar, int kb) {
                          if (own_t)
-                             load_rows(st, &p.x, bar, kb, m0, BM, PAIR == PAIR_TILES);
+                             load_x(st, bar, kb, m0);
                      },
                      [&] { griddep_wait(); });
                 after_prev = after_prev || own_t;
@@ -376,12 +385,8 @@ struct Stream {
                     /* the unit's own H first: X and W_up (W_gate) tiles of each n-tile of its d_ff range */
                     for (int n0 = sp * KS2 * SW_COLS; n0 < cmin(C::N, (sp + 1) * KS2 * SW_COLS); n0 += BN)
                         fill(c, u, 0, KT1, BYTES1, after_prev,
-                             [&](unsigned char *st, uint64_t *bar, int kb) {
-                                 if constexpr (C::GATED)
-                                     tma_load_2d(st + X_BYTES + BN * SW_ROW_BYTES, &p.w_gate, bar, kb * SW_COLS, n0);
-                                 tma_load_2d(st + X_BYTES, &p.w_up, bar, kb * SW_COLS, n0);
-                             },
-                             [&](unsigned char *st, uint64_t *bar, int kb) { tma_load_2d(st, &p.x, bar, kb * SW_COLS, m0); },
+                             [&](unsigned char *st, uint64_t *bar, int kb) { load_w1(st, bar, kb, n0); },
+                             [&](unsigned char *st, uint64_t *bar, int kb) { load_x(st, bar, kb, m0); },
                              [&] { griddep_wait(); });
                     after_prev = true;
                 }
@@ -522,38 +527,16 @@ struct Stream {
             *(float4 *)(tile + ((int64_t)(i / 4) * 256 + lt) * 4) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
     }
 
-    /* The last split of a tile: acc = the SPLITS partials at tile + sp * stride summed in split order (this
-     * thread's fragment). Called after the ticket's barrier: the laundered pointer keeps the loads after
-     * it, and the loads (L2, `.cg`: other blocks wrote them), free of volatile, are issued in batches
-     * before their sums: 16 float4 loads in flight, 8 beside 64 accumulators, 4 beside 128 (gate and up;
-     * more spilled). */
+    /* The last split of a swap-AB tile (a few accumulators): acc = the SPLITS partials at tile + sp * stride
+     * summed in split order (this thread's fragment, frag_sum chunk by chunk). */
     template <int SPLITS, int R>
-    FUSER_DEVICE void sum_frags(float (&acc)[R], const float *tile_, int64_t stride) const
+    FUSER_DEVICE void sum_frags(float (&acc)[R], const float *tile, int64_t stride) const
     {
-        const float *tile = launder(tile_);
-        constexpr int LOADS = R * PARTS >= 128 ? 4 : R >= 64 ? 8 : 16;
-        constexpr int B = cmax(1, LOADS / SPLITS); /* float4 pieces per batch */
+        const float *sums = launder(tile);
 #pragma unroll
-        for (int i0 = 0; i0 < R / 4; i0 += B) {
-            float4 v[B][SPLITS];
-#pragma unroll
-            for (int b = 0; b < B; b++)
-#pragma unroll
-                for (int sp = 0; sp < SPLITS; sp++)
-                    if (i0 + b < R / 4)
-                        v[b][sp] = ld_cg_f4_relaxed(tile + sp * stride + ((int64_t)(i0 + b) * 256 + lt) * 4);
-#pragma unroll
-            for (int b = 0; b < B; b++) {
-                if (i0 + b >= R / 4)
-                    continue;
-                float4 t = v[b][0];
-#pragma unroll
-                for (int sp = 1; sp < SPLITS; sp++)
-                    t.x += v[b][sp].x, t.y += v[b][sp].y, t.z += v[b][sp].z, t.w += v[b][sp].w;
-                const int i = 4 * (i0 + b);
-                acc[i] = t.x, acc[i + 1] = t.y, acc[i + 2] = t.z, acc[i + 3] = t.w;
-            }
-            compiler_fence(); /* the next batch's loads stay after this one's (unrolled, ptxas hoists them) */
+        for (int j = 0; j < R / 4; j++) {
+            const float4 t = frag_sum<SPLITS>(sums, stride, j);
+            acc[4 * j] = t.x, acc[4 * j + 1] = t.y, acc[4 * j + 2] = t.z, acc[4 * j + 3] = t.w;
         }
     }
 
