@@ -2,7 +2,8 @@
 layout (bm 16 and 32 swap-AB, 64, 128) x plain / gated x the four activations x bias or not x bfloat16 /
 float16 x K splits of either phase (none, some, many), over ragged token counts (one row tile, or several
 with a partial last one) and widths (448 -> 1472 -> 200: odd K step counts, a partial output tile),
-192-wide tiles, cluster pairs sharing an operand (both kinds, with ghost units), and one-phase plans.
+192-wide tiles, cluster pairs sharing an operand (both kinds, with ghost units), one-phase plans, and
+swap-AB tiles of many splits.
 
 Each case forces a stream plan with its bm and splits, draws fresh random inputs, poisons the output with
 NaN, and checks: the relative error against a float64 reference is at most twice PyTorch eager's own
@@ -73,6 +74,11 @@ def cases():
         yield dict(bm=bm, gated=gated, activation=ACTS[(j + 1) % 4], bias=j % 2 == 0,
                    dtype=("bfloat16", "float16")[j // 2 % 2], s1=1, s2=s2, m=m, d_model=shape[0], d_ff=shape[1],
                    d_out=shape[2], phases=1, **tiles)
+    # many splits at bm 32 (swap-AB): more partials than the last split can hold in flight at once, summed
+    # four splits at a time in the same order
+    for j, (gated, s1, s2, m) in enumerate(((True, 8, 16, 37), (False, 4, 16, 1))):
+        yield dict(bm=32, gated=gated, activation=ACTS[j + 1], bias=j == 0, dtype=("bfloat16", "float16")[j],
+                   s1=s1, s2=s2, m=m, d_model=1024, d_ff=4096, d_out=1024)
 
 
 ROWS, TILES = (2, 1, 1, 1), (1, 2, 1, 2)   # the stream kernel's cluster pairs

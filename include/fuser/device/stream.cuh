@@ -533,10 +533,25 @@ struct Stream {
     FUSER_DEVICE void sum_frags(float (&acc)[R], const float *tile, int64_t stride) const
     {
         const float *sums = launder(tile);
+        if constexpr (SPLITS * R / 4 <= 32) { /* every load in flight at once */
 #pragma unroll
-        for (int j = 0; j < R / 4; j++) {
-            const float4 t = frag_sum<SPLITS>(sums, stride, j);
-            acc[4 * j] = t.x, acc[4 * j + 1] = t.y, acc[4 * j + 2] = t.z, acc[4 * j + 3] = t.w;
+            for (int j = 0; j < R / 4; j++) {
+                const float4 t = frag_sum<SPLITS>(sums, stride, j);
+                acc[4 * j] = t.x, acc[4 * j + 1] = t.y, acc[4 * j + 2] = t.z, acc[4 * j + 3] = t.w;
+            }
+        } else { /* that many would spill: four splits' loads in flight at a time, the same sums in the same order */
+#pragma unroll
+            for (int j = 0; j < R / 4; j++) {
+                const float4 t = ld_cg_f4_relaxed(sums + ((int64_t)j * 256 + lt) * 4);
+                acc[4 * j] = t.x, acc[4 * j + 1] = t.y, acc[4 * j + 2] = t.z, acc[4 * j + 3] = t.w;
+            }
+#pragma unroll 4
+            for (int sp = 1; sp < SPLITS; sp++)
+#pragma unroll
+                for (int j = 0; j < R / 4; j++) {
+                    const float4 v = ld_cg_f4_relaxed(sums + sp * stride + ((int64_t)j * 256 + lt) * 4);
+                    acc[4 * j] += v.x, acc[4 * j + 1] += v.y, acc[4 * j + 2] += v.z, acc[4 * j + 3] += v.w;
+                }
         }
     }
 
