@@ -31,7 +31,11 @@ Fused route (a Hopper GPU; one tiny FFN whose fused plan ``fuser.tune`` is made 
   torch.ops        ``torch.ops.fuser.ffn`` through the dispatcher; target: at most 15 us over bare launch
   module           the original module, in PyTorch eager (context)
 
-    python benchmarks/host_overhead.py [--set quick|models] [--rounds 15] [--calls 150] [--json FILE]
+Inference is timed under ``torch.no_grad()``; ``--grad`` times it with autograd on (a model called
+outside ``no_grad``): the eager route's variants then record their backward, the fused route computes
+with the eager ops (the kernel has no backward).
+
+    python benchmarks/host_overhead.py [--set quick|models] [--rounds 15] [--calls 150] [--grad] [--json FILE]
 
 The JSON holds each variant's median (us) and, under "paired", each variant's paired overhead over the
 baseline (us).
@@ -230,11 +234,14 @@ def main(argv=None):
     ap.add_argument("--calls", type=int, default=150,
                     help="calls per loop (on a GPU their launches must fit the ~1000-entry queue: 5 a gated call)")
     ap.add_argument("--json", metavar="FILE", help="also write the medians there")
+    ap.add_argument("--grad", action="store_true",
+                    help="leave autograd on, as a script that calls its model outside torch.no_grad() does (the "
+                         "weights require grad, so every variant records its backward)")
     a = ap.parse_args(argv)
     why = hopper_reason()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
-    torch.set_grad_enabled(False)
+    torch.set_grad_enabled(a.grad)
     if device == "cpu":
         torch.set_num_threads(1)
         shapes = [parse_workload(s) for s in (a.shape or CPU_SHAPES)]
@@ -255,10 +262,10 @@ def main(argv=None):
             print(f"{label}: {rows[-1][3]} calls per loop (their GPU time must stay under the GPU's sleep)",
                   file=sys.stderr)
     report_eager(rows)
-    out = dict(device=device, rounds=a.rounds, calls=a.calls, fused=None,
+    out = dict(device=device, rounds=a.rounds, calls=a.calls, grad=a.grad, fused=None,
                eager=[dict(shape=label, **res, paired=paired, calls=calls) for label, res, paired, calls in rows])
-    if why is not None:
-        print(f"== fused route: not measured ({why}) ==")
+    if why is not None or a.grad:
+        print(f"== fused route: not measured ({why or 'autograd on: the kernel has no backward'}) ==")
     else:
         with tempfile.TemporaryDirectory() as d:
             os.environ["FUSER_CACHE_DIR"] = d      # the tuned plan and its kernel stay out of the user's cache

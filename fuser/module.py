@@ -277,20 +277,24 @@ class FusedFFN(nn.Module):
     def _route(self, x):
         """A call the kept route does not serve. PyTorch ops where the fused op does not apply (an active
         dropout between the GEMMs, autocast, x in another dtype); the op ``torch.ops.fuser.ffn`` where
-        the dispatcher must see the call (autograd to record, torch.compile or tracing, a dispatch or
-        function mode, not a plain CPU/CUDA tensor); else the route of x's signature (``fuser.ops.route``:
-        validated the first time), run directly and kept for the next calls of this shape."""
+        the dispatcher must see the call (torch.compile or tracing, a dispatch or function mode, not a
+        plain CPU/CUDA tensor, or autograd to record on a fused route: the op's backward); else the
+        route of x's signature (``fuser.ops.route``: validated the first time), run directly and kept
+        for the next calls of this shape. An eager route records autograd through its own ops, as the
+        module it replaced did."""
         w = self.weights()
         mid = self._mid()
         if mid is not None or x.dtype != w["up"].dtype or _autocast(x.device.type):
             return self._eager(x, w, mid)
         args = (w["up"], w["down"], w["gate"], w["b_up"], w["b_gate"], w["b_down"], self.spec.activation)
         if (_is_compiling() or _is_tracing() or type(x) is not _Tensor or x.device.type not in ("cuda", "cpu")
-                or _dispatch_modes() or _function_modes()
-                or (_grad_enabled() and (x.requires_grad or any(t is not None and t.requires_grad for t in w.values())))):
+                or _dispatch_modes() or _function_modes()):
             return torch.ops.fuser.ffn(x, *args)
         xr = interop.ready(x)
         route = ops.route(xr, *args)
+        if route.fused and _grad_enabled() and (x.requires_grad or any(t is not None and t.requires_grad
+                                                                        for t in w.values())):
+            return torch.ops.fuser.ffn(x, *args)
         y = route.run(xr, *args)
         self.__dict__["_kept"] = (_KeptLaunch.bind(self, route, xr, w, y) if route.fused
                                   else _KeptEager.bind(self, route, x, w))
