@@ -278,10 +278,10 @@ class FusedFFN(nn.Module):
         """A call the kept route does not serve. PyTorch ops where the fused op does not apply (an active
         dropout between the GEMMs, autocast, x in another dtype); the op ``torch.ops.fuser.ffn`` where
         the dispatcher must see the call (torch.compile or tracing, a dispatch or function mode, not a
-        plain CPU/CUDA tensor, or autograd to record on a fused route: the op's backward); else the
-        route of x's signature (``fuser.ops.route``: validated the first time), run directly and kept
-        for the next calls of this shape. An eager route records autograd through its own ops, as the
-        module it replaced did."""
+        plain CPU/CUDA tensor); else the route of x's signature (``fuser.ops.route``: validated the first
+        time), run directly and kept for the next calls of this shape. With autograd to record, a route
+        runs the eager ops, which record their own backward as the module it replaced did; a fused
+        route's launch is then not kept from that call (it serves the calls without autograd)."""
         w = self.weights()
         mid = self._mid()
         if mid is not None or x.dtype != w["up"].dtype or _autocast(x.device.type):
@@ -292,10 +292,10 @@ class FusedFFN(nn.Module):
             return torch.ops.fuser.ffn(x, *args)
         xr = interop.ready(x)
         route = ops.route(xr, *args)
+        y = route.run(xr, *args)
         if route.fused and _grad_enabled() and (x.requires_grad or any(t is not None and t.requires_grad
                                                                         for t in w.values())):
-            return torch.ops.fuser.ffn(x, *args)
-        y = route.run(xr, *args)
+            return y
         self.__dict__["_kept"] = (_KeptLaunch.bind(self, route, xr, w, y) if route.fused
                                   else _KeptEager.bind(self, route, x, w))
         return y

@@ -329,3 +329,37 @@ def test_an_eager_route_is_run_and_kept_by_the_module_and_the_op_sees_the_rest(o
     torch.testing.assert_close(y, f.source(x), rtol=0, atol=0)
     y = f(x)                                   # the kept eager route, under autograd
     assert dispatched == [1] and op_calls == ["relu"] * 2 and y.grad_fn is not None
+
+
+def test_a_fused_route_under_autograd_runs_the_eager_ops_and_keeps_no_launch(monkeypatch):
+    """A fused route cannot record autograd (the kernel has no backward): under autograd FusedFFN runs
+    the route, which computes with the eager ops (recording their own backward, as the replaced module
+    did), without the operator's dispatcher, and keeps no launch from that call. The route here is a
+    FusedRoute that never launches (a CPU machine has no kernel to load)."""
+    import fuser.ops
+    from fuser.route import FusedRoute
+    fused = object.__new__(FusedRoute)
+    fused.plan, fused.stale, fused.device, fused.launch, fused.prepared = None, False, 0, None, {}
+    monkeypatch.setattr(fuser.ops, "route", lambda *a, **k: fused)
+    dispatched = []
+    real = torch.ops.fuser.ffn
+
+    class Counted:
+        def __call__(self, *a):
+            dispatched.append(1)
+            return real(*a)
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    monkeypatch.setattr(torch.ops.fuser, "ffn", Counted())
+    f = FusedFFN.from_module(seq(nn.SiLU()))
+    x = torch.randn(5, 32)
+    y = f(x)
+    assert dispatched == [] and y.grad_fn is not None and "_kept" not in f.__dict__
+    y.square().sum().backward()
+    got = {n: p.grad.clone() for n, p in f.named_parameters()}
+    f.zero_grad()
+    f.source(x).square().sum().backward()
+    for n, p in f.named_parameters():
+        torch.testing.assert_close(got[n], p.grad, rtol=1e-6, atol=1e-6)
