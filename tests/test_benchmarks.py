@@ -54,6 +54,19 @@ def test_host_overhead_times_every_route_against_its_baseline(tmp_path):
         assert r.stdout.count("over bare launch; target") == 3
 
 
+def test_host_overhead_with_autograd_on(tmp_path):
+    """``--grad`` times the eager route with autograd recording (a model called outside no_grad): every
+    variant still timed, the JSON says so, and the fused route is left out (the kernel has no backward)."""
+    out = tmp_path / "host.json"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/host_overhead.py"), "--rounds", "2", "--calls", "20",
+                        "--grad", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert res["grad"] is True and res["fused"] is None and len(res["eager"]) == 3
+    assert all(set(row["paired"]) == {"fuser.ffn", "FusedFFN", "module"} for row in res["eager"])
+    assert "== fused route: not measured" in r.stdout
+
+
 def _planner_accuracy():
     import importlib.util
     spec = importlib.util.spec_from_file_location("planner_accuracy", ROOT / "benchmarks/planner_accuracy.py")
