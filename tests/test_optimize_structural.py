@@ -292,6 +292,24 @@ def test_route_names_the_calls_that_never_fuse():
     assert not route_for(chain).fused                                                                 # no tokens
 
 
+def count_op_calls(monkeypatch):
+    """A list that gets an entry for every call of ``torch.ops.fuser.ffn`` (the operator still runs, and
+    its overloads stay reachable for the dispatcher)."""
+    calls = []
+    real = torch.ops.fuser.ffn
+
+    class Counted:
+        def __call__(self, *a):
+            calls.append(1)
+            return real(*a)
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    monkeypatch.setattr(torch.ops.fuser, "ffn", Counted())
+    return calls
+
+
 def test_an_eager_route_is_run_and_kept_by_the_module_and_the_op_sees_the_rest(op_calls, monkeypatch):
     """Without a dispatch mode or tracing, FusedFFN routes a call itself (no dispatcher) and keeps the
     route for the shape's later calls. On an eager route that holds under autograd too: the eager ops
@@ -299,18 +317,7 @@ def test_an_eager_route_is_run_and_kept_by_the_module_and_the_op_sees_the_rest(o
     dispatcher and Python hops to every call). A dispatch mode sees the call through
     torch.ops.fuser.ffn."""
     from torch.utils.flop_counter import FlopCounterMode
-    dispatched = []
-    real = torch.ops.fuser.ffn
-
-    class Counted:   # the operator, counting calls (its overloads still reachable for the dispatcher)
-        def __call__(self, *a):
-            dispatched.append(1)
-            return real(*a)
-
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-    monkeypatch.setattr(torch.ops.fuser, "ffn", Counted())
+    dispatched = count_op_calls(monkeypatch)
     f = FusedFFN.from_module(seq(nn.ReLU())).bfloat16()
     x = torch.randn(4, 32, dtype=torch.bfloat16)
     with torch.no_grad(), FlopCounterMode(display=False):
@@ -341,18 +348,7 @@ def test_a_fused_route_under_autograd_runs_the_eager_ops_and_keeps_no_launch(mon
     fused = object.__new__(FusedRoute)
     fused.plan, fused.stale, fused.device, fused.launch, fused.prepared = None, False, 0, None, {}
     monkeypatch.setattr(fuser.ops, "route", lambda *a, **k: fused)
-    dispatched = []
-    real = torch.ops.fuser.ffn
-
-    class Counted:
-        def __call__(self, *a):
-            dispatched.append(1)
-            return real(*a)
-
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-    monkeypatch.setattr(torch.ops.fuser, "ffn", Counted())
+    dispatched = count_op_calls(monkeypatch)
     f = FusedFFN.from_module(seq(nn.SiLU()))
     x = torch.randn(5, 32)
     y = f(x)
