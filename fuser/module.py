@@ -293,8 +293,7 @@ class FusedFFN(nn.Module):
         xr = interop.ready(x)
         route = ops.route(xr, *args)
         y = route.run(xr, *args)
-        if route.fused and _grad_enabled() and (x.requires_grad or any(t is not None and t.requires_grad
-                                                                        for t in w.values())):
+        if route.fused and _grad_enabled() and _any_requires_grad(x, *args[:6]):
             return y
         self.__dict__["_kept"] = (_KeptLaunch.bind(self, route, xr, w, y) if route.fused
                                   else _KeptEager.bind(self, route, x, w))
