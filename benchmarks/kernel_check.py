@@ -123,11 +123,14 @@ PREFILL = [  # name, d_model, d_ff, d_out, gated, act, tokens: several row tiles
 ]
 
 
-def _extras(m, gated):
-    """Plan constraints timed beside the model's best: wide tiles, and for decode the swap-AB splits, for
-    several row tiles the 128-row tiles without or with few splits."""
+def _extras(m, gated, f=0, l=0):
+    """Plan constraints timed beside the model's best: wide tiles, and for decode the swap-AB splits and the
+    one-phase units that span every l-tile (d_ff slices of 128 and 256 columns), for several row tiles the
+    128-row tiles without or with few splits."""
     if m <= 32:
-        return [dict(bm=16 if m <= 16 else 32, s1=s1, s2=s2) for s1, s2 in ((1, 4), (2, 8), (4, 8), (8, 16))] + \
+        bm = 16 if m <= 16 else 32
+        whole = [dict(bm=bm, phases=1, lspan=-(-l // 128), s2=-(-f // w)) for w in (128, 256)] if l else []
+        return [dict(bm=bm, s1=s1, s2=s2) for s1, s2 in ((1, 4), (2, 8), (4, 8), (8, 16))] + whole + \
                [dict(bm=64, bn=128, bl=256)]
     if m > 128:
         wide = 128 if gated else 256
@@ -152,7 +155,7 @@ def sweep_section(log, top=6, shapes=None, section="sweep"):
     for name, d, f, l, gated, act, m in shapes or SWEEP:
         kw = dict(d_out=l, gated=gated, activation=act, target="h200", fused=True, kind="stream")
         ps = fuser.plans(m, d, f, k=top, **kw)
-        for extra in _extras(m, gated):
+        for extra in _extras(m, gated, f, l):
             try:
                 ps += fuser.plans(m, d, f, k=2, **kw, **extra)
             except ValueError:
@@ -297,6 +300,8 @@ def trace_run(name, m, log, act=None, **cons):
     _C.ffn_launch(launch.kernel, *args, act, y, buf.capsule, stream, trace=trace)
     torch.cuda.synchronize()
     tr = trace.view(torch.int64).reshape(units, words).cpu()
+    tr = tr[tr[:, 1] > 0]   # (units sharing their l-tiles: the pieces no helper took record nothing)
+    units = len(tr)
     t0 = int(tr[:, 1].min())
     u1 = p.derived["grid_m"] * p.derived["nt1"] * p.splits[0] * (p.raw["params"]["phases"] == 2)
     rows = []

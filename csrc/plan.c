@@ -144,9 +144,12 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
                           "K: s1 must be 1, bn must divide the split's %lld d_ff columns, no cluster pairs (got s1 = %d, "
                           "bn = %d, cluster (%d, %d, %d, %d))", (long long)range, p->s1, p->bn, p->cls_m, p->cls_n,
                           p->cls_k, p->cls_l);
-    if (p->s1 * p->parts > 16 || p->s2 > 16)
+    /* one phase with swap-AB: the last split of an l-tile sums the partials with the whole block (any count) */
+    const int rowsum = p->phases == 1 && p->bm < 64;
+    if (p->s1 * p->parts > 16 || (p->s2 > 16 && !rowsum))
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: the last split sums at most 16 partials per element "
-                          "(s1 x parts = %d, s2 = %d)", p->s1 * p->parts, p->s2);
+                          "(s1 x parts = %d, s2 = %d); more d_ff splits only in one phase with bm 16 or 32",
+                          p->s1 * p->parts, p->s2);
     p->cluster_size = pair_rows || pair_tiles ? 2 : 1;
     p->cls_shuffle = p->cls_reduce = 1;
     p->ksplit = p->s1;
@@ -162,6 +165,11 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: tile pairs (cluster (1, 2, 1, 2)) need two n-tiles and "
                           "two l-tiles; d_ff %lld in tiles of %d and d_out %lld in tiles of %d make %d and %d",
                           (long long)c->n, p->bn, (long long)c->l, p->bl, p->nt1, p->lt2);
+    if (p->lspan == 0)
+        p->lspan = 1; /* a plan built without the field: one l-tile per unit */
+    if (p->lspan < 1 || p->lspan > p->lt2 || (p->lspan > 1 && p->phases != 1))
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: lspan = %d l-tiles per unit: must be in [1, %d] (d_out %lld "
+                          "in tiles of %d), and above 1 only in one phase", p->lspan, p->lt2, (long long)c->l, p->bl);
     p->grid_m = fuser_ceil_div(c->m, p->bm); /* row tiles */
     if (p->grid_m * ((int64_t)p->nt1 * p->s1 + (int64_t)p->lt2 * p->s2) > 0x3fffffff)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: %lld tokens in row tiles of %d make more work units than "
@@ -176,7 +184,8 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
     p->smem_pipe = (int)(stage * p->stages);
     p->smem_xbuf = 0;
     p->smem_hg = p->phases == 1 ? (int)(range / FUSER_BK * p->bm * 128) : 0; /* one phase: the unit's H */
-    p->smem_bytes = p->smem_pipe + p->smem_hg + 2048; /* barriers and flag; slack to align the ring to 1024 bytes */
+    /* barriers and flag (and, summing rows, 4 KB of group sums); slack to align the ring to 1024 bytes */
+    p->smem_bytes = p->smem_pipe + p->smem_hg + (rowsum ? 4096 : 0) + 2048;
     p->regs_est = 0;                     /* fixed by setmaxnreg: 40 producer, 232 consumer */
     int64_t zw, wf;
     fuser_plan_scratch(p, c->m, &zw, &wf);
@@ -194,8 +203,9 @@ void fuser_plan_scratch(const fuser_plan *p, int64_t m, int64_t *zeroed_words, i
         return;
     const fuser_chain *c = &p->chain;
     if (p->kind == FUSER_KIND_STREAM) {
-        /* claim and done counters, then per row tile its tickets and ready counters */
-        *zeroed_words = 2 + fuser_ceil_div(m, p->bm) * ((int64_t)p->nt1 + p->lt2 + p->s2);
+        /* five counters (claim, done, summed, help, taken), then per row tile its tickets and ready counters
+         * (and, units sharing their l-tiles, a counter of each slice's l-tiles taken) */
+        *zeroed_words = 5 + fuser_ceil_div(m, p->bm) * ((int64_t)p->nt1 + p->lt2 + p->s2 * (fuser_stream_steals(p) ? 2 : 1));
         /* H [m][N] in 16 bits (a multiple of 4 floats: N % 8 == 0), then the split partials: whole tiles
          * (bm rows, bn or bl columns) of every row tile and n- or l-tile, in the accumulators' order */
         const int64_t rows = fuser_ceil_div(m, p->bm) * p->bm;
@@ -217,9 +227,17 @@ fuser_pair fuser_stream_pair(const fuser_plan *p)
     return p->cls_m == 2 ? FUSER_PAIR_ROWS : FUSER_PAIR_TILES;
 }
 
+int fuser_stream_steals(const fuser_plan *p)
+{
+    return p->phases == 1 && p->bm < 64 && p->lspan == p->lt2 && p->lt2 > 1 && p->s2 > 1;
+}
+
 int64_t fuser_stream_units(const fuser_plan *p, int64_t m)
 {
-    return fuser_ceil_div(m, p->bm) * ((p->phases == 1 ? 0 : (int64_t)p->nt1 * p->s1) + (int64_t)p->lt2 * p->s2);
+    if (fuser_stream_steals(p)) /* a unit per slice, and each of its l-tiles a piece a helper may take */
+        return fuser_ceil_div(m, p->bm) * p->s2 * (1 + (int64_t)p->lt2);
+    const int64_t groups = fuser_ceil_div(p->lt2, p->lspan > 1 ? p->lspan : 1); /* of l-tiles, one per unit */
+    return fuser_ceil_div(m, p->bm) * ((p->phases == 1 ? 0 : (int64_t)p->nt1 * p->s1) + groups * p->s2);
 }
 
 double fuser_stream_phase_weights(const fuser_plan *p, int phase)

@@ -160,13 +160,16 @@ static int r_stream_fill(const fuser_plan *p, const fuser_target *t)
     const int64_t want = 3 * (int64_t)t->sm_count / 4;
     const int64_t kt2 = (p->chain.n + FUSER_BK - 1) / FUSER_BK;
     const int64_t rt = p->grid_m; /* row tiles: each multiplies both phases' units */
-    const int64_t u1 = rt * p->nt1 * p->s1, u2 = rt * p->lt2 * p->s2;
+    /* (one phase: a unit spans lspan l-tiles, and its d_ff slice is at least one n-tile) */
+    const int64_t lg = p->phases == 1 ? (p->lt2 + p->lspan - 1) / p->lspan : p->lt2;
+    const int64_t u1 = rt * p->nt1 * p->s1, u2 = rt * lg * p->s2;
     const int decode = p->chain.m <= 64;
     const int small1 = decode && fuser_stream_phase_weights(p, 1) <= FUSER_STREAM_L2_BYTES;
     const int small2 = decode && fuser_stream_phase_weights(p, 2) <= FUSER_STREAM_L2_BYTES;
     /* (one phase: no phase-1 units; GEMM1 runs inside the phase-2 units) */
     return (!small1 && p->phases != 1 && u1 < fuser_min64(want, most_units(rt * p->nt1, p->kt, 16 / p->parts))) ||
-           (!small2 && u2 < fuser_min64(want, most_units(rt * p->lt2, kt2, 16)));
+           (!small2 && u2 < fuser_min64(want, p->lspan > 1 ? rt * lg * ((kt2 * FUSER_BK + p->bn - 1) / p->bn)
+                                                         : most_units(rt * p->lt2, kt2, 16)));
 }
 
 /* FULL: shared memory (pipeline stages, exchange buffer, H slices) must fit one block's opt-in limit. */

@@ -120,8 +120,13 @@ static int pruned(const fuser_plan *p, const fuser_target *t, fuser_level lvl, i
 
 static int free_or(int want, int have) { return want <= 0 || want == have; }
 
-/* A stream plan's phases: H through a buffer in L2 (2), or each unit computing its own (1). */
-static const int stream_phase_set[] = {2, 1};
+/* A stream plan's phases: H through a buffer in L2 (2), or each unit computing its own (1), one l-tile per
+ * unit, or (-1) every l-tile per unit: a unit per d_ff slice and row tile, whose split index b of
+ * stream_split_set gives the slice's K steps (s2 = the d_ff steps over it) instead of the split count.
+ * Units of several l-tiles are offered only when the caller asks (lspan): measured on the H200 they lose
+ * to the two-phase plans at every decode shape timed (docs/kernels.md, step 24), which the cost model
+ * does not yet see at 16 tokens and more. */
+static const int stream_phase_set[] = {2, 1, -1};
 
 static int64_t stream_leaves(const fuser_chain *c)
 {
@@ -193,11 +198,20 @@ static void search_stream(const fuser_chain *c, const fuser_target *t, const fus
     for (int jl = 0; jl < COUNT(stream_tile_set); jl++)
     for (int a = 0; a < COUNT(stream_split_set); a++)
     for (int b = 0; b < COUNT(stream_split_set); b++) {
-        p.phases = stream_phase_set[ip];
+        const int whole = stream_phase_set[ip] < 0;
+        p.phases = whole ? 1 : stream_phase_set[ip];
         p.bm = stream_bm_set[ib], p.bn = stream_tile_set[jn], p.bl = stream_tile_set[jl];
-        p.s1 = stream_split_set[a], p.s2 = stream_split_set[b];
-        if (!free_or(cons->phases, p.phases) || !free_or(cons->bm, p.bm) || !free_or(cons->bn, p.bn) ||
-            !free_or(cons->bl, p.bl) || !free_or(cons->s1, p.s1) || !free_or(cons->s2, p.s2)) {
+        p.s1 = stream_split_set[a];
+        p.s2 = whole ? (int)fuser_ceil_div(fuser_ceil_div(c->n, FUSER_BK), stream_split_set[b]) : stream_split_set[b];
+        p.lspan = whole ? (int)fuser_ceil_div(c->l, p.bl) : 1;
+        /* units of several l-tiles: the caller's split count and span, where given, as they are */
+        if (whole && cons->s2 > 0)
+            p.s2 = b == 0 ? cons->s2 : 0;
+        if (whole && cons->lspan > 1)
+            p.lspan = cons->lspan;
+        if (!p.s2 || !free_or(cons->phases, p.phases) || !free_or(cons->bm, p.bm) || !free_or(cons->bn, p.bn) ||
+            !free_or(cons->bl, p.bl) || !free_or(cons->s1, p.s1) || !free_or(cons->s2, p.s2) ||
+            !free_or(cons->lspan, p.lspan) || (whole && (p.lspan == 1 || cons->lspan <= 1))) {
             st->constrained++;
             continue;
         }
@@ -275,7 +289,8 @@ int fuser_search(const fuser_chain *c, const fuser_target *t, const fuser_constr
     search_stream(c, t, &cons, &best, st, NULL);
     fuser_plan_unfused(c, &p);
     p.fused = 1;
-    if ((cons.kind >= 0 && cons.kind != FUSER_KIND_CLUSTER) || cons.s1 > 1 || cons.s2 > 1 || cons.phases > 0) {
+    if ((cons.kind >= 0 && cons.kind != FUSER_KIND_CLUSTER) || cons.s1 > 1 || cons.s2 > 1 || cons.phases > 0 ||
+        cons.lspan > 0) {
         st->constrained += leaves_all(c);
         goto done;
     }

@@ -1,6 +1,7 @@
 /* stream.c: the stream kernel family in the core: exact traffic (closed forms of the unit schedule),
  * the cost model, and the CPU interpreter that executes the same units, split order and rounding points
- * as include/fuser/device/stream.cuh. See include/fuser/stream.h. */
+ * as include/fuser/device/stream.cuh (where a one-phase swap-AB tile sums runs of splits, then the runs,
+ * the interpreter sums the splits in order: the same to fp32 rounding). See include/fuser/stream.h. */
 #include "fuser/stream.h"
 
 #include <math.h>
@@ -13,25 +14,29 @@ typedef struct {
     int64_t m, K, N, L, parts, bm, bn, bl, s1, s2;
     int64_t kt1, ks1, kt2, ks2, nt1, lt2, u1, u2; /* u1, u2: units of each phase per row tile */
     int64_t rt;                                   /* row tiles of bm tokens */
-    int64_t reps;                                 /* GEMM1 runs per row tile and n-tile: 1, or LT in one phase */
+    int64_t reps;                                 /* GEMM1 runs per row tile and n-tile: 1, or lg in one phase */
+    int64_t lg;                                   /* groups of l-tiles along d_out (one per phase-2 unit) */
     int one;                                      /* one phase: each unit computes its own H in shared memory */
+    int rowsum;                                   /* one phase, swap-AB: partials of the real token rows only */
 } geom;
 
 static geom geom_of(const fuser_plan *p)
 {
     const fuser_chain *c = &p->chain;
-    geom g = {c->m, c->k, c->n, c->l, p->parts, p->bm, p->bn, p->bl, p->s1, p->s2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0};
+    geom g = {c->m, c->k, c->n, c->l, p->parts, p->bm, p->bn, p->bl, p->s1, p->s2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0};
     g.kt1 = fuser_ceil_div(g.K, FUSER_BK);
     g.ks1 = fuser_ceil_div(g.kt1, g.s1);
     g.kt2 = fuser_ceil_div(g.N, FUSER_BK);
     g.ks2 = fuser_ceil_div(g.kt2, g.s2);
     g.nt1 = p->nt1;
     g.lt2 = p->lt2;
-    g.u1 = g.nt1 * g.s1;
-    g.u2 = g.lt2 * g.s2;
-    g.rt = fuser_ceil_div(g.m, g.bm);
     g.one = p->phases == 1;
-    g.reps = g.one ? g.lt2 : 1;
+    g.rowsum = g.one && g.bm < 64;
+    g.lg = g.one ? fuser_ceil_div(g.lt2, p->lspan > 1 ? p->lspan : 1) : g.lt2;
+    g.u1 = g.nt1 * g.s1;
+    g.u2 = g.lg * g.s2;
+    g.rt = fuser_ceil_div(g.m, g.bm);
+    g.reps = g.one ? g.lg : 1;
     return g;
 }
 
@@ -49,7 +54,7 @@ void fuser_stream_traffic(const fuser_plan *p, fuser_traffic *out)
     const int64_t wr = pair == FUSER_PAIR_ROWS ? (g.rt + 1) / 2 : g.rt;
     const int64_t nx = pair == FUSER_PAIR_TILES ? (g.nt1 + 1) / 2 : g.nt1;
     const int64_t nh = pair == FUSER_PAIR_TILES ? (g.lt2 + 1) / 2 : g.lt2;
-    /* phase 1 (one phase: in every unit, once per l-tile): x by every n-tile, the weights by every row tile,
+    /* phase 1 (one phase: in every unit, once per group of l-tiles): x by every n-tile, the weights by every row tile,
      * biases once, H stored once (one phase: kept in shared memory) */
     l2 += g.reps * (e * g.m * g.K * nx + e * g.parts * g.N * g.K * wr + e * (c->bias_up + c->bias_gate) * g.N) +
           (g.one ? 0 : e * g.m * g.N);
@@ -57,8 +62,8 @@ void fuser_stream_traffic(const fuser_plan *p, fuser_traffic *out)
         l2 += 2 * 4 * g.s1 * g.parts * g.rt * g.bm * g.nt1 * g.bn; /* whole partial tiles written, read back */
     /* phase 2: H by every l-tile (not in one phase), W_down by every row tile, b_down once, y */
     l2 += (g.one ? 0 : e * g.m * g.N * nh) + e * g.L * g.N * wr + e * c->bias_down * g.L + e * g.m * g.L;
-    if (g.s2 > 1)
-        l2 += 2 * 4 * g.s2 * g.rt * g.bm * g.lt2 * g.bl;
+    if (g.s2 > 1) /* partials written and read back: whole tiles, or the real token rows (rowsum) */
+        l2 += 2 * 4 * g.s2 * (g.rowsum ? g.m : g.rt * g.bm) * g.lt2 * g.bl;
     out->l2 = l2;
     out->hbm = e * (g.m * g.K + g.parts * g.N * g.K + g.L * g.N + (c->bias_up + c->bias_gate) * g.N +
                     c->bias_down * g.L + g.m * g.L);
@@ -109,8 +114,8 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
          2.0 * g.bm * g.parts * g.bn * g.ks1 * FUSER_BK, 0, (g.s1 > 1 ? 4.0 * g.parts * rows * g.bn : 0) + e * rows * g.bn,
          e * g.parts * g.N * g.K + h_hbm, nw1},
         {(double)(g.rt * g.u2), e * g.L * g.N / g.u2, e * rows * g.N * g.lt2 / g.u2,
-         2.0 * g.bm * g.bl * g.ks2 * FUSER_BK, 0, (g.s2 > 1 ? 4.0 * rows * g.bl : 0) + e * rows * g.bl,
-         e * g.L * g.N + h_hbm, nw2},
+         2.0 * g.bm * g.bl * g.ks2 * FUSER_BK * g.lt2 / g.lg, 0,
+         ((g.s2 > 1 ? 4.0 * rows * g.bl : 0) + e * rows * g.bl) * g.lt2 / g.lg, e * g.L * g.N + h_hbm, nw2},
     };
     if (g.one) {
         const double range = (double)g.ks2 * FUSER_BK; /* d_ff columns of a unit's split */
@@ -137,7 +142,10 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
     }
     /* the last split of a tile sums every split's partial before H (or y) exists */
     const double red1 = g.s1 > 1 ? 4.0 * g.s1 * g.parts * rows * g.bn / (t->sm_load_gbs * 1e9) : 0;
-    const double red2 = g.s2 > 1 ? 4.0 * g.s2 * rows * g.bl / (t->sm_load_gbs * 1e9) : 0;
+    /* (one phase, swap-AB: after every unit, all blocks sum y's partials together, the real rows only) */
+    const double red2 = g.s2 <= 1 ? 0
+                        : g.rowsum ? 4.0 * g.s2 * g.m * g.L / (G * t->sm_load_gbs * 1e9) + t->mem_latency_us * 1e-6
+                                   : 4.0 * g.s2 * rows * g.bl / (t->sm_load_gbs * 1e9);
     T += red1 + red2;
 
     k->flops = 2.0 * FUSER_BK * g.bm * g.rt * (g.reps * g.parts * g.bn * g.nt1 * g.kt1 + g.bl * g.lt2 * g.kt2);
@@ -249,7 +257,7 @@ static void phase2(ssim *S, int64_t lt)
         S->tr.smem += g->rt * steps * ((g->one ? 0 : g->bm) + g->bl) * FUSER_BK * 2;
         S->flops += 2.0 * g->rt * steps * FUSER_BK * g->bm * g->bl;
         if (g->s2 > 1)
-            S->tr.l2 += 2 * 4 * g->rt * g->bm * g->bl;
+            S->tr.l2 += 2 * 4 * (g->rowsum ? g->m : g->rt * g->bm) * g->bl;
     }
     for (int64_t j = 0; j < lr; j++) {
         const float b = c->bias_down ? val(S, S_BD, d->b_down, l0 + j) : 0;

@@ -19,7 +19,7 @@ _DF_BIT = {name: 1 << i for i, name in enumerate(DATAFLOWS)}
 #: The stream kernel's cluster pairs, as plan summaries name them: units of two row tiles sharing the weight
 #: tiles, or of two tiles sharing the token tile.
 _STREAM_PAIRS = {(2, 1, 1, 1): " (row-tile pairs share weight tiles)", (1, 2, 1, 2): " (tile pairs share token tiles)"}
-_CONSTRAINT_KEYS = ("bm", "bn", "bl", "n_iters", "stages", "order", "gate_mode", "kind", "s1", "s2", "phases")
+_CONSTRAINT_KEYS = ("bm", "bn", "bl", "n_iters", "stages", "order", "gate_mode", "kind", "s1", "s2", "phases", "lspan")
 #: The fields of a chain dict the core plans from (``_C.ffn_check`` adds where the tensors are).
 CHAIN_FIELDS = ("m", "d_model", "d_ff", "d_out", "gated", "activation", "bias_up", "bias_gate", "bias_down", "dtype")
 
@@ -131,7 +131,8 @@ def plan(m, d_model, d_ff, *, d_out=None, gated=False, activation="gelu", bias=F
         dataflows / avoid: dataflow names the plan must use / must not use;
         bm, bn, bl, n_iters, stages, order ("n_outer"/"l_outer"), gate_mode ("spatial"/"sequential"),
             kind ("cluster"/"stream"), s1, s2 (a stream plan's K splits), phases (a stream plan's 2, or 1:
-            each unit computes its own H): force a tile or schedule parameter.
+            each unit computes its own H), lspan (one phase: output tiles per unit; above 1, GEMM1 runs once
+            for all of them, and with bm 16 or 32 s2 may exceed 16): force a tile or schedule parameter.
 
     Returns a :class:`Plan`; ``plan.explain()`` says why it was chosen over the runner-up.
 
@@ -264,7 +265,8 @@ class Plan:
             return ("unfused",)
         p = self._d["params"]
         if self.kind == "stream":  # one family, told apart by its tiles, splits and pairs
-            return ("stream", p["bm"], p["bn"], p["bl"], p["s1"], p["s2"], tuple(p["cluster"]), p["phases"])
+            return ("stream", p["bm"], p["bn"], p["bl"], p["s1"], p["s2"], tuple(p["cluster"]), p["phases"],
+                    p.get("lspan", 1))
         return (self.dataflow, tuple(p["cluster"]), p["order"], p["gate_mode"])
 
     # ---- serialisation ----
@@ -365,9 +367,11 @@ class Plan:
             return f"unfused (PyTorch eager ops), predicted {self.predicted_us:.1f} us"
         p = self._d["params"]
         if self.kind == "stream":
+            span = p.get("lspan", 1)
             return (f"fused stream, bm={p['bm']} bn={p['bn']} bl={p['bl']}, splits {p['s1']}/{p['s2']}, "
                     f"{p['stages']} stages{_STREAM_PAIRS.get(tuple(p['cluster']), '')}"
-                    f"{', one phase' if p['phases'] == 1 else ''}, "
+                    f"{', one phase' if p['phases'] == 1 else ''}"
+                    f"{f', {span} l-tiles per unit' if span > 1 else ''}, "
                     f"predicted {self.predicted_us:.1f} us")
         return (f"fused {self.dataflow}, cluster {tuple(p['cluster'])}, bm={p['bm']} bn={p['bn']}x{p['n_iters']} "
                 f"bl={p['bl']}, {p['stages']} stages, {p['order']}"
@@ -413,10 +417,11 @@ class Plan:
             d, p = self.derived, self._d["params"]
             out.append("Choice: fused, stream: one persistent launch streams every weight byte once on the whole GPU")
             if p["phases"] == 1:
-                out.append(f"  one phase: {d['lt2']} tiles of {p['bl']} output columns x {p['s2']} d_ff split(s); each "
-                           f"unit first computes the H columns of its d_ff range for up to {p['bm']} tokens itself (in "
-                           f"tiles of {p['bn']}, into shared memory: GEMM1 is repeated per output tile), then its "
-                           f"output tile; split partials are summed in order (deterministic)")
+                span = p.get("lspan", 1)
+                out.append(f"  one phase: {d['lt2']} tiles of {p['bl']} output columns, {span} per unit, x {p['s2']} "
+                           f"d_ff split(s); each unit first computes the H columns of its d_ff range for up to "
+                           f"{p['bm']} tokens itself (in tiles of {p['bn']}, into shared memory: GEMM1 runs once per "
+                           f"unit), then its output tiles; split partials are summed in a fixed order (deterministic)")
             else:
                 out.append(f"  phase 1: {d['nt1']} tiles of {p['bn']} d_ff columns x {p['s1']} K split(s) compute H "
                            f"for up to {p['bm']} tokens into a buffer that stays in L2")

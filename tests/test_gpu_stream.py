@@ -121,17 +121,22 @@ def test_back_to_back_early_launches_share_a_scratch_safely(bm, s1, s2, m, clust
 
 
 @pytest.mark.parametrize("m,shape", [(16, {}), (40, {}), (40, dict(cluster=(2, 1, 1, 1))),
-                                     (40, dict(cluster=(1, 2, 1, 2))), (40, dict(phases=1))])
+                                     (40, dict(cluster=(1, 2, 1, 2))), (40, dict(phases=1)),
+                                     (40, dict(phases=1, lspan=8, s2=32))])
 def test_stream_trace_records_every_unit_once(m, shape):
     """Every unit is claimed, gets data and ends once, in order; in cluster pairs a ghost (the missing second
-    row tile of a pair) records nothing, so every record is a real unit's; one phase has only phase-2 units."""
+    row tile of a pair) records nothing, so every record is a real unit's; one phase has only phase-2 units;
+    units spanning every l-tile record themselves, then the l-tiles blocks without a unit took as helpers."""
     p = fuser.plan(m, 1024, 4096, gated=True, activation="silu", target="h200", fused=True, kind="stream", bm=16,
                    **shape)
     t = tensors(m, 1024, 4096, 1024, True, 2)
     y = torch.empty(m, 1024, device="cuda", dtype=torch.bfloat16)
     units = p.derived["units"]
-    assert units == -(-m // 16) * (p.derived["nt1"] * p.splits[0] * (p.raw["params"]["phases"] == 2) +
-                                   p.derived["lt2"] * p.splits[1])
+    span, rows, lt = p.raw["params"]["lspan"], -(-m // 16), p.derived["lt2"]
+    steal = span == lt > 1
+    owners = rows * p.splits[1] if steal else units
+    assert units == (owners * (1 + lt) if steal else
+                     rows * (p.derived["nt1"] * p.splits[0] * (p.raw["params"]["phases"] == 2) + -(-lt // span) * p.splits[1]))
     words = _C.STREAM_TRACE_WORDS
     trace = torch.zeros(units * words * 2, device="cuda", dtype=torch.float32)
     dev, stream = torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream
@@ -141,6 +146,10 @@ def test_stream_trace_records_every_unit_once(m, shape):
                   buf.capsule, stream, trace=trace)
     torch.cuda.synchronize()
     tr = trace.view(torch.int64).reshape(units, words).cpu()
+    if steal:   # every unit, and the pieces helpers took (96 slices on 132 SMs: 36 blocks help from the start)
+        helped = tr[owners:][tr[owners:, 1] > 0]
+        assert 0 < len(helped) < owners * lt and bool((tr[:owners, 1] > 0).all())
+        tr = torch.cat([tr[:owners], helped])
     claimed, first, done, mma, waited, issued = tr[:, 1], tr[:, 3], tr[:, 4], tr[:, 6], tr[:, 7], tr[:, 8]
     assert bool((claimed > 0).all()) and bool((done >= first).all()) and bool((first >= claimed).all())
     # the main loop ends between the first data and the end, and waited at most its own length

@@ -120,19 +120,25 @@ def test_unaligned_shapes_run_unfused_and_still_compute_the_ffn():
 
 def stream_limits(p, t):
     """independent_limits for the stream kernel family: its ring of stages (X or H tile + weight tiles,
-    rounded to 1024 bytes), in one phase the unit's H (bm rows of 128 bytes per K step of a d_ff split), plus
-    2048 bytes; the consumers' accumulator registers; the tokens in row tiles of bm, and in one phase no
-    phase-1 units."""
+    rounded to 1024 bytes), in one phase the unit's H (bm rows of 128 bytes per K step of a d_ff split) and
+    with swap-AB 4 KB for the block's split sums, plus 2048 bytes; the consumers' accumulator registers; the
+    tokens in row tiles of bm, and in one phase no phase-1 units and units of lspan l-tiles."""
     c, q = p.chain, p.to_dict()["params"]
     bm, bn, bl, st = q["bm"], q["bn"], q["bl"], q["stages"]
     parts = 2 if c["gated"] else 1
     stage = -(-max(bm * 128 + parts * bn * 128, bm * 128 + bl * 128) // 1024) * 1024
     one = q["phases"] == 1
     h = -(-(-(-c["d_ff"] // 64)) // q["s2"]) * bm * 128 if one else 0
-    assert st * stage + h + 2048 == p.derived["smem_bytes"] <= t["smem_per_block"]
+    rowsum = 4096 if one and bm < 64 else 0
+    assert st * stage + h + rowsum + 2048 == p.derived["smem_bytes"] <= t["smem_per_block"]
     rows = -(-c["m"] // bm)
     assert p.derived["grid_m"] == rows and tuple(q["cluster"]) == (1, 1, 1, 1)
-    assert p.derived["units"] == rows * (0 if one else p.derived["nt1"] * q["s1"]) + rows * p.derived["lt2"] * q["s2"]
+    groups = -(-p.derived["lt2"] // q["lspan"])
+    assert q["lspan"] == 1 or one
+    if one and bm < 64 and q["lspan"] == p.derived["lt2"] > 1 and q["s2"] > 1:   # units and helpers' pieces
+        assert p.derived["units"] == rows * q["s2"] * (1 + p.derived["lt2"])
+    else:
+        assert p.derived["units"] == rows * (0 if one else p.derived["nt1"] * q["s1"]) + rows * groups * q["s2"]
     if bm < 64:
         assert bn == bl == 128 and (parts + 1) * bm // 2 <= 192
     else:

@@ -126,6 +126,8 @@ def test_stream_stub_matches_its_golden_file():
                                       kind="cluster", cluster=(1, 4, 2, 2)),
         "stream_pair_stub.cu": fuser.plan(2048, 768, 3072, activation="gelu", target="h200", fused=True,
                                           kind="stream", cluster=(2, 1, 1, 1), bm=128, bn=192, bl=128, s1=1, s2=1),
+        "stream_decode_stub.cu": fuser.plan(1, 4096, 14336, gated=True, activation="silu", target="h200", fused=True,
+                                            kind="stream", bm=16, phases=1, lspan=32, s2=112),
     }
     for name, p in cases.items():
         src = fuser._C.codegen(p.raw, "h200")
@@ -141,6 +143,10 @@ def test_stream_stub_matches_its_golden_file():
     (dict(bm=128, bn=64, bl=256, cluster=(2, 1, 1, 1)), "in cluster pairs, 128-row tiles are at most 192 wide"),
     (dict(cluster=(2, 2, 1, 2)), "cluster must be"),
     (dict(cluster=(1, 2, 1, 1)), "cluster must be"),
+    (dict(lspan=2), "lspan = 2 l-tiles per unit: must be in \\[1, 8\\].*above 1 only in one phase"),
+    (dict(phases=1, s1=1, lspan=9), "lspan = 9 l-tiles per unit: must be in \\[1, 8\\]"),
+    (dict(phases=1, s1=1, bm=64, bl=128, s2=32), "at most 16 partials.*only in one phase with bm 16 or 32"),
+    (dict(s2=32), "at most 16 partials"),
 ])
 def test_bad_stream_plans_are_refused_with_the_reason(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -163,6 +169,33 @@ def test_stream_plans_cut_tokens_into_row_tiles():
         d = fuser.plan(128, 1024, 4096, target="h200", fused=True, kind="stream", bm=128).to_dict()
         d["params"].update(bn=256, bl=256)
         fuser.Plan.from_dict(d)
+
+
+def test_units_of_several_l_tiles_run_gemm1_once_per_unit():
+    """A one-phase unit spanning lspan l-tiles: units = row tiles x groups of l-tiles x splits; GEMM1's bytes
+    and FLOPs counted once per unit (the interpreter and the closed forms agree, check_plan), so a unit per
+    d_ff slice reads W_up once; the swap-AB partials are the real token rows only, so their traffic grows
+    with the tokens, not the padded row tile; the search offers such units only when asked."""
+    kw = dict(gated=True, activation="silu", target="h200", fused=True, kind="stream", bm=16, phases=1)
+    gen = torch.Generator().manual_seed(5)
+    one = fuser.plan(3, 256, 1024, d_out=1000, s2=4, **kw)           # 8 l-tiles, one per unit
+    spans = [fuser.plan(3, 256, 1024, d_out=1000, s2=4, lspan=s, **kw) for s in (3, 8)]
+    assert one.raw["params"]["lspan"] == 1 and one.derived["units"] == 8 * 4
+    # groups of 3, 3, 2 l-tiles; all 8 (a unit per slice, each l-tile also a piece a helper block may take)
+    assert [p.derived["units"] for p in spans] == [3 * 4, 4 * (1 + 8)]
+    w_up = 2 * 2 * 1024 * 256                                          # W_up and W_gate, 16-bit
+    assert one.traffic["l2"] - spans[1].traffic["l2"] >= 7 * w_up      # GEMM1 read 8 times against once
+    for p in [one] + spans:
+        check_plan(p, gen)
+    many = fuser.plan(5, 512, 4096, s2=32, lspan=4, **kw)              # more than 16 d_ff splits
+    assert many.splits == (1, 32) and many.derived["units"] == 32 * (1 + 4)
+    check_plan(many, gen)
+    rows5, rows16 = (fuser.plan(m, 512, 4096, s2=32, lspan=4, **kw).traffic["l2"] for m in (5, 16))
+    assert rows5 < rows16                                              # partials of real rows only
+    assert "l-tiles per unit" in spans[0].summary() and "3 per unit" in spans[0].explain()
+    # not offered unless asked: every plan of a free search spans one l-tile
+    assert all(p.raw["params"]["lspan"] == 1 for p in fuser.plans(1, 4096, 14336, gated=True, activation="silu",
+                                                                    target="h200", fused=True, kind="stream", k=20))
 
 
 def test_stream_explain_and_picture():

@@ -110,6 +110,8 @@ typedef struct fuser_plan {
     int phases;                      /* stream: 2 (phase 1 writes H to a buffer in L2, phase 2 reads it) or 1
                                         (each unit computes the H columns of its d_ff range itself); 0 reads
                                         as 2 */
+    int lspan;                       /* stream, one phase: l-tiles each unit computes (GEMM1 runs once per
+                                        unit); 0 reads as 1 */
     /* --- derived by fuser_plan_derive --- */
     int cluster_size;                /* cls_m * cls_n * cls_k */
     int cls_shuffle, cls_reduce;     /* cls_l / cls_k, cls_n * cls_k / cls_l */
@@ -151,8 +153,13 @@ void fuser_plan_scratch(const fuser_plan *p, int64_t m, int64_t *zeroed_words, i
  * else FUSER_PAIR_NONE. */
 fuser_pair fuser_stream_pair(const fuser_plan *p);
 
-/** The work units of a stream launch of plan p with m tokens (every row tile's units of both phases):
- * the most blocks worth launching, and the trace's length. */
+/** Whether a stream plan's units share their l-tiles with helper blocks: one phase, swap-AB (bm 16 or
+ * 32), each unit spanning every l-tile (of several), several d_ff splits. */
+int fuser_stream_steals(const fuser_plan *p);
+
+/** The work units of a stream launch of plan p with m tokens (every row tile's units of both phases;
+ * with fuser_stream_steals, each unit and each of its l-tiles): the most blocks worth launching, and
+ * the trace's length. */
 int64_t fuser_stream_units(const fuser_plan *p, int64_t m);
 
 /** Bytes of L2 the stream kernel counts on keeping data in (weights shared by row tiles, H between its

@@ -20,6 +20,8 @@ struct Plan {
     static constexpr int STAGES = 5;
     static constexpr int PAIR = 1;
     static constexpr int PHASES = 2;
+    static constexpr int LSPAN = 1;
+    static constexpr int SMEM_BYTES = 206848;
 };
 } // namespace
 

@@ -1,5 +1,5 @@
 """Small stream plans (swap-AB, both phases K-split, biases, ragged tokens in three row tiles; single blocks and
-both kinds of cluster pairs, and one phase), each launched
+both kinds of cluster pairs, and one phase with units of one l-tile or of all), each launched
 twice into NaN-poisoned outputs, then checked against a float64 reference computed on the CPU: the workload for
 compute-sanitizer on the stream kernel. The fused kernel runs before any other GPU math, so a tool
 that trips over another library's kernels cannot hide its verdict on this one.
@@ -20,6 +20,8 @@ def main():
     kw = dict(gated=True, activation="silu", bias=True, target="h200", fused=True, kind="stream", bm=16)
     plans = [fuser.plan(m, d, f, s1=2, s2=3, cluster=cl, **kw) for cl in ((1, 1, 1, 1), (2, 1, 1, 1), (1, 2, 1, 2))]
     plans.append(fuser.plan(m, d, f, s1=1, s2=4, phases=1, **kw))  # one phase: each unit's H in shared memory
+    # one phase, each unit spanning every l-tile: 16 d_ff slices, partials of the real rows summed by the block
+    plans.append(fuser.plan(m, d, f, s1=1, s2=16, phases=1, lspan=4, **kw))
     return max(check(m, d, f, p) for p in plans)
 
 

@@ -2,8 +2,8 @@
 layout (bm 16 and 32 swap-AB, 64, 128) x plain / gated x the four activations x bias or not x bfloat16 /
 float16 x K splits of either phase (none, some, many), over ragged token counts (one row tile, or several
 with a partial last one) and widths (448 -> 1472 -> 200: odd K step counts, a partial output tile),
-192-wide tiles, cluster pairs sharing an operand (both kinds, with ghost units), one-phase plans, and
-swap-AB tiles of many splits.
+192-wide tiles, cluster pairs sharing an operand (both kinds, with ghost units), one-phase plans (units of one
+l-tile or of several, with many d_ff splits), and swap-AB tiles of many splits.
 
 Each case forces a stream plan with its bm and splits, draws fresh random inputs, poisons the output with
 NaN, and checks: the relative error against a float64 reference is at most twice PyTorch eager's own
@@ -74,6 +74,17 @@ def cases():
         yield dict(bm=bm, gated=gated, activation=ACTS[(j + 1) % 4], bias=j % 2 == 0,
                    dtype=("bfloat16", "float16")[j // 2 % 2], s1=1, s2=s2, m=m, d_model=shape[0], d_ff=shape[1],
                    d_out=shape[2], phases=1, **tiles)
+    # one phase, units spanning several l-tiles (GEMM1 once per unit) with many d_ff splits at bm 16 / 32: the
+    # partials are the real token rows, summed after every unit by all blocks (each element by one thread or a
+    # group of threads, by token count), every l-tile or a span that leaves a short last group
+    for j, (bm, gated, m, shape, s2, lspan) in enumerate((
+            (16, True, 1, SHAPES[2], 32, 8),
+            (16, False, 3, SHAPES[1], 12, 3),
+            (32, True, 37, SHAPES[0], 8, 2),
+            (16, True, 16, SHAPES[2], 16, 3),
+            (32, False, 9, SHAPES[3], 12, 2))):
+        yield dict(bm=bm, gated=gated, activation=ACTS[j % 4], bias=j % 2 == 1, dtype=("bfloat16", "float16")[j % 2],
+                   s1=1, s2=s2, m=m, d_model=shape[0], d_ff=shape[1], d_out=shape[2], phases=1, lspan=lspan)
     # many splits at bm 32 (swap-AB): more partials than the last split can hold in flight at once, summed
     # four splits at a time in the same order
     for j, (gated, s1, s2, m) in enumerate(((True, 8, 16, 37), (False, 4, 16, 1))):
@@ -87,7 +98,7 @@ ROWS, TILES = (2, 1, 1, 1), (1, 2, 1, 2)   # the stream kernel's cluster pairs
 def plan_of(c):
     return fuser.plan(c["m"], c["d_model"], c["d_ff"], d_out=c["d_out"], gated=c["gated"], activation=c["activation"],
                       bias=c["bias"], dtype=c["dtype"], target="h200", fused=True, kind="stream", bm=c["bm"],
-                      s1=c["s1"], s2=c["s2"], **{k: c[k] for k in ("bn", "bl", "cluster", "phases") if k in c})
+                      s1=c["s1"], s2=c["s2"], **{k: c[k] for k in ("bn", "bl", "cluster", "phases", "lspan") if k in c})
 
 
 def run_case(c, gen):

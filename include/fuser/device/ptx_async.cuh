@@ -159,6 +159,18 @@ FUSER_DEVICE void red_release_gpu_add(int *p, int v)
     asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+/* Fire-and-forget counting and its relaxed read: orders nothing (a count only, not a publication). */
+FUSER_DEVICE void red_relaxed_gpu_add(int *p, int v)
+{
+    asm volatile("red.relaxed.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+FUSER_DEVICE int ld_relaxed_gpu(const int *p)
+{
+    int v;
+    asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
 FUSER_DEVICE void nanosleep(uint32_t ns) { asm volatile("nanosleep.u32 %0;" ::"r"(ns)); }
 
 /* Spin until *flag >= target (acquire): what another block released before raising it is visible. */

@@ -54,7 +54,20 @@
  * buffer. Each unit (split, l-tile, row tile) first computes the H columns of its d_ff range itself,
  * n-tile by n-tile over the whole K (X and W_up tiles through the ring as a phase-1 unit's), activates
  * and rounds them into shared memory in the layout TMA would load from the H buffer, then runs GEMM2 on
- * them (the ring brings only W_down). GEMM1 is repeated for every l-tile; nothing waits for another unit. */
+ * them (the ring brings only W_down). A unit spans C::LSPAN l-tiles (GEMM1 runs once per unit, so once per
+ * l-tile at LSPAN 1, once per split and row tile when a unit spans every l-tile); nothing waits for another
+ * unit. With swap-AB (decode), the split partials are only the tile's real token rows ([token][feature],
+ * fp32), stored without a ticket, so a unit's weight stream never waits for an epilogue; once every unit
+ * is done (a counter every block waits for after its last unit) all blocks sum y together, each a share
+ * of its elements: G threads per element each sum a run of consecutive splits in order, then the runs are
+ * added in order (G is fixed by the token count, the split count and the grid, so repeated runs are
+ * bitwise equal). So a unit per d_ff slice of 128 columns, spanning every l-tile, streams each weight byte
+ * once with no phase boundary, and its partials are M x 512 bytes per l-tile.
+ * Such units (C::LSPAN = every l-tile, swap-AB, several splits: STEAL) share their l-tiles with blocks that
+ * have no unit: each slice's l-tiles are taken one at a time from the slice's counter, by its unit (after
+ * GEMM1) or by a helper, a block whose units are done or that found none, which loads the slice's H
+ * (the unit stores it to the H buffer too) and the l-tile's W_down tiles by TMA, so no SM idles while
+ * slower units finish. A piece's partial is the same bits whoever computes it. */
 #pragma once
 
 #include "fuser/device/pipeline.cuh"
@@ -73,7 +86,7 @@ struct StreamParams {
     uint16_t *y;      /* [M, L] */
     float *ws;        /* fp32 split partials, whole tiles in the accumulators' order (store_frag): phase 1
                          [row tile][n-tile][S1][PARTS][BM x BN], then phase 2 [row tile][l-tile][S2][BM x BL] */
-    int *sync;        /* [claim][done], then per row tile [NT1 tickets][LT tickets][S2 ready counters]; all
+    int *sync;        /* [claim][done][summed], then per row tile [NT1 tickets][LT tickets][S2 ready counters]; all
                          zero between launches */
     uint64_t *trace;  /* optional (null: off): per unit TRACE_WORDS words, see Stream::trace_unit */
     int m;
@@ -116,6 +129,16 @@ struct Stream {
     static_assert(C::PHASES == 1 || C::PHASES == 2, "PHASES");
     static_assert(!ONE || (S1 == 1 && KS2 * SW_COLS % BN == 0 && C::PAIR == 0),
                   "one phase: GEMM1 unsplit, n-tiles tiling each d_ff split, no pairs");
+    /* l-tiles per phase-2 unit (one phase only), and the units' groups of l-tiles along d_out */
+    static constexpr int LSPAN = C::LSPAN, LG = ceil_div(LT, LSPAN);
+    static_assert(LSPAN >= 1 && (LSPAN == 1 || ONE), "a unit spans several l-tiles only in one phase");
+    /* one phase, swap-AB: partials of the real token rows, summed by the whole block (sum_rows) */
+    static constexpr bool ROWSUM = ONE && SWAP;
+    /* units spanning every l-tile share them with helper blocks (above) */
+    static constexpr bool STEAL = ROWSUM && LSPAN == LT && LT > 1 && S2 > 1;
+    static constexpr int PIECE = 1 << 29; /* a slot's tag: a helper's piece (slice x LT + l-tile) */
+    static constexpr int END = -2;        /* a slot's tag: the unit's l-tiles are done */
+    static_assert(ROWSUM || (S1 * PARTS <= 16 && S2 <= 16), "a thread's split sums hold at most 16 partials");
     enum { PAIR_NONE = 0, PAIR_ROWS = 1, PAIR_TILES = 2 };
     static constexpr int PAIR = C::PAIR, CS = PAIR == PAIR_NONE ? 1 : 2; /* blocks per cluster */
     static constexpr int GHOST = 1 << 30; /* a unit id with this bit: the partner's unit, run as a ghost */
@@ -125,14 +148,19 @@ struct Stream {
     static constexpr int PRODUCER_REGS = PAIR == PAIR_NONE ? 40 : 56, CONSUMER_REGS = PAIR == PAIR_NONE ? 232 : 224;
     static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 168 * 384, "register budget");
 
-    /* sync words: two per launch, then each row tile's (offsets within its group of ROW_WORDS) */
-    static constexpr int CLAIM = 0, DONE = 1, ROWS0 = 2;
-    static constexpr int TICKETS1 = 0, TICKETS2 = NT1, READY = NT1 + LT, ROW_WORDS = READY + S2;
+    /* sync words: three per launch, then each row tile's (offsets within its group of ROW_WORDS) */
+    /* SUMMED: phase-2 units (STEAL: l-tiles) whose partials are stored; HELP: helpers' slice claims; TAKEN:
+     * l-tiles taken (STEAL) */
+    static constexpr int CLAIM = 0, DONE = 1, SUMMED = 2, HELP = 3, TAKEN = 4, ROWS0 = 5;
+    /* (TAKE: STEAL, each slice's l-tiles taken; READY: STEAL, each slice's H stored) */
+    static constexpr int TICKETS1 = 0, TICKETS2 = NT1, READY = NT1 + LT, TAKE = READY + S2,
+                         ROW_WORDS = TAKE + (STEAL ? S2 : 0);
 
     struct Smem {
         alignas(1024) unsigned char stage[STAGES][STAGE_BYTES];
         alignas(1024) unsigned char hs[H_BYTES > 0 ? H_BYTES : 16]; /* one phase: the unit's H */
         Ring<STAGES> ring;
+        float4 red[ROWSUM ? 256 : 1]; /* sum_partials: each thread's run of splits */
         int unit[STAGES]; /* the unit whose first K step a slot holds (-1: no more units), set by the producer */
         int last;
         int box;                    /* pairs: the claimed pair block 0 hands to block 1 */
@@ -150,12 +178,13 @@ struct Stream {
      * held in registers they live through every epilogue and the largest ones spill) */
     FUSER_DEVICE int rt() const { return ceil_div(p.m, BM); }
     FUSER_DEVICE int u1() const { return ONE ? 0 : rt() * NT1 * S1; }
-    FUSER_DEVICE int u2() const { return rt() * LT * S2; }
+    FUSER_DEVICE int u2() const { return rt() * LG * S2; }
+    FUSER_DEVICE int pieces() const { return rt() * S2 * LT; } /* STEAL: every slice's l-tiles */
 
     /* Entries of each phase in the claim order (units, or pairs of units) and the block's rank in its
      * cluster, likewise computed where used */
     FUSER_DEVICE int q1() const { return ONE ? 0 : entries(rt(), NT1, S1); }
-    FUSER_DEVICE int q2() const { return entries(rt(), LT, S2); }
+    FUSER_DEVICE int q2() const { return entries(rt(), LG, S2); }
     static FUSER_DEVICE int rank() { return PAIR == PAIR_NONE ? 0 : (int)cluster_rank(); }
 
     /* Claim-order entries of a phase of T tiles and S splits over `rows` row tiles. */
@@ -191,11 +220,12 @@ struct Stream {
         locate(u, NT1 * S1, i, r);
         return {i / S1, i % S1, r};
     }
+    /* (tile: the group of LSPAN l-tiles, one l-tile but in one phase) */
     FUSER_DEVICE Unit unit2(int v) const
     {
         int i, r;
-        locate(v, LT * S2, i, r);
-        return {i % LT, i / LT, r};
+        locate(v, LG * S2, i, r);
+        return {i % LG, i / LG, r};
     }
     FUSER_DEVICE int *sync_of(int row, int word) const { return p.sync + ROWS0 + row * ROW_WORDS + word; }
 
@@ -319,6 +349,55 @@ struct Stream {
         }
     }
 
+    /* A slot without data whose tag tells the consumers something (they release it). */
+    FUSER_DEVICE void mark(Cursor<STAGES> &c, int tag) const
+    {
+        mbar_wait(&s.ring.empty[c.stage], c.phase ^ 1);
+        s.unit[c.stage] = tag;
+        mbar_arrive(&s.ring.full[c.stage]);
+        c.next();
+    }
+
+    /* STEAL, a block with no unit left: take l-tiles of the slices' counters (one slice until it is
+     * exhausted, then the next slice of a shared counter), each as a piece: the slice's H tiles (once its
+     * unit stored them) and the l-tile's W_down tiles. Until every l-tile is taken. */
+    FUSER_DEVICE void help(Cursor<STAGES> &c) const
+    {
+        const int slices = rt() * S2;
+        int j = -1;
+        for (;;) {
+            const int k = j < 0 ? LT : atomic_add_relaxed_gpu(sync_of(j / S2, TAKE + j % S2), 1);
+            if (k >= LT) {
+                if (ld_relaxed_gpu(p.sync + TAKEN) >= pieces())
+                    return;
+                j = atomic_add_relaxed_gpu(p.sync + HELP, 1) % slices;
+                continue;
+            }
+            red_relaxed_gpu_add(p.sync + TAKEN, 1);
+            const int row = j / S2, sp = j % S2, piece = j * LT + k;
+            int *ready = sync_of(row, READY + sp);
+            if (p.trace) {
+                p.trace[(u2() + piece) * TRACE_WORDS + 0] = blockIdx.x;
+                p.trace[(u2() + piece) * TRACE_WORDS + 1] = global_ns();
+                p.trace[(u2() + piece) * TRACE_WORDS + 5] = sm_id();
+            }
+            const bool now = ld_acquire_gpu(ready) >= 1;
+            if (now)
+                fence_proxy_async_global();
+            fill(c, PIECE | piece, sp * KS2, cmin(KT2, (sp + 1) * KS2), X_BYTES + BL * SW_ROW_BYTES, now,
+                 [&](unsigned char *st, uint64_t *bar, int kb) {
+                     load_rows(st + X_BYTES, &p.w_down, bar, kb, k * BL, BL, false);
+                 },
+                 [&](unsigned char *st, uint64_t *bar, int kb) { load_rows(st, &p.h, bar, kb, row * BM, BM, false); },
+                 [&] {
+                     wait_flag(ready, 1);
+                     fence_proxy_async_global();
+                 });
+            if (p.trace)
+                p.trace[(u2() + piece) * TRACE_WORDS + 8] = global_ns();
+        }
+    }
+
     FUSER_DEVICE void produce() const
     {
         Cursor<STAGES> c;
@@ -340,6 +419,8 @@ struct Stream {
                 q = claim(fixed, handoffs);
             }
             if (q >= q1() + q2()) { /* tell the consumers: no more units */
+                if constexpr (STEAL)
+                    help(c);
                 mbar_wait(&s.ring.empty[c.stage], c.phase ^ 1);
                 s.unit[c.stage] = -1;
                 mbar_arrive(&s.ring.full[c.stage]);
@@ -373,7 +454,7 @@ struct Stream {
                     p.trace[u * TRACE_WORDS + 8] = global_ns();
             } else {
                 const Unit t = unit2(u - u1());
-                const int l_t = t.tile, sp = t.split, m0 = t.row * BM;
+                const int sp = t.split, m0 = t.row * BM;
                 int *ready = sync_of(t.row, READY + sp);
                 /* the H columns of the split exist and are visible to TMA */
                 auto h_ready = [&] {
@@ -390,23 +471,41 @@ struct Stream {
                              [&] { griddep_wait(); });
                     after_prev = true;
                 }
-                const bool now = ONE || !own_t || ld_acquire_gpu(ready) >= tiles_in(sp);
+                bool now = ONE || !own_t || ld_acquire_gpu(ready) >= tiles_in(sp);
                 if (now && own_t && !ONE)
                     h_ready();
                 const uint32_t bytes = (own_t && !ONE ? X_BYTES : 0) + (own_w ? BL * SW_ROW_BYTES : 0);
-                fill(c, tagged, sp * KS2, cmin(KT2, (sp + 1) * KS2), bytes, now,
-                     [&](unsigned char *st, uint64_t *bar, int kb) {
-                         if (own_w)
-                             load_rows(st + X_BYTES, &p.w_down, bar, kb, l_t * BL, BL, PAIR == PAIR_ROWS);
-                     },
-                     [&](unsigned char *st, uint64_t *bar, int kb) {
-                         if (own_t && !ONE)
-                             load_rows(st, &p.h, bar, kb, m0, BM, PAIR == PAIR_TILES);
-                     },
-                     [&] {
-                         wait_flag(ready, tiles_in(sp));
-                         h_ready();
-                     });
+                if constexpr (STEAL) { /* the slice's l-tiles, as long as the helpers leave some */
+                    int *take = sync_of(t.row, TAKE + sp);
+                    int k = atomic_add_relaxed_gpu(take, 1);
+                    while (k < LT) {
+                        red_relaxed_gpu_add(p.sync + TAKEN, 1);
+                        const int next = atomic_add_relaxed_gpu(take, 1); /* in flight while k is requested */
+                        fill(c, k, sp * KS2, cmin(KT2, (sp + 1) * KS2), bytes, true,
+                             [&](unsigned char *st, uint64_t *bar, int kb) {
+                                 load_rows(st + X_BYTES, &p.w_down, bar, kb, k * BL, BL, false);
+                             },
+                             [](unsigned char *, uint64_t *, int) {}, [] {});
+                        k = next;
+                    }
+                    mark(c, END);
+                } else
+                for (int l_t = t.tile * LSPAN; l_t < cmin(LT, (t.tile + 1) * LSPAN); l_t++) {
+                    fill(c, tagged, sp * KS2, cmin(KT2, (sp + 1) * KS2), bytes, now,
+                         [&](unsigned char *st, uint64_t *bar, int kb) {
+                             if (own_w)
+                                 load_rows(st + X_BYTES, &p.w_down, bar, kb, l_t * BL, BL, PAIR == PAIR_ROWS);
+                         },
+                         [&](unsigned char *st, uint64_t *bar, int kb) {
+                             if (own_t && !ONE)
+                                 load_rows(st, &p.h, bar, kb, m0, BM, PAIR == PAIR_TILES);
+                         },
+                         [&] {
+                             wait_flag(ready, tiles_in(sp));
+                             h_ready();
+                         });
+                    now = true;
+                }
                 if (p.trace && !ghost)
                     p.trace[u * TRACE_WORDS + 8] = global_ns();
             }
@@ -771,7 +870,10 @@ struct Stream {
                 const int rel = n - n_lo, col = rel % SW_COLS;
                 const uint32_t off = rel / SW_COLS * X_BYTES + r * SW_ROW_BYTES +
                                      (((col / 8) ^ (r % 8)) * 16 + col % 8 * 2);
-                *(uint32_t *)(s.hs + off) = n < C::N ? pack2<DT>(f[0], f[1]) : 0u;
+                const uint32_t v = n < C::N ? pack2<DT>(f[0], f[1]) : 0u;
+                *(uint32_t *)(s.hs + off) = v;
+                if (STEAL && n < C::N && m0 + r < p.m) /* and to the H buffer, for the helpers */
+                    *(uint32_t *)h_at(m0 + r, n) = v;
             };
             if constexpr (SWAP) {
                 /* element i: (token_of(i), feature_of(i)); the pair partner (next feature) is in lane + 4:
@@ -811,22 +913,81 @@ struct Stream {
     FUSER_DEVICE void phase2(Cursor<STAGES> &c, int u) const
     {
         const Unit t = unit2(u);
-        const int l_t = t.tile, sp = t.split;
+        const int sp = t.split;
         if constexpr (ONE)
             local_h(c, sp);
+        if constexpr (STEAL) {
+            if (lt == 0) /* the slice's H is in the H buffer (local_h's barrier ordered every store) */
+                red_release_gpu_add(sync_of(t.row, READY + sp), 1);
+            int done = 0;
+            for (;; done++) { /* the l-tiles the producer took, then its END */
+                consume_wait(s.ring, c);
+                const int l_t = s.unit[c.stage];
+                if (l_t == END) {
+                    release(c.stage);
+                    c.next();
+                    break;
+                }
+                float acc[NW2 / 2];
+                mainloop<NW2, false>(c, sp * KS2, cmin(KT2, (sp + 1) * KS2), 0, acc, acc, unit_trace(u1() + u),
+                                     smem_addr(s.hs));
+                finish2(acc, t.row, l_t, sp);
+            }
+            count_summed(done);
+            return;
+        }
+        for (int i = 0; i < LSPAN; i++) { /* (a constant trip count: one l-tile compiles as straight code) */
+            const int l_t = t.tile * LSPAN + i;
+            if (l_t >= LT)
+                break;
+            float acc[NW2 / 2];
+            mainloop<NW2, false>(c, sp * KS2, cmin(KT2, (sp + 1) * KS2), 0, acc, acc, unit_trace(u1() + u),
+                                 ONE ? smem_addr(s.hs) : 0u);
+            finish2(acc, t.row, l_t, sp);
+        }
+        if constexpr (ROWSUM && S2 > 1)
+            count_summed(1);
+    }
+
+    /* `n` more partials stored (every consumer's), counted with a release. */
+    FUSER_DEVICE void count_summed(int n) const
+    {
+        consumers_sync();
+        if (lt == 0 && n > 0)
+            red_release_gpu_add(p.sync + SUMMED, n);
+    }
+
+    /* STEAL: one piece taken by this block as a helper: l-tile k of slice j, H from the slots. */
+    FUSER_DEVICE void piece(Cursor<STAGES> &c, int id) const
+    {
+        const int j = id / LT, k = id % LT, row = j / S2, sp = j % S2;
         float acc[NW2 / 2];
-        mainloop<NW2, false>(c, sp * KS2, cmin(KT2, (sp + 1) * KS2), 0, acc, acc, unit_trace(u1() + u),
-                             ONE ? smem_addr(s.hs) : 0u);
+        mainloop<NW2, false>(c, sp * KS2, cmin(KT2, (sp + 1) * KS2), 0, acc, acc, unit_trace(u2() + id), 0u);
+        finish2(acc, row, k, sp);
+    }
+
+    /* GEMM2's epilogue for l-tile l_t of row tile `row`, split sp: y (+ b_down) from acc, or this split's
+     * partial, and, in the last split to finish the tile, the sum of every split's. */
+    FUSER_DEVICE void finish2(float (&acc)[NW2 / 2], int row, int l_t, int sp) const
+    {
         const int l0 = l_t * BL;
-        if constexpr (S2 > 1) {
+        if constexpr (ROWSUM && S2 > 1) { /* the real token rows' partial, summed after every unit (consume) */
+            float *mine = p.ws + (((int64_t)row * LT + l_t) * S2 + sp) * BM * BL; /* [token][feature] */
+#pragma unroll
+            for (int i = 0; i < NW2 / 2; i++)
+                if (token_of(i) < p.m)
+                    mine[(token_of(i) - m0) * BL + feature_of(i)] = acc[i];
+            return;
+        }
+        if constexpr (S2 > 1 && !ROWSUM) {
             constexpr int64_t TILE = (int64_t)BM * BL;
             float *tile = p.ws + (S1 > 1 ? (int64_t)S1 * PARTS * rt() * BM * NT1 * BN : 0) +
-                          ((int64_t)t.row * LT + l_t) * S2 * TILE;
+                          ((int64_t)row * LT + l_t) * S2 * TILE;
             store_frag(acc, tile + sp * TILE);
-            if (!last_of(sync_of(t.row, TICKETS2 + l_t), S2))
+            if (!last_of(sync_of(row, TICKETS2 + l_t), S2))
                 return;
             if (lt == 0) /* every split has arrived: the ticket is zero again for the next launch */
-                store_relaxed_gpu(sync_of(t.row, TICKETS2 + l_t), 0);
+                store_relaxed_gpu(sync_of(row, TICKETS2 + l_t), 0);
             if constexpr (!SWAP) { /* y straight from the summed partials, chunk by chunk */
                 const float *sums = launder(tile);
                 store_tile<NW2>(p.y, C::L, l0, C::L, [&](int j, float (&f)[4]) {
@@ -868,6 +1029,57 @@ struct Stream {
         }
     }
 
+    /* y = the sum of the S2 partials of every element + b_down, by every block after every unit is done:
+     * y's E = M x L / 4 float4 elements, G threads each (a power of two up to 16 and S2: the one that makes
+     * the fewest loads per thread, ties to the smaller), thread group g of a block summing splits
+     * [g S2 / G, (g + 1) S2 / G) of its element in order, then the first group adding the G runs in order.
+     * Within a group consecutive threads take consecutive elements (whole-sector loads). */
+    FUSER_DEVICE void sum_partials() const
+    {
+        constexpr int64_t TILE = (int64_t)BM * BL;
+        constexpr int Q = C::L / 4; /* float4 elements of a y row */
+        const int E = p.m * Q, threads = (int)gridDim.x * 256;
+        int G = 1;
+        for (int g = 2; g <= 16 && g <= S2; g *= 2)
+            if (ceil_div(E * g, threads) * ((S2 + g - 1) / g) < ceil_div(E * G, threads) * ((S2 + G - 1) / G))
+                G = g;
+        const int per = 256 / G, g = lt / per;
+        const int lo = g * S2 / G, hi = (g + 1) * S2 / G;
+        const float *ws = launder(p.ws);
+        for (int base = (int)blockIdx.x * per; base < E; base += (int)gridDim.x * per) {
+            const int e = base + lt % per;
+            const int token = e / Q, l = e % Q * 4;
+            /* this element in split 0's partial: row tile, l-tile, then [token][feature] */
+            const float *at = ws + ((int64_t)(token / BM) * LT + l / BL) * S2 * TILE + (token % BM) * BL + l % BL;
+            float4 t = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (e < E) {
+                t = ld_cg_f4_relaxed(at + lo * TILE);
+#pragma unroll 8
+                for (int sp = lo + 1; sp < hi; sp++) {
+                    const float4 v = ld_cg_f4_relaxed(at + sp * TILE);
+                    t.x += v.x, t.y += v.y, t.z += v.z, t.w += v.w;
+                }
+            }
+            if (G > 1) {
+                s.red[lt] = t;
+                consumers_sync();
+                if (g == 0)
+                    for (int j = 1; j < G; j++) {
+                        const float4 v = s.red[j * per + lt];
+                        t.x += v.x, t.y += v.y, t.z += v.z, t.w += v.w;
+                    }
+                consumers_sync(); /* every run read before the next element's are written */
+            }
+            if (g == 0 && e < E) {
+                float b[4];
+                bias<C::BIAS_DOWN, 4>(p.b_down, l, b);
+                *(uint2 *)y_at(token, l) =
+                    make_uint2(pack2<DT>(plus<C::BIAS_DOWN>(t.x, b[0]), plus<C::BIAS_DOWN>(t.y, b[1])),
+                               pack2<DT>(plus<C::BIAS_DOWN>(t.z, b[2]), plus<C::BIAS_DOWN>(t.w, b[3])));
+            }
+        }
+    }
+
     FUSER_DEVICE void consume(int tid)
     {
         lt = tid - 128;
@@ -875,11 +1087,23 @@ struct Stream {
         warp = lt % 128 / 32;
         lane = lt % 32;
         Cursor<STAGES> c;
+        int helped = 0; /* STEAL: pieces this block computed as a helper */
         for (;;) {
             consume_wait(s.ring, c); /* the unit's first slot says which unit it is */
             const int u = s.unit[c.stage];
             if (u < 0)
                 break;
+            if (STEAL && (u & PIECE)) {
+                const int id = u & ~PIECE;
+                m0 = id / LT / S2 * BM;
+                if (p.trace && lt == 0)
+                    p.trace[(u2() + id) * TRACE_WORDS + 3] = global_ns();
+                piece(c, id);
+                helped++;
+                if (p.trace && lt == 0)
+                    p.trace[(u2() + id) * TRACE_WORDS + 4] = global_ns();
+                continue;
+            }
             if (PAIR != PAIR_NONE && (u & GHOST)) {
                 idle(c, u & ~GHOST);
                 continue;
@@ -896,15 +1120,29 @@ struct Stream {
             if (p.trace && lt == 0)
                 p.trace[u * TRACE_WORDS + 4] = global_ns();
         }
+        if constexpr (ROWSUM && S2 > 1) { /* every unit's partials, then this block's share of y */
+            if constexpr (STEAL)
+                count_summed(helped);
+            if (lt == 0)
+                wait_flag(p.sync + SUMMED, STEAL ? pieces() : u2());
+            consumers_sync();
+            sum_partials();
+        }
         /* the last block out resets the ready counters and the claim counter for the next launch (every
          * poll and claim of this launch is over) */
         consumers_sync();
         if (lt == 0) {
             if (atomic_add_gpu(p.sync + DONE, 1) == (int)gridDim.x - 1) {
                 for (int r = 0; r < rt(); r++)
-                    for (int i = 0; i < S2; i++)
+                    for (int i = 0; i < S2; i++) {
                         store_relaxed_gpu(sync_of(r, READY + i), 0);
+                        if constexpr (STEAL)
+                            store_relaxed_gpu(sync_of(r, TAKE + i), 0);
+                    }
+                store_relaxed_gpu(p.sync + HELP, 0);
+                store_relaxed_gpu(p.sync + TAKEN, 0);
                 store_relaxed_gpu(p.sync + CLAIM, 0);
+                store_relaxed_gpu(p.sync + SUMMED, 0);
                 store_relaxed_gpu(p.sync + DONE, 0);
             }
         }
@@ -912,6 +1150,7 @@ struct Stream {
 
     static FUSER_DEVICE void run(const StreamParams &p)
     {
+        static_assert(sizeof(Smem) + 1023 <= C::SMEM_BYTES, "the plan's shared memory holds Smem, aligned to 1024");
         extern __shared__ __align__(1024) unsigned char smem_raw[];
         Smem &sm = *(Smem *)align_smem<1024>(smem_raw);
         const int tid = (int)threadIdx.x;
