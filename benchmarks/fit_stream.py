@@ -45,9 +45,10 @@ START = dict(stream_fixed_us=2.0, stream_unit_us=3.0, stream_time_scale=1.2, str
              stream_operand_bytes_per_clk=100.0, eager_op_us=1.24, eager_mma_eff=0.87, eager_ramp_us=2.0,
              eager_ramp_mb=1.0, small_gemm_eff=0.8)
 STEPS = (0.5, 0.7, 0.85, 0.95, 1.05, 1.2, 1.4, 2.0)
-#: A stream plan as its summary names it: tiles, splits, stages, cluster pairs, one phase.
+#: A stream plan as its summary names it: tiles, splits, stages, cluster pairs, one phase (and its units'
+#: l-tiles where more than one).
 _SUMMARY = re.compile(r"bm=(\d+) bn=(\d+) bl=(\d+), splits (\d+)/(\d+), (\d+) stages"
-                      r"( \((?:row-tile|tile) pairs [^)]*\))?(, one phase)?")
+                      r"( \((?:row-tile|tile) pairs [^)]*\))?(, one phase)?(?:, (\d+) l-tiles per unit)?")
 _PAIRS = {" (row-tile pairs share weight tiles)": (2, 1, 1, 1), " (tile pairs share token tiles)": (1, 2, 1, 2)}
 
 
@@ -56,6 +57,8 @@ def plan_args(summary):
     g = _SUMMARY.search(summary).groups()
     bm, bn, bl, s1, s2, stages = (int(v) for v in g[:6])
     out = dict(bm=bm, bn=bn, bl=bl, s1=s1, s2=s2, stages=stages, phases=1 if g[7] else 2)
+    if g[8]:
+        out["lspan"] = int(g[8])
     if g[6]:
         out["cluster"] = _PAIRS[g[6]]
     return out

@@ -33,7 +33,7 @@ python3 -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | grep -v WAR
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
 if [ "$STAGE" = fit ]; then
     for sec in sweep decode; do   # separately (a run stopped by its timeout still writes the rows it timed)
-        timeout $([ $sec = sweep ] && echo 360 || echo 120) python3 benchmarks/kernel_check.py --$sec --out "$OUT/$sec" \
+        timeout $([ $sec = sweep ] && echo 360 || echo 180) python3 benchmarks/kernel_check.py --$sec --out "$OUT/$sec" \
             > "$OUT/$sec.log" 2>&1
         echo "$sec rc $? $(grep -c ' us (eager' "$OUT/$sec.log") timed plans" | tee -a "$OUT/gpu.txt"
     done

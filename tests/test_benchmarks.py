@@ -162,3 +162,21 @@ def test_fit_stream_refits_the_constants_to_timed_plans(tmp_path):
         for c in checks.values():
             assert c["pick"] and c["best_us"] <= c["eager_us"]
             assert c["measured_us"] is None or c["measured_us"] >= c["best_us"]
+
+
+def test_fit_stream_reads_back_the_plan_each_summary_names():
+    """The refit rebuilds each timed plan from its summary: two phases with splits, one phase, cluster pairs,
+    and one phase with units of several l-tiles must each give back the same plan (a missed field would fit
+    the constants to another plan's prediction)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import fit_stream
+    kw = dict(gated=True, activation="silu", target="h200", fused=True, kind="stream")
+    plans = [fuser.plan(1, 4096, 14336, bm=16, s1=2, s2=8, **kw),
+             fuser.plan(1, 4096, 14336, bm=16, lspan=32, s2=112, **kw),
+             fuser.plan(40, 1024, 4096, bm=16, phases=1, s2=4, **kw),
+             fuser.plan(300, 1024, 4096, bm=64, cluster=(2, 1, 1, 1), **kw)]
+    for p in plans:
+        q = fuser.plan(p.chain["m"], p.chain["d_model"], p.chain["d_ff"], d_out=p.chain["d_out"], **kw,
+                       **fit_stream.plan_args(p.summary()))
+        assert q.to_dict()["params"] == p.to_dict()["params"], p.summary()
+    assert fit_stream.plan_args(plans[1].summary())["lspan"] == 32
