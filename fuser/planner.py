@@ -422,6 +422,9 @@ class Plan:
                            f"d_ff split(s); each unit first computes the H columns of its d_ff range for up to "
                            f"{p['bm']} tokens itself (in tiles of {p['bn']}, into shared memory: GEMM1 runs once per "
                            f"unit), then its output tiles; split partials are summed in a fixed order (deterministic)")
+                if span == d["lt2"] > 1 and p["bm"] < 64 and p["s2"] > 1:
+                    out.append(f"  each unit's l-tiles are shared: blocks without a unit take some (the slice's H from "
+                               f"an L2 buffer), so {d['units']} work units count the units and their l-tiles")
             else:
                 out.append(f"  phase 1: {d['nt1']} tiles of {p['bn']} d_ff columns x {p['s1']} K split(s) compute H "
                            f"for up to {p['bm']} tokens into a buffer that stays in L2")

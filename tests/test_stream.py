@@ -193,6 +193,7 @@ def test_units_of_several_l_tiles_run_gemm1_once_per_unit():
     rows5, rows16 = (fuser.plan(m, 512, 4096, s2=32, lspan=4, **kw).traffic["l2"] for m in (5, 16))
     assert rows5 < rows16                                              # partials of real rows only
     assert "l-tiles per unit" in spans[0].summary() and "3 per unit" in spans[0].explain()
+    assert "l-tiles are shared" in spans[1].explain() and "l-tiles are shared" not in spans[0].explain()
     # not offered unless asked: every plan of a free search spans one l-tile
     assert all(p.raw["params"]["lspan"] == 1 for p in fuser.plans(1, 4096, 14336, gated=True, activation="silu",
                                                                     target="h200", fused=True, kind="stream", k=20))
