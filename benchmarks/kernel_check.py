@@ -518,7 +518,7 @@ def main():
                   ("llama3-8b", 1, dict(bn=128, bl=256)), ("llama3-8b", 1, dict(bm=16, s1=1, s2=4)),
                   ("llama3-8b", 1, dict(bm=16, s1=2, s2=8)), ("llama3-8b", 1, dict(bm=16, s1=4, s2=8)),
                   ("llama3-8b", 1, dict(bm=16, s1=8, s2=16)), ("llama3-8b", 16, dict(bm=16, s1=2, s2=8)),
-                  ("gpt2", 16, {}))
+                  ("llama3-8b", 1, dict(bm=16, lspan=32, s2=112)), ("gpt2", 16, {}))
         prefill = (("gpt2", 2048, dict(bm=128, bn=256, bl=128, s1=1, s2=1)),
                    ("gpt2", 2048, dict(bm=128, bn=256, bl=128, s1=1, s2=2)),
                    ("gpt2", 2048, dict(bm=128, bn=128, bl=128, s1=1, s2=1)),

@@ -20,7 +20,8 @@ def main():
     kw = dict(gated=True, activation="silu", bias=True, target="h200", fused=True, kind="stream", bm=16)
     plans = [fuser.plan(m, d, f, s1=2, s2=3, cluster=cl, **kw) for cl in ((1, 1, 1, 1), (2, 1, 1, 1), (1, 2, 1, 2))]
     plans.append(fuser.plan(m, d, f, s1=1, s2=4, phases=1, **kw))  # one phase: each unit's H in shared memory
-    # one phase, each unit spanning every l-tile: 16 d_ff slices, partials of the real rows summed by the block
+    # one phase, each unit spanning every l-tile: 16 d_ff slices whose l-tiles helper blocks share, the partials
+    # of the real rows summed by every block after the last unit
     plans.append(fuser.plan(m, d, f, s1=1, s2=16, phases=1, lspan=4, **kw))
     return max(check(m, d, f, p) for p in plans)
 
