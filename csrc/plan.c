@@ -144,8 +144,8 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
                           "K: s1 must be 1, bn must divide the split's %lld d_ff columns, no cluster pairs (got s1 = %d, "
                           "bn = %d, cluster (%d, %d, %d, %d))", (long long)range, p->s1, p->bn, p->cls_m, p->cls_n,
                           p->cls_k, p->cls_l);
-    /* one phase with swap-AB: the last split of an l-tile sums the partials with the whole block (any count) */
-    const int rowsum = p->phases == 1 && p->bm < 64;
+    /* one phase with swap-AB: every block sums the partials after the last unit (any count) */
+    const int rowsum = fuser_stream_row_partials(p);
     if (p->s1 * p->parts > 16 || (p->s2 > 16 && !rowsum))
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: the last split sums at most 16 partials per element "
                           "(s1 x parts = %d, s2 = %d); more d_ff splits only in one phase with bm 16 or 32",
@@ -168,8 +168,9 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
     if (p->lspan == 0)
         p->lspan = 1; /* a plan built without the field: one l-tile per unit */
     if (p->lspan < 1 || p->lspan > p->lt2 || (p->lspan > 1 && p->phases != 1))
-        return fuser_fail(err, FUSER_E_VALUE, "stream plan: lspan = %d l-tiles per unit: must be in [1, %d] (d_out %lld "
-                          "in tiles of %d), and above 1 only in one phase", p->lspan, p->lt2, (long long)c->l, p->bl);
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: lspan = %d l-tiles per unit: must be in [1, %d] (d_out "
+                          "%lld in tiles of %d), and above 1 only in one phase", p->lspan, p->lt2, (long long)c->l,
+                          p->bl);
     p->grid_m = fuser_ceil_div(c->m, p->bm); /* row tiles */
     if (p->grid_m * ((int64_t)p->nt1 * p->s1 + (int64_t)p->lt2 * p->s2) > 0x3fffffff)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: %lld tokens in row tiles of %d make more work units than "
@@ -205,7 +206,8 @@ void fuser_plan_scratch(const fuser_plan *p, int64_t m, int64_t *zeroed_words, i
     if (p->kind == FUSER_KIND_STREAM) {
         /* five counters (claim, done, summed, help, taken), then per row tile its tickets and ready counters
          * (and, units sharing their l-tiles, a counter of each slice's l-tiles taken) */
-        *zeroed_words = 5 + fuser_ceil_div(m, p->bm) * ((int64_t)p->nt1 + p->lt2 + p->s2 * (fuser_stream_steals(p) ? 2 : 1));
+        const int64_t slices = (int64_t)p->s2 * (fuser_stream_steals(p) ? 2 : 1);
+        *zeroed_words = 5 + fuser_ceil_div(m, p->bm) * ((int64_t)p->nt1 + p->lt2 + slices);
         /* H [m][N] in 16 bits (a multiple of 4 floats: N % 8 == 0), then the split partials: whole tiles
          * (bm rows, bn or bl columns) of every row tile and n- or l-tile, in the accumulators' order */
         const int64_t rows = fuser_ceil_div(m, p->bm) * p->bm;
@@ -227,17 +229,24 @@ fuser_pair fuser_stream_pair(const fuser_plan *p)
     return p->cls_m == 2 ? FUSER_PAIR_ROWS : FUSER_PAIR_TILES;
 }
 
+int fuser_stream_row_partials(const fuser_plan *p) { return p->phases == 1 && p->bm < 64; }
+
+int64_t fuser_stream_lgroups(const fuser_plan *p)
+{
+    return p->phases == 1 ? fuser_ceil_div(p->lt2, p->lspan > 1 ? p->lspan : 1) : p->lt2;
+}
+
 int fuser_stream_steals(const fuser_plan *p)
 {
-    return p->phases == 1 && p->bm < 64 && p->lspan == p->lt2 && p->lt2 > 1 && p->s2 > 1;
+    return fuser_stream_row_partials(p) && p->lspan == p->lt2 && p->lt2 > 1 && p->s2 > 1;
 }
 
 int64_t fuser_stream_units(const fuser_plan *p, int64_t m)
 {
     if (fuser_stream_steals(p)) /* a unit per slice, and each of its l-tiles a piece a helper may take */
         return fuser_ceil_div(m, p->bm) * p->s2 * (1 + (int64_t)p->lt2);
-    const int64_t groups = fuser_ceil_div(p->lt2, p->lspan > 1 ? p->lspan : 1); /* of l-tiles, one per unit */
-    return fuser_ceil_div(m, p->bm) * ((p->phases == 1 ? 0 : (int64_t)p->nt1 * p->s1) + groups * p->s2);
+    const int64_t u1 = p->phases == 1 ? 0 : (int64_t)p->nt1 * p->s1;
+    return fuser_ceil_div(m, p->bm) * (u1 + fuser_stream_lgroups(p) * p->s2);
 }
 
 double fuser_stream_phase_weights(const fuser_plan *p, int phase)

@@ -161,7 +161,7 @@ static int r_stream_fill(const fuser_plan *p, const fuser_target *t)
     const int64_t kt2 = (p->chain.n + FUSER_BK - 1) / FUSER_BK;
     const int64_t rt = p->grid_m; /* row tiles: each multiplies both phases' units */
     /* (one phase: a unit spans lspan l-tiles, and its d_ff slice is at least one n-tile) */
-    const int64_t lg = p->phases == 1 ? (p->lt2 + p->lspan - 1) / p->lspan : p->lt2;
+    const int64_t lg = fuser_stream_lgroups(p);
     const int64_t u1 = rt * p->nt1 * p->s1, u2 = rt * lg * p->s2;
     const int decode = p->chain.m <= 64;
     const int small1 = decode && fuser_stream_phase_weights(p, 1) <= FUSER_STREAM_L2_BYTES;

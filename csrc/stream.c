@@ -31,8 +31,8 @@ static geom geom_of(const fuser_plan *p)
     g.nt1 = p->nt1;
     g.lt2 = p->lt2;
     g.one = p->phases == 1;
-    g.rowsum = g.one && g.bm < 64;
-    g.lg = g.one ? fuser_ceil_div(g.lt2, p->lspan > 1 ? p->lspan : 1) : g.lt2;
+    g.rowsum = fuser_stream_row_partials(p);
+    g.lg = fuser_stream_lgroups(p);
     g.u1 = g.nt1 * g.s1;
     g.u2 = g.lg * g.s2;
     g.rt = fuser_ceil_div(g.m, g.bm);

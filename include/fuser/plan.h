@@ -153,6 +153,14 @@ void fuser_plan_scratch(const fuser_plan *p, int64_t m, int64_t *zeroed_words, i
  * else FUSER_PAIR_NONE. */
 fuser_pair fuser_stream_pair(const fuser_plan *p);
 
+/** Whether a stream plan's split partials are the real token rows only, summed by every block after the
+ * last unit: one phase with swap-AB (bm 16 or 32); any number of d_ff splits. */
+int fuser_stream_row_partials(const fuser_plan *p);
+
+/** Groups of l-tiles along d_out of a derived stream plan, one per phase-2 unit and row tile and split:
+ * d_out's l-tiles, or in one phase ceil(l-tiles / lspan). */
+int64_t fuser_stream_lgroups(const fuser_plan *p);
+
 /** Whether a stream plan's units share their l-tiles with helper blocks: one phase, swap-AB (bm 16 or
  * 32), each unit spanning every l-tile (of several), several d_ff splits. */
 int fuser_stream_steals(const fuser_plan *p);
