@@ -16,6 +16,7 @@ call) and ``load_state_dict`` transposes what it loads. ``fuser.revert`` restore
 """
 from __future__ import annotations
 
+import collections
 import math
 
 import torch
@@ -52,6 +53,8 @@ _scratch_of = runtime.scratch_table().get
 _tensor_layout = _C.tensor_layout
 _tensor_signature = _C.tensor_signature
 _kept_match = _C.kept_match
+_kept_eager = _C.kept_eager
+_linear = torch.nn.functional.linear
 _empty_like = torch.empty_like
 _Module = nn.Module
 # the hooks every module runs (torch.nn.modules.module keeps them in these dicts, updated in place)
@@ -246,14 +249,21 @@ class FusedFFN(nn.Module):
         # instance, not under torch.compile or tracing, the kept route of the last shape serves the call
         # directly. Everything else, and every call the kept route declines, is nn.Module.__call__,
         # looked up at each call so that patches of it (torch.fx's tracer) apply.
+        # A kept eager route whose checks C can read (``fast``) runs checks and ops in one C call.
         if not _is_compiling() and len(args) == 1 and not kwargs:
             d = self.__dict__
             kept = d.get("_kept")
-            if (kept is not None and "forward" not in d and self._compiled_call_impl is None
-                    and not (self._forward_hooks or self._forward_pre_hooks or self._backward_hooks
-                             or self._backward_pre_hooks or _GLOBAL_HOOKS[0] or _GLOBAL_HOOKS[1]
-                             or _GLOBAL_HOOKS[2] or _GLOBAL_HOOKS[3] or _tracing_state())):
-                y = kept.run(self, args[0])
+            if kept is not None:
+                fast = kept.fast
+                if fast is not None:
+                    y = _kept_eager(d, args[0], fast)
+                elif ("forward" not in d and self._compiled_call_impl is None
+                        and not (self._forward_hooks or self._forward_pre_hooks or self._backward_hooks
+                                 or self._backward_pre_hooks or _GLOBAL_HOOKS[0] or _GLOBAL_HOOKS[1]
+                                 or _GLOBAL_HOOKS[2] or _GLOBAL_HOOKS[3] or _tracing_state())):
+                    y = kept.run(self, args[0])
+                else:
+                    y = None
                 if y is not None:
                     post = kept.post
                     return y if post is None else d["_modules"][post](y)
@@ -456,6 +466,15 @@ class _Weights:
         return True
 
 
+#: What ``_C.kept_eager`` reads of a kept eager route, in the order of eager_bind.c's K_* fields: the ops
+#: (F.linear, the activation) and the weights, kept_match's arguments, the route (stale?), the dropout
+#: between the GEMMs (its name) and whether the module trains with its own forward, and what else
+#: nn.Module.__call__ would consult (the global hook dicts, torch.jit's tracing state).
+_KeptEagerFast = collections.namedtuple("_KeptEagerFast", (
+    "linear", "act", *_ROLES, "signature", "held", "layout", "route", "mid", "train_source", "hooks",
+    "tracing_state"))
+
+
 class _KeptEager:
     """An eager route kept for one input shape: the PyTorch ops with the weights as read then (row slices
     included), while x is a plain tensor of that shape, dtype and device and the weights are the same
@@ -463,7 +482,7 @@ class _KeptEager:
     the ops' own business here."""
 
     __slots__ = ("route", "shape", "dtype", "device", "signature", "weights", "w", "act", "mid", "post",
-                 "train_source")
+                 "train_source", "fast")
 
     @classmethod
     def bind(cls, module, route, x, w):
@@ -477,6 +496,9 @@ class _KeptEager:
         k.shape, k.dtype, k.device = x.shape, x.dtype, x.device
         # x's exact type, device, dtype and shape as C reads them (None: checked here, weights too)
         k.signature = None if weights.layout is None else _tensor_signature(x)
+        k.fast = None if k.signature is None else _KeptEagerFast(
+            _linear, k.act, *k.w, k.signature, weights.held, weights.layout, route, k.mid,
+            bool(k.train_source), _GLOBAL_HOOKS, _tracing_state)
         return k
 
     def run(self, module, x):
@@ -518,6 +540,7 @@ class _KeptLaunch:
 
     __slots__ = ("route", "shape", "dtype", "device", "stream", "scratch", "skey", "out_shape", "same_shape",
                  "signature", "weights", "prepared", "mid", "post", "train_source")
+    fast = None   # (the launch's checks run here, in run)
 
     @classmethod
     def bind(cls, module, route, x, w, y):

@@ -12,6 +12,7 @@ import torch
 
 from fuser import _C, interop
 from fuser.planner import Plan
+from fuser.reference import ACTIVATIONS
 from fuser.route import route_for
 from fuser.target import default_target
 
@@ -21,6 +22,8 @@ _Tensor = torch.Tensor
 _routes = {}                       # route key (_C.ffn_key) -> Route
 _MAX_SIGNATURES = 4096
 _ffn_key = _C.ffn_key
+_eager = _C.eager
+_linear = torch.nn.functional.linear
 _keyed = interop.keyed             # whether _C.ffn_key takes torch tensors in this torch
 _NAMES = ("x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down", "out")
 _NOT_EXPORTABLE = (BufferError, RuntimeError, AssertionError)   # what torch raises for tensors it cannot share
@@ -179,6 +182,8 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
             pass
         r = _routes.get(key)   # never None's: _remember keeps no route under None
         if r is not None and not r.stale:
+            if not r.fused:    # the eager route's ops, called from C (Route.run's, in one crossing)
+                return _eager(_linear, ACTIVATIONS[activation], x, w_up, w_down, w_gate, b_up, b_gate, b_down)
             return r.run(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
     # the first call of its route key, or one with out=, plan= or tensors of another DLPack producer
     tensors = (x, w_up, w_down, w_gate, b_up, b_gate, b_down)

@@ -23,6 +23,7 @@ typedef struct {
     PyObject *CacheError;       /* FuserError: kernel cache failures */
     PyObject *UnsupportedError; /* FuserError: valid input the fused path cannot run */
     PyObject *s_dlpack, *s_dlpack_device, *s_stream, *s_max_version, *max_version; /* (1, 0) */
+    PyObject *kept_names; /* tuple of the interned names kept_eager reads (KEPT_NAMES, indexed by KN_*) */
     /* The registered tensor type (fuser_py_register_tensor_type): torch.Tensor, whose instances the
      * per-call entry points take without __dlpack__. NULL fields: nothing registered. Registered at
      * import (fuser.interop), not while other threads call in. */
@@ -36,6 +37,11 @@ typedef struct {
 } fuser_state;
 
 fuser_state *fuser_get_state(PyObject *module);
+
+/* The attribute names kept_eager reads (eager_bind.c), in the order of fuser_state.kept_names. */
+#define KEPT_NAMES "forward", "_compiled_call_impl", "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", \
+                   "_backward_pre_hooks", "training", "_modules", "stale"
+enum { KN_FORWARD, KN_COMPILED, KN_HOOKS, KN_TRAINING = KN_HOOKS + 4, KN_MODULES, KN_STALE, KN_COUNT };
 
 /* The pointer in a capsule of type `name` (fuser's own handles), or NULL with a TypeError saying
  * "<what>: expected <expected>". */
@@ -101,6 +107,8 @@ PyObject *fuser_py_tensor_intake(PyObject *module, PyObject *noargs);
 PyObject *fuser_py_tensor_layout(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_tensor_signature(PyObject *module, PyObject *x);
 PyObject *fuser_py_kept_match(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fuser_py_eager(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fuser_py_kept_eager(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fuser_py_ffn_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_env(PyObject *module, PyObject *args, PyObject *kwargs);

@@ -107,6 +107,15 @@ static PyMethodDef module_methods[] = {
      "unless x has tensor_signature `signature`, every row (registry, name, owner, parameters, pname, p, ...)\n"
      "of `held` still holds (registry[name] is owner, parameters[pname] is p) and the p's have tensor_layout\n"
      "`layout`; then x's data address where x is contiguous row-major, else 0."},
+    {"eager", (PyCFunction)(void (*)(void))fuser_py_eager, METH_FASTCALL,
+     "eager(linear, act, x, w_up, w_down, w_gate, b_up, b_gate, b_down) -> y: the eager route's ops,\n"
+     "fuser.reference.eager's calls in its order (linear: torch.nn.functional.linear; act: a value of\n"
+     "fuser.reference.ACTIVATIONS; absent tensors None)."},
+    {"kept_eager", (PyCFunction)(void (*)(void))fuser_py_kept_eager, METH_FASTCALL,
+     "kept_eager(d, x, k) -> y or None: FusedFFN's kept eager route in one call. d: the module's __dict__;\n"
+     "k: the route's fields (fuser.module's _KeptEagerFast). None where nn.Module.__call__ would do more\n"
+     "than call forward, the route is stale, a dropout between the GEMMs or the module's own training\n"
+     "forward is active, or kept_match(x, ...) fails; else the eager ops' output."},
     {"tensor_intake", fuser_py_tensor_intake, METH_NOARGS,
      "tensor_intake() -> dict: the registered tensor type, exporter, exchange types and API version, and\n"
      "how many tensors were taken each way (exchanged, exported) since the module was loaded."},
@@ -197,6 +206,15 @@ static int module_exec(PyObject *m)
     st->max_version = Py_BuildValue("(ii)", 1, 0);
     if (!st->s_dlpack || !st->s_dlpack_device || !st->s_stream || !st->s_max_version || !st->max_version)
         return -1;
+    static const char *const kept_names[KN_COUNT] = {KEPT_NAMES};
+    if (!(st->kept_names = PyTuple_New(KN_COUNT)))
+        return -1;
+    for (int i = 0; i < KN_COUNT; i++) {
+        PyObject *name = PyUnicode_InternFromString(kept_names[i]);
+        if (!name)
+            return -1;
+        PyTuple_SET_ITEM(st->kept_names, i, name);
+    }
     if (PyModule_AddIntConstant(m, "DLPACK_MAJOR", 1) || PyModule_AddIntConstant(m, "DLPACK_MINOR", 0) ||
         PyModule_AddIntConstant(m, "ALIGN_BYTES", FUSER_ALIGN_BYTES) ||
         PyModule_AddIntConstant(m, "STREAM_TRACE_WORDS", FUSER_STREAM_TRACE_WORDS))
@@ -206,8 +224,8 @@ static int module_exec(PyObject *m)
 
 #define STATE_FIELDS(X)                                                                                      \
     X(FuserError) X(CudaError) X(CompileError) X(CacheError) X(UnsupportedError) X(s_dlpack)                 \
-    X(s_dlpack_device) X(s_stream) X(s_max_version) X(max_version) X(tensor_type) X(tensor_exporter)         \
-    X(exchange_types)
+    X(s_dlpack_device) X(s_stream) X(s_max_version) X(max_version) X(kept_names) X(tensor_type)               \
+    X(tensor_exporter) X(exchange_types)
 
 static int module_traverse(PyObject *m, visitproc visit, void *arg)
 {

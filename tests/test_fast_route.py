@@ -108,6 +108,111 @@ def test_kept_route_declines_what_the_general_route_must_judge(bad, exchange):
     assert kept_eager(m).run(m, bad) is None
 
 
+# ---- the eager ops and the kept eager route in C (python/eager_bind.c) ----------------------------------
+
+@pytest.mark.parametrize("gated,bias,act", [(False, False, "relu"), (True, True, "silu"), (False, True, "gelu_tanh")])
+def test_eager_ops_in_c_are_the_reference_ops_bitwise_with_the_same_gradients(gated, bias, act):
+    from fuser import _C
+    from fuser.reference import ACTIVATIONS, eager
+    torch.manual_seed(0)
+    d, f = 16, 40
+    t = dict(x=torch.randn(2, 3, d), w_up=torch.randn(f, d), w_down=torch.randn(d, f),
+             w_gate=torch.randn(f, d) if gated else None, b_up=torch.randn(f) if bias else None,
+             b_gate=torch.randn(f) if gated and bias else None, b_down=torch.randn(d) if bias else None)
+    order = ("x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down")
+    grads = []
+    for run in (lambda *a: eager(*a, ACTIVATIONS[act]),
+                lambda *a: _C.eager(torch.nn.functional.linear, ACTIVATIONS[act], *a)):
+        ts = {k: None if v is None else v.clone().requires_grad_() for k, v in t.items()}
+        y = run(*(ts[k] for k in order))
+        y.square().sum().backward()
+        grads.append((y.detach(), [ts[k].grad for k in order if ts[k] is not None]))
+    (y0, g0), (y1, g1) = grads
+    assert torch.equal(y0, y1)
+    assert all(torch.equal(a, b) for a, b in zip(g0, g1))
+    with pytest.raises(TypeError, match="9 arguments"):
+        _C.eager(torch.nn.functional.linear, ACTIVATIONS[act], t["x"])
+
+
+def test_kept_eager_route_runs_checks_and_ops_in_one_c_call(monkeypatch, exchange):
+    """With the exchange API, a kept eager route's call is one C call (the Python ops and checks do not
+    run); without it, the route's checks run in Python."""
+    import fuser.module as fm
+    m, x = _kept_module(nn.Linear(8, 24), nn.GELU(), nn.Linear(24, 8))
+    c_calls, py_ops = [], []
+    real_c, real_py = fm._kept_eager, fm.eager
+    monkeypatch.setattr(fm, "_kept_eager", lambda *a: c_calls.append(1) or real_c(*a))
+    monkeypatch.setattr(fm, "eager", lambda *a: py_ops.append(1) or real_py(*a))
+    with torch.no_grad():
+        y = m(x)
+    assert torch.equal(y, reference(m, x))
+    assert (c_calls, py_ops) == (([1], []) if exchange else ([], [1]))
+
+
+def _declined(how, m, x):
+    """Whether ``_C.kept_eager`` declines m's call with x after `how` changed what it must check."""
+    from fuser import _C
+    from fuser.route import Route
+    kept = kept_eager(m)
+    d, fast = dict(m.__dict__), kept.fast
+    if how == "stale route":
+        stale = Route()
+        stale.stale = True
+        fast = fast._replace(route=stale)
+    elif how == "own training forward":
+        fast = fast._replace(train_source=True)
+        d["training"] = True
+    elif how == "compiled call":
+        d["_compiled_call_impl"] = object()
+    elif how == "backward hook":
+        d["_backward_hooks"] = {0: print}
+    elif how == "traced by torch.jit":
+        fast = fast._replace(tracing_state=object)
+    elif how == "global hook":
+        fast = fast._replace(hooks=({}, {}, {0: print}, {}))
+    elif how == "other shape":
+        x = x[:2]
+    y = _C.kept_eager(d, x, fast)
+    assert y is None or torch.equal(y, reference(m, x))
+    return y is None
+
+
+@pytest.mark.parametrize("how", ["stale route", "own training forward", "compiled call", "backward hook",
+                                 "traced by torch.jit", "global hook", "other shape"])
+def test_kept_eager_in_c_declines_what_module_call_or_the_route_must_judge(how):
+    if _C_exchange() is None:
+        pytest.skip("this torch has no DLPack C exchange API")
+    m, x = _kept_module(nn.Linear(8, 24), nn.ReLU(), nn.Linear(24, 8))
+    with torch.no_grad():
+        assert not _declined(None, m, x)
+        assert _declined(how, m, x)
+
+
+def test_kept_eager_in_c_declines_an_active_dropout_between_the_gemms():
+    if _C_exchange() is None:
+        pytest.skip("this torch has no DLPack C exchange API")
+    from fuser import _C
+    torch.manual_seed(0)
+    m = FusedFFN.from_module(nn.Sequential(nn.Linear(8, 24), nn.ReLU(), nn.Dropout(0.5), nn.Linear(24, 8)).eval())
+    assert m.spec.mid_dropout is not None
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        m(x)
+    kept = kept_eager(m)
+    with torch.no_grad():
+        assert torch.equal(_C.kept_eager(m.__dict__, x, kept.fast), reference(m, x))   # eval: no dropout
+        m.train()
+        assert _C.kept_eager(m.__dict__, x, kept.fast) is None
+        torch.manual_seed(3)
+        y = m(x)                                        # the module's own path applies the dropout
+    assert not torch.equal(y, reference(m, x))
+
+
+def _C_exchange():
+    from fuser import _C
+    return _C.tensor_intake()["version"]
+
+
 # ---- FusedFFN.__call__: the kept route without nn.Module.__call__, and everything that must still see it -----
 
 def _kept_module(*layers):

@@ -1,0 +1,138 @@
+/* eager_bind.c: the eager route's PyTorch ops called from C, so that a call that runs them (fuser.ffn, and
+ * FusedFFN's kept eager route with its checks) crosses into C once instead of running two Python frames
+ * of plumbing around the ops. The ops are the ones fuser.reference.eager calls, in the same order with
+ * the same arguments, so the results are bitwise the same and autograd records the same graph. */
+#include "binding.h"
+
+/* linear(x, w_up, b_up); with w_gate act(linear(x, w_gate, b_gate)) * that, else act(that); then
+ * linear(h, w_down, b_down). t: x, w_up, w_down, w_gate, b_up, b_gate, b_down (None where absent). */
+static PyObject *run_eager(PyObject *linear, PyObject *act, PyObject *const *t)
+{
+    PyObject *a[3] = {t[0], t[1], t[4]};
+    PyObject *h = PyObject_Vectorcall(linear, a, 3, NULL);
+    if (!h)
+        return NULL;
+    PyObject *g;
+    if (t[3] != Py_None) {
+        PyObject *b[3] = {t[0], t[3], t[5]};
+        PyObject *pre = PyObject_Vectorcall(linear, b, 3, NULL);
+        PyObject *ga = pre ? PyObject_CallOneArg(act, pre) : NULL;
+        Py_XDECREF(pre);
+        g = ga ? PyNumber_Multiply(ga, h) : NULL;
+        Py_XDECREF(ga);
+    } else {
+        g = PyObject_CallOneArg(act, h);
+    }
+    Py_DECREF(h);
+    if (!g)
+        return NULL;
+    PyObject *c[3] = {g, t[2], t[6]};
+    PyObject *y = PyObject_Vectorcall(linear, c, 3, NULL);
+    Py_DECREF(g);
+    return y;
+}
+
+/* eager(linear, act, x, w_up, w_down, w_gate, b_up, b_gate, b_down) -> y */
+PyObject *fuser_py_eager(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 9)
+        return PyErr_Format(PyExc_TypeError,
+                            "eager(linear, act, x, w_up, w_down, w_gate, b_up, b_gate, b_down): 9 arguments, got %zd",
+                            nargs);
+    return run_eager(args[0], args[1], args + 2);
+}
+
+/* The fields of kept_eager's `k`, in the order of fuser.module's _KeptEagerFast (a kept eager route's `fast`). */
+enum {
+    K_LINEAR, K_ACT, K_TENSORS,                      /* K_TENSORS..+5: w_up, w_down, w_gate, b_up, b_gate, b_down */
+    K_SIGNATURE = K_TENSORS + 6, K_HELD, K_LAYOUT,   /* kept_match's arguments */
+    K_ROUTE, K_MID, K_TRAIN_SOURCE, K_HOOKS, K_TRACING, K_FIELDS
+};
+
+/* 1 where d[name] is an empty dict, 0 where it holds something or is not a dict (or is missing). */
+static int empty_dict_at(PyObject *d, PyObject *name)
+{
+    PyObject *v = PyDict_GetItemWithError(d, name);
+    return v && PyDict_Check(v) && PyDict_GET_SIZE(v) == 0;
+}
+
+/* 1 where obj's `training` is False. */
+static int not_training(PyObject *obj, PyObject *s_training)
+{
+    PyObject *v = PyObject_GetAttr(obj, s_training);
+    if (!v) {
+        PyErr_Clear();
+        return 0;
+    }
+    int ok = v == Py_False;
+    Py_DECREF(v);
+    return ok;
+}
+
+/* Whether the call FusedFFN.__call__ hands over may run here: nothing of nn.Module.__call__ would apply
+ * (no hook of the module's or global, no compiled call, forward not replaced on the instance, not traced
+ * by torch.jit), the route is not stale, no training forward of its own or active dropout between the
+ * GEMMs. 1, 0, or -1 with an exception set. */
+static int plain_call(fuser_state *st, PyObject *d, PyObject *const *k)
+{
+    PyObject *const *s = &PyTuple_GET_ITEM(st->kept_names, 0);
+    if (PyDict_GetItemWithError(d, s[KN_FORWARD]))
+        return 0;
+    PyObject *compiled = PyDict_GetItemWithError(d, s[KN_COMPILED]);
+    if ((compiled && compiled != Py_None) || PyErr_Occurred())
+        return PyErr_Occurred() ? -1 : 0;
+    for (int i = KN_HOOKS; i < KN_HOOKS + 4; i++)
+        if (!empty_dict_at(d, s[i]))
+            return PyErr_Occurred() ? -1 : 0;
+    PyObject *hooks = k[K_HOOKS];
+    if (!PyTuple_Check(hooks))
+        return 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(hooks); i++) {
+        PyObject *h = PyTuple_GET_ITEM(hooks, i);
+        if (!PyDict_Check(h) || PyDict_GET_SIZE(h))
+            return 0;
+    }
+    if (k[K_TRAIN_SOURCE] == Py_True) {
+        PyObject *training = PyDict_GetItemWithError(d, s[KN_TRAINING]);
+        if (training != Py_False)
+            return PyErr_Occurred() ? -1 : 0;
+    }
+    if (k[K_MID] != Py_None) {
+        PyObject *mods = PyDict_GetItemWithError(d, s[KN_MODULES]);
+        PyObject *mid = mods && PyDict_Check(mods) ? PyDict_GetItemWithError(mods, k[K_MID]) : NULL;
+        if (!mid || !not_training(mid, s[KN_TRAINING]))
+            return PyErr_Occurred() ? -1 : 0;
+    }
+    PyObject *stale = PyObject_GetAttr(k[K_ROUTE], s[KN_STALE]);
+    if (!stale)
+        return -1;
+    Py_DECREF(stale);
+    if (stale != Py_False)
+        return 0;
+    PyObject *tracing = PyObject_CallNoArgs(k[K_TRACING]);
+    if (!tracing)
+        return -1;
+    Py_DECREF(tracing);
+    return tracing == Py_None;
+}
+
+/* kept_eager(d, x, k) -> y or None */
+PyObject *fuser_py_kept_eager(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyDict_Check(args[0]) || !PyTuple_Check(args[2]) || PyTuple_GET_SIZE(args[2]) != K_FIELDS)
+        return PyErr_Format(PyExc_TypeError, "kept_eager(d: dict, x, k: tuple of %d)", (int)K_FIELDS);
+    fuser_state *st = fuser_get_state(module);
+    PyObject *const *k = &PyTuple_GET_ITEM(args[2], 0);
+    int ok = plain_call(st, args[0], k);
+    if (ok <= 0)
+        return ok < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *match[4] = {args[1], k[K_SIGNATURE], k[K_HELD], k[K_LAYOUT]};
+    PyObject *same = fuser_py_kept_match(module, match, 4);
+    if (!same || same == Py_None)
+        return same;
+    Py_DECREF(same);
+    PyObject *t[7] = {args[1], k[K_TENSORS], k[K_TENSORS + 1], k[K_TENSORS + 2], k[K_TENSORS + 3],
+                      k[K_TENSORS + 4], k[K_TENSORS + 5]};
+    return run_eager(k[K_LINEAR], k[K_ACT], t);
+}
