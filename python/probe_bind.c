@@ -128,6 +128,7 @@ PyObject *fuser_py_probe_clusters(PyObject *module, PyObject *args)
 typedef struct {
     fuser_tmap a, b;
     void *c;
+    const void *b_ptr;
     int m, n, k;
 } gemm_params;
 
@@ -192,6 +193,7 @@ PyObject *fuser_py_gemm_launch(PyObject *module, PyObject *args)
             rc = fuser_kernel_max_active_clusters(drv, k, blk, cl, smem, &clusters, &err);
         if (!rc) {
             prm.c = c->data;
+            prm.b_ptr = b->data;
             prm.m = (int)M, prm.n = (int)N, prm.k = (int)K;
             const int64_t tiles = (M + 128 * cm - 1) / (128 * cm) * ((N + bn - 1) / bn);
             const int64_t g = tiles < clusters ? tiles : clusters;

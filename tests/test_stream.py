@@ -82,7 +82,10 @@ def test_gemm_probe_compiles_clean():
     k = jit.compile_source(probes.GEMM_SOURCE, "gemm_probe.cu")
     assert k.spill_bytes == 0 and not any(tag in k.log for tag in SERIALISED)
     names = {e["name"] for e in k.kernels}
-    assert names == {f"fuser_gemm_{bn}_{st}_{cm}" for bn, st, cm in probes.GEMM_VARIANTS}
+    assert names == ({f"fuser_gemm_{bn}_{st}_{cm}" for bn, st, cm in probes.GEMM_VARIANTS}
+                     | {f"fuser_stream_{bn}_{st}_{load.replace('.', '_')}" for bn, st, load in probes.STREAM_VARIANTS})
+    # every stream variant's ring fits one block's shared memory (227 KB), with its barriers
+    assert all(bn * st * 128 + 2048 <= 232448 for bn, st, _ in probes.STREAM_VARIANTS)
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -33,12 +33,13 @@ import torch
 from fuser import _C, jit
 from fuser.tools.timing import time_interleaved
 
-__all__ = ["SOURCE", "CLUSTERS", "BARRIER_THREADS", "MMA_TILES", "GEMM_VARIANTS", "compiled", "dsm", "barrier", "mma",
-           "gemm", "gemm_kernel", "gemm_smem", "measure_all"]
+__all__ = ["SOURCE", "CLUSTERS", "BARRIER_THREADS", "MMA_TILES", "GEMM_VARIANTS", "STREAM_VARIANTS", "compiled", "dsm",
+           "barrier", "mma", "gemm", "gemm_kernel", "gemm_smem", "stream", "measure_all"]
 
 SOURCE = '#include "fuser/device/probes.cuh"\n'
 #: Dynamic shared memory per block: above half an SM's, so each block has an SM to itself.
 SMEM = 128 * 1024
+GEMM_BM = 128                      # the GEMM probe's A tile rows (gemm.cuh)
 THREADS = 256                      # the fused kernel's block (FUSER_THREADS)
 CLUSTERS = (2, 4, 8, 16)           # the cost model's dsm_bytes_per_clk[1:]
 BARRIER_THREADS = (128, 256, 384)
@@ -49,10 +50,36 @@ REPEATS = 3                        # launches per measurement after a warm-up; t
 
 #: wgmma GEMM probe variants: (B tile width, pipeline stages, cluster size along M).
 GEMM_VARIANTS = ((256, 4, 1), (256, 4, 2), (128, 6, 2))
+#: Weight-stream probe variants (the GEMM probe's producer alone): (B tile rows, pipeline stages, load). A
+#: stage is rows x 128 bytes (a TMA box, or the producer warpgroup's 16-byte cp.async copies), so rows x
+#: stages x 128 bytes are in flight per block; as many blocks run per SM as fit (one above ~113 KB of
+#: ring). Loads: "tma" (every block walks its rows from column 0), "spread" (TMA, each block from its
+#: own column, so that the blocks read different columns at any moment), "cp.async".
+STREAM_LOADS = {"tma": 1, "spread": 2, "cp.async": 3}       # gemm.cuh's GemmRun
+STREAM_VARIANTS = ((256, 6, "tma"), (128, 8, "tma"), (128, 8, "spread"), (128, 6, "tma"), (64, 4, "tma"),
+                   (128, 8, "cp.async"), (256, 6, "cp.async"), (128, 6, "cp.async"), (64, 8, "cp.async"))
+
+
+def _stream_smem(bn, stages):
+    return stages * bn * 128 + 2048
+
+
+def _stream_name(bn, stages, load):
+    return f"fuser_stream_{bn}_{stages}_{load.replace('.', '_')}"
+
+
+def _stream_blocks(bn, stages):
+    """Blocks of a stream variant that fit one SM's 228 KB of shared memory (1 KB reserved per block)."""
+    return min(3, 233472 // (_stream_smem(bn, stages) + 1024))
+
+
 GEMM_SOURCE = '#include "fuser/device/gemm.cuh"\n' + "".join(
     f'extern "C" __global__ void __launch_bounds__(384, 1) fuser_gemm_{bn}_{st}_{cm}'
     f'(const __grid_constant__ fuser::GemmParams p) {{ fuser::Gemm<0, {bn}, {st}, {cm}>::run(p); }}\n'
-    for bn, st, cm in GEMM_VARIANTS)
+    for bn, st, cm in GEMM_VARIANTS) + "".join(
+    f'extern "C" __global__ void __launch_bounds__(384, {_stream_blocks(bn, st)}) {_stream_name(bn, st, load)}'
+    f'(const __grid_constant__ fuser::GemmParams p) {{ fuser::Gemm<0, {bn}, {st}, 1, {STREAM_LOADS[load]}>::run(p); }}\n'
+    for bn, st, load in STREAM_VARIANTS)
 
 _loaded = {}
 
@@ -96,6 +123,34 @@ def gemm_smem(bn, stages):
         198656
     """
     return stages * (128 + bn) * 128 + 2048
+
+
+def stream(n, k, variant=STREAM_VARIANTS[0], iters=10):
+    """The weight stream alone: persistent blocks read a bfloat16 ``[n, k]`` matrix once (slots of `variant`'s
+    rows x 64 columns, row tiles dealt round-robin over the blocks, every slot released as it lands; see
+    ``STREAM_VARIANTS``), timed interleaved with torch reading the same matrix (``torch.sum`` in float32).
+    Returns dict(variant, blocks, tbps, torch_tbps, ratio): the blocks that run at once, read rates in TB/s and
+    ours over torch's. The matrix
+    should dwarf L2 (50 MB on an H200) and its row tiles divide evenly over the SMs.
+
+    Example:
+        >>> from fuser.tools import probes
+        >>> probes.stream(132 * 256 * 10, 512)["tbps"] > 3       # doctest: +SKIP
+        True
+    """
+    bn, stages, load = variant
+    k_ = _kernel(_stream_name(bn, stages, load), GEMM_SOURCE)
+    smem = _stream_smem(bn, stages)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    a = torch.empty(GEMM_BM, k, device="cuda", dtype=torch.bfloat16)    # (a tensor map the stream never reads)
+    c = torch.empty(GEMM_BM, n, device="cuda", dtype=torch.bfloat16)
+    stream_ = torch.cuda.current_stream().cuda_stream
+    t_ours, t_torch = time_interleaved([lambda: _C.gemm_launch(k_, a, b, c, bn, 1, smem, stream_),
+                                        lambda: torch.sum(b, dtype=torch.float32)], rounds=iters)
+    bytes_ = 2.0 * n * k
+    blocks = _C.probe_clusters(k_, 384, 1, smem)
+    return dict(variant=variant, blocks=blocks, tbps=bytes_ / t_ours / 1e6, torch_tbps=bytes_ / t_torch / 1e6,
+                ratio=t_torch / t_ours)
 
 
 def gemm(m, n, k, variant=GEMM_VARIANTS[0], sets=3, iters=20):

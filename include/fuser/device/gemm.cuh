@@ -5,7 +5,9 @@
  * STAGES-deep mbarrier ring, two consumer warpgroups running wgmma on 64-row halves of a 128 x BN
  * tile, persistent blocks walking tiles in groups of M tiles (so concurrently running tiles share
  * operands in L2), and optionally clusters of CM blocks along M that share each B tile through TMA
- * multicast (each block loads 1/CM of it for all). */
+ * multicast (each block loads 1/CM of it for all). Without MMA it is the weight stream alone: the same
+ * producer loads only B's tiles and the consumers release each slot as it fills: the read rate a decode
+ * kernel's weight stream can reach, by TMA or by cp.async (GemmRun). */
 #pragma once
 
 #include "fuser/device/pipeline.cuh"
@@ -17,18 +19,25 @@ struct GemmParams {
     TensorMap a;      /* A [M, K], box 64 x 128 */
     TensorMap b;      /* B [N, K], box 64 x BN / CM */
     uint16_t *c;      /* C [M, N], row-major */
+    const uint16_t *b_ptr; /* B itself (the stream alone by cp.async) */
     int m, n, k;
 };
+
+/* What a Gemm instance runs: the GEMM, or the weight stream alone loaded by TMA (every block from column 0,
+ * or each from its own column: SPREAD), or by cp.async from the producer warpgroup's 128 threads. */
+enum GemmRun : int { GEMM_MMA, STREAM_TMA, STREAM_SPREAD, STREAM_CP_ASYNC };
 
 constexpr int GEMM_THREADS = 384;   /* one producer warpgroup, two consumer warpgroups */
 constexpr int GEMM_BM = 128;
 constexpr int GEMM_GROUP_M = 16;    /* M tiles per raster group */
 
-template <int DT, int BN, int STAGES, int CM>
+template <int DT, int BN, int STAGES, int CM, int RUN = GEMM_MMA>
 struct Gemm {
-    static constexpr int A_BYTES = GEMM_BM * SW_ROW_BYTES;
+    static constexpr bool MMA = RUN == GEMM_MMA;
+    static constexpr int A_BYTES = MMA ? GEMM_BM * SW_ROW_BYTES : 0; /* (the stream alone loads no A) */
     static constexpr int B_BYTES = BN * SW_ROW_BYTES;
     static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+    static_assert(MMA || CM == 1, "the stream alone runs on single blocks");
     static constexpr int B_PART = BN / CM;                  /* B rows this block loads (for all) */
     static_assert(BN % (8 * CM) == 0 && BN <= 256, "B tile");
 
@@ -67,7 +76,7 @@ struct Gemm {
         const int kt = ceil_div(p.k, SW_COLS);
         const int total = tiles(p);
         if (tid == 0) {
-            s.ring.init(2 * CM);
+            s.ring.init(2 * CM, RUN == STREAM_CP_ASYNC ? 128 : 1);
             tma_prefetch(&p.a);
             tma_prefetch(&p.b);
         }
@@ -77,16 +86,35 @@ struct Gemm {
             __syncthreads();
 
         if (wg == 0) {
-            setmaxnreg_dec<40>();
-            if (tid == 0) {
+            if constexpr (MMA) /* (the stream alone needs few registers: several blocks may share an SM) */
+                setmaxnreg_dec<40>();
+            if constexpr (RUN == STREAM_CP_ASYNC) {
                 Cursor<STAGES> c;
                 for (int t = cid; t < total; t += clusters) {
                     int tm, tn;
                     tile_of(p, t, rank, tm, tn);
-                    for (int kb = 0; kb < kt; kb++, c.next()) {
+                    for (int kb = 0; kb < kt; kb++, c.next()) { /* 16-byte chunks, rows x 8 per slot */
+                        mbar_wait(&s.ring.empty[c.stage], c.phase ^ 1);
+                        const uint32_t st = smem_addr(s.stage[c.stage]);
+                        for (int ch = tid; ch < BN * 8; ch += 128) {
+                            const int row = tn * BN + ch / 8, col = kb * SW_COLS + ch % 8 * 8;
+                            cp_async16(st + 16 * ch, p.b_ptr + (int64_t)row * p.k + col, row < p.n && col < p.k);
+                        }
+                        cp_async_mbar_arrive(&s.ring.full[c.stage]);
+                    }
+                }
+            } else if (tid == 0) {
+                Cursor<STAGES> c;
+                for (int t = cid; t < total; t += clusters) {
+                    int tm, tn;
+                    tile_of(p, t, rank, tm, tn);
+                    const int k0 = RUN == STREAM_SPREAD ? (int)((int64_t)cid * kt / clusters) : 0;
+                    for (int i = 0; i < kt; i++, c.next()) {
+                        const int kb = k0 + i < kt ? k0 + i : k0 + i - kt;
                         produce_begin(s.ring, c, STAGE_BYTES);
                         unsigned char *st = s.stage[c.stage];
-                        tma_load_2d(st, &p.a, &s.ring.full[c.stage], kb * SW_COLS, tm * GEMM_BM);
+                        if constexpr (MMA)
+                            tma_load_2d(st, &p.a, &s.ring.full[c.stage], kb * SW_COLS, tm * GEMM_BM);
                         if constexpr (CM == 1)
                             tma_load_2d(st + A_BYTES, &p.b, &s.ring.full[c.stage], kb * SW_COLS, tn * BN);
                         else
@@ -96,6 +124,14 @@ struct Gemm {
                     }
                 }
             }
+        } else if constexpr (!MMA) {
+            const int lt = tid % 128;
+            Cursor<STAGES> c;
+            for (int t = cid; t < total; t += clusters)
+                for (int kb = 0; kb < kt; kb++, c.next()) {
+                    consume_wait(s.ring, c);
+                    consume_release<CM>(s.ring, c.stage, lt);
+                }
         } else {
             setmaxnreg_inc<232>();
             const int w = wg - 1, lt = tid % 128, warp = lt / 32, lane = lt % 32;

@@ -15,11 +15,13 @@ struct Ring {
     uint64_t full[STAGES];
     uint64_t empty[STAGES];
 
-    /* Called by one thread before any use; the block (or cluster) synchronises afterwards. */
-    FUSER_DEVICE void init(uint32_t consumer_arrivals)
+    /* Called by one thread before any use; the block (or cluster) synchronises afterwards. A slot fills
+     * on `producer_arrivals` arrivals (one: the TMA producer's, whose loads complete the bytes it
+     * announced; or every producer thread's when each copies its share with cp.async). */
+    FUSER_DEVICE void init(uint32_t consumer_arrivals, uint32_t producer_arrivals = 1)
     {
         for (int s = 0; s < STAGES; s++) {
-            mbar_init(&full[s], 1);
+            mbar_init(&full[s], producer_arrivals);
             mbar_init(&empty[s], consumer_arrivals);
         }
         fence_mbar_init();

@@ -90,6 +90,12 @@ FUSER_DEVICE void cp_async16(uint32_t dst, const void *src, bool valid)
                  : "memory");
 }
 FUSER_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+/* The mbarrier at `bar` hears this thread's arrival once its earlier cp.async copies have landed (the
+ * barrier's expected count includes it: .noinc). */
+FUSER_DEVICE void cp_async_mbar_arrive(uint64_t *bar)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
 template <int N>
 FUSER_DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
