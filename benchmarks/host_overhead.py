@@ -31,11 +31,17 @@ Fused route (a Hopper GPU; one tiny FFN whose fused plan ``fuser.tune`` is made 
   torch.ops        ``torch.ops.fuser.ffn`` through the dispatcher; target: at most 15 us over bare launch
   module           the original module, in PyTorch eager (context)
 
+Time is the wall clock, or with ``--clock thread`` the calling thread's CPU time: on a machine shared
+with other tenants the wall clock also counts the time the core was taken away, which at this
+resolution is noise; the thread's CPU time counts what the calls themselves execute (the GPU only
+queues launches, so the thread never waits for it).
+
 Inference is timed under ``torch.no_grad()``; ``--grad`` times it with autograd on (a model called
 outside ``no_grad``): the eager route's variants then record their backward, the fused route computes
 with the eager ops (the kernel has no backward).
 
-    python benchmarks/host_overhead.py [--set quick|models] [--rounds 15] [--calls 150] [--grad] [--json FILE]
+    python benchmarks/host_overhead.py [--set quick|models] [--rounds 15] [--calls 150] [--clock wall|thread]
+                                       [--grad] [--json FILE]
 
 The JSON holds each variant's median (us) and, under "paired", each variant's paired overhead over the
 baseline (us).
@@ -67,6 +73,8 @@ QUICK = ("gpt2:1", "gpt2:128", "llama3-8b:16", "llama3-8b:2048", "G4", "S8")
 #: Without a GPU: small float32 FFNs on CPU tensors, where host time is most of a call
 CPU_SHAPES = ("8x32:relu:2", "8x32:silu-gated:2", "64x256:gelu:4")
 TARGETS = {"fuser.ffn": 2.0, "FusedFFN": 2.0}
+#: What a loop's time is read from (--clock)
+CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
 FUSED_TARGETS = {"FusedFFN": 6.0, "fuser.ffn": 8.0, "torch.ops": 15.0}
 
 
@@ -85,12 +93,12 @@ class Mlp(nn.Module):
         return self.down(self.act(self.gate(x)) * h if self.gate is not None else self.act(h))
 
 
-def loop_us(fn, calls):
-    """Per-call host time of `calls` back-to-back calls (microseconds)."""
-    t0 = time.perf_counter()
+def loop_us(fn, calls, clock=time.perf_counter):
+    """Per-call host time of `calls` back-to-back calls (microseconds) on `clock` (seconds)."""
+    t0 = clock()
     for _ in range(calls):
         fn()
-    return (time.perf_counter() - t0) / calls * 1e6
+    return (clock() - t0) / calls * 1e6
 
 
 def gpu_us(fn, n=5):
@@ -110,7 +118,7 @@ def loop_calls(calls, call_gpu_us):
     return max(10, min(calls, int(QUEUED_GPU_US / call_gpu_us)))
 
 
-def measure(variants, rounds, calls, seed, base):
+def measure(variants, rounds, calls, seed, base, clock=time.perf_counter):
     """Per-call host time of each variant, loops interleaved in seeded orders: (the median over rounds of
     each variant's time, name -> us; the median over rounds of each other variant's time minus `base`'s
     in the same round, name -> us; the calls per loop). On a GPU the loops hold fewer than `calls` calls
@@ -127,7 +135,7 @@ def measure(variants, rounds, calls, seed, base):
         for name in order:
             if cuda:
                 torch.cuda._sleep(SLEEP_CYCLES)   # the GPU waits; the loop below only enqueues
-            samples[name].append(loop_us(variants[name], calls))
+            samples[name].append(loop_us(variants[name], calls, clock))
             if cuda:
                 torch.cuda.synchronize()
     medians = {name: statistics.median(v) for name, v in samples.items()}
@@ -234,6 +242,9 @@ def main(argv=None):
     ap.add_argument("--calls", type=int, default=150,
                     help="calls per loop (on a GPU their launches must fit the ~1000-entry queue: 5 a gated call)")
     ap.add_argument("--json", metavar="FILE", help="also write the medians there")
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                    help="wall: elapsed time; thread: the CPU time of the calling thread (what the calls "
+                         "themselves spend, without the time other processes take the core away)")
     ap.add_argument("--grad", action="store_true",
                     help="leave autograd on, as a script that calls its model outside torch.no_grad() does (the "
                          "weights require grad, so every variant records its backward)")
@@ -248,7 +259,7 @@ def main(argv=None):
     else:
         shapes = ([parse_workload(s) for s in a.shape] if a.shape
                   else [parse_workload(s) for s in QUICK] if a.set == "quick" else workload_set(a.set))
-    print(f"== eager route on {device}: host us per call, medians of {a.rounds} rounds of {a.calls} calls "
+    print(f"== eager route on {device}: host us per call ({a.clock} clock), medians of {a.rounds} rounds of {a.calls} calls "
           "(in parentheses: over the ops, the median of the per-round differences) ==")
     rows = []
     for w in shapes:
@@ -257,12 +268,12 @@ def main(argv=None):
             print(f"{w.label}: the planner fuses it; left out", file=sys.stderr)
             continue
         label = f"{w.name}:{w.m} {w.d_model}x{w.d_ff} {'gated ' if w.gated else ''}{w.activation}"
-        rows.append((label, *measure(variants, a.rounds, a.calls, label, "ops")))
+        rows.append((label, *measure(variants, a.rounds, a.calls, label, "ops", CLOCKS[a.clock])))
         if rows[-1][3] < a.calls:
             print(f"{label}: {rows[-1][3]} calls per loop (their GPU time must stay under the GPU's sleep)",
                   file=sys.stderr)
     report_eager(rows)
-    out = dict(device=device, rounds=a.rounds, calls=a.calls, grad=a.grad, fused=None,
+    out = dict(device=device, rounds=a.rounds, calls=a.calls, grad=a.grad, clock=a.clock, fused=None,
                eager=[dict(shape=label, **res, paired=paired, calls=calls) for label, res, paired, calls in rows])
     if why is not None or a.grad:
         print(f"== fused route: not measured ({why or 'autograd on: the kernel has no backward'}) ==")
@@ -270,7 +281,7 @@ def main(argv=None):
         with tempfile.TemporaryDirectory() as d:
             os.environ["FUSER_CACHE_DIR"] = d      # the tuned plan and its kernel stay out of the user's cache
             plan, variants = fused_variants()
-            res, paired, _ = measure(variants, a.rounds, a.calls, "fused", "bare launch")
+            res, paired, _ = measure(variants, a.rounds, a.calls, "fused", "bare launch", CLOCKS[a.clock])
             out["fused"] = dict(plan=plan.summary(), **res, paired=paired)
         report_fused(out["fused"])
     if a.json:

@@ -54,6 +54,35 @@ def test_host_overhead_times_every_route_against_its_baseline(tmp_path):
         assert r.stdout.count("over bare launch; target") == 3
 
 
+def test_host_overhead_thread_clock_counts_what_the_thread_executes(tmp_path):
+    """``--clock thread`` reads the calling thread's CPU time: a loop that waits (the core given away)
+    costs next to nothing on it and its full length on the wall clock, a busy loop the same on both; the
+    JSON says which clock."""
+    import time
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import host_overhead
+    finally:
+        sys.path.pop(0)
+
+    def busy():
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 1e-3:
+            pass
+    variants = {"busy": busy, "waits": lambda: time.sleep(1e-3)}
+    for clock, waits_us in ((host_overhead.CLOCKS["wall"], (900, 5000)), (host_overhead.CLOCKS["thread"], (0, 200))):
+        med, paired, _ = host_overhead.measure(variants, 3, 5, 0, "busy", clock)
+        assert 900 < med["busy"] < 5000, med
+        assert waits_us[0] <= med["waits"] < waits_us[1], (clock, med)
+    out = tmp_path / "host.json"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/host_overhead.py"), "--rounds", "2", "--calls", "20",
+                        "--clock", "thread", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert res["clock"] == "thread" and all(row["ops"] > 0 for row in res["eager"])
+    assert "(thread clock)" in r.stdout
+
+
 def test_host_overhead_with_autograd_on(tmp_path):
     """``--grad`` times the eager route with autograd recording (a model called outside no_grad): every
     variant still timed, the JSON says so, and the fused route is left out (the kernel has no backward)."""
