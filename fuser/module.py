@@ -26,6 +26,7 @@ import fuser.custom_op  # noqa: F401  (registers torch.ops.fuser.ffn)
 from fuser import _C, interop, ops, planner, runtime
 from fuser.recognize import FFNSpec, NearMiss, Unsupported, recognise
 from fuser.reference import ACTIVATIONS, eager
+from fuser.structure import DROPOUTS
 
 __all__ = ["FusedFFN", "FusedInto", "PLAN_TOKENS"]
 
@@ -255,8 +256,10 @@ class FusedFFN(nn.Module):
             kept = d.get("_kept")
             if kept is not None:
                 fast = kept.fast
-                if fast is not None:
+                if fast is not None:   # (the dropout after the FFN included)
                     y = _kept_eager(d, args[0], fast)
+                    if y is not None:
+                        return y
                 elif ("forward" not in d and self._compiled_call_impl is None
                         and not (self._forward_hooks or self._forward_pre_hooks or self._backward_hooks
                                  or self._backward_pre_hooks or _GLOBAL_HOOKS[0] or _GLOBAL_HOOKS[1]
@@ -467,12 +470,13 @@ class _Weights:
 
 
 #: What ``_C.kept_eager`` reads of a kept eager route, in the order of eager_bind.c's K_* fields: the ops
-#: (F.linear, the activation) and the weights, kept_match's arguments, the route (stale?), the dropout
-#: between the GEMMs (its name) and whether the module trains with its own forward, and what else
+#: (F.linear, the activation) and the weights, kept_match's arguments, the route (stale?), the dropouts
+#: between the GEMMs and after the FFN (their names; the classes whose inactive instance after the FFN
+#: is the identity, its call left out), whether the module trains with its own forward, and what else
 #: nn.Module.__call__ would consult (the global hook dicts, torch.jit's tracing state).
 _KeptEagerFast = collections.namedtuple("_KeptEagerFast", (
-    "linear", "act", *_ROLES, "signature", "held", "layout", "route", "mid", "train_source", "hooks",
-    "tracing_state"))
+    "linear", "act", *_ROLES, "signature", "held", "layout", "route", "mid", "post", "dropouts",
+    "train_source", "hooks", "tracing_state"))
 
 
 class _KeptEager:
@@ -497,8 +501,8 @@ class _KeptEager:
         # x's exact type, device, dtype and shape as C reads them (None: checked here, weights too)
         k.signature = None if weights.layout is None else _tensor_signature(x)
         k.fast = None if k.signature is None else _KeptEagerFast(
-            _linear, k.act, *k.w, k.signature, weights.held, weights.layout, route, k.mid,
-            bool(k.train_source), _GLOBAL_HOOKS, _tracing_state)
+            _linear, k.act, *k.w, k.signature, weights.held, weights.layout, route, k.mid, k.post,
+            DROPOUTS, bool(k.train_source), _GLOBAL_HOOKS, _tracing_state)
         return k
 
     def run(self, module, x):

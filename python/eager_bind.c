@@ -47,7 +47,7 @@ PyObject *fuser_py_eager(PyObject *module, PyObject *const *args, Py_ssize_t nar
 enum {
     K_LINEAR, K_ACT, K_TENSORS,                      /* K_TENSORS..+5: w_up, w_down, w_gate, b_up, b_gate, b_down */
     K_SIGNATURE = K_TENSORS + 6, K_HELD, K_LAYOUT,   /* kept_match's arguments */
-    K_ROUTE, K_MID, K_TRAIN_SOURCE, K_HOOKS, K_TRACING, K_FIELDS
+    K_ROUTE, K_MID, K_POST, K_DROPOUTS, K_TRAIN_SOURCE, K_HOOKS, K_TRACING, K_FIELDS
 };
 
 /* 1 where d[name] is an empty dict, 0 where it holds something or is not a dict (or is missing). */
@@ -70,13 +70,10 @@ static int not_training(PyObject *obj, PyObject *s_training)
     return ok;
 }
 
-/* Whether the call FusedFFN.__call__ hands over may run here: nothing of nn.Module.__call__ would apply
- * (no hook of the module's or global, no compiled call, forward not replaced on the instance, not traced
- * by torch.jit), the route is not stale, no training forward of its own or active dropout between the
- * GEMMs. 1, 0, or -1 with an exception set. */
-static int plain_call(fuser_state *st, PyObject *d, PyObject *const *k)
+/* 1 where calling the module whose __dict__ is `d` would do nothing but call its forward: no hook of its
+ * own, no compiled call, forward not replaced on the instance; 0 otherwise, -1 with an exception set. */
+static int no_module_call(PyObject *const *s, PyObject *d)
 {
-    PyObject *const *s = &PyTuple_GET_ITEM(st->kept_names, 0);
     if (PyDict_GetItemWithError(d, s[KN_FORWARD]))
         return 0;
     PyObject *compiled = PyDict_GetItemWithError(d, s[KN_COMPILED]);
@@ -85,6 +82,43 @@ static int plain_call(fuser_state *st, PyObject *d, PyObject *const *k)
     for (int i = KN_HOOKS; i < KN_HOOKS + 4; i++)
         if (!empty_dict_at(d, s[i]))
             return PyErr_Occurred() ? -1 : 0;
+    return 1;
+}
+
+/* The child module `name` of the module whose __dict__ is `d` (borrowed), or NULL (an exception set only
+ * where reading failed). */
+static PyObject *child(PyObject *const *s, PyObject *d, PyObject *name)
+{
+    PyObject *mods = PyDict_GetItemWithError(d, s[KN_MODULES]);
+    return mods && PyDict_Check(mods) ? PyDict_GetItemWithError(mods, name) : NULL;
+}
+
+/* The dropout after the FFN, when its call would change nothing and may be left out: exactly one of the
+ * dropout classes, not training, and calling it would only call its forward (the identity then). 1, 0,
+ * or -1 with an exception set. */
+static int inactive_dropout(PyObject *const *s, PyObject *post, PyObject *dropouts)
+{
+    int listed = PyTuple_Check(dropouts) ? PySequence_Contains(dropouts, (PyObject *)Py_TYPE(post)) : 0;
+    if (listed <= 0 || !not_training(post, s[KN_TRAINING]))
+        return listed < 0 ? -1 : 0;
+    PyObject *pd = PyObject_GenericGetDict(post, NULL);
+    if (!pd)
+        return -1;
+    int plain = PyDict_Check(pd) ? no_module_call(s, pd) : 0;
+    Py_DECREF(pd);
+    return plain;
+}
+
+/* Whether the call FusedFFN.__call__ hands over may run here: nothing of nn.Module.__call__ would apply
+ * (no hook of the module's or global, no compiled call, forward not replaced on the instance, not traced
+ * by torch.jit), the route is not stale, no training forward of its own or active dropout between the
+ * GEMMs, and the dropout after the FFN (if any) is there. 1, 0, or -1 with an exception set. */
+static int plain_call(fuser_state *st, PyObject *d, PyObject *const *k)
+{
+    PyObject *const *s = &PyTuple_GET_ITEM(st->kept_names, 0);
+    int plain = no_module_call(s, d);
+    if (plain <= 0)
+        return plain;
     PyObject *hooks = k[K_HOOKS];
     if (!PyTuple_Check(hooks))
         return 0;
@@ -99,11 +133,12 @@ static int plain_call(fuser_state *st, PyObject *d, PyObject *const *k)
             return PyErr_Occurred() ? -1 : 0;
     }
     if (k[K_MID] != Py_None) {
-        PyObject *mods = PyDict_GetItemWithError(d, s[KN_MODULES]);
-        PyObject *mid = mods && PyDict_Check(mods) ? PyDict_GetItemWithError(mods, k[K_MID]) : NULL;
+        PyObject *mid = child(s, d, k[K_MID]);
         if (!mid || !not_training(mid, s[KN_TRAINING]))
             return PyErr_Occurred() ? -1 : 0;
     }
+    if (k[K_POST] != Py_None && !child(s, d, k[K_POST]))
+        return PyErr_Occurred() ? -1 : 0;
     PyObject *stale = PyObject_GetAttr(k[K_ROUTE], s[KN_STALE]);
     if (!stale)
         return -1;
@@ -134,5 +169,27 @@ PyObject *fuser_py_kept_eager(PyObject *module, PyObject *const *args, Py_ssize_
     Py_DECREF(same);
     PyObject *t[7] = {args[1], k[K_TENSORS], k[K_TENSORS + 1], k[K_TENSORS + 2], k[K_TENSORS + 3],
                       k[K_TENSORS + 4], k[K_TENSORS + 5]};
-    return run_eager(k[K_LINEAR], k[K_ACT], t);
+    PyObject *y = run_eager(k[K_LINEAR], k[K_ACT], t);
+    if (!y || k[K_POST] == Py_None)
+        return y;
+    /* the dropout after the FFN: called as the module would call it, unless the call would be the identity */
+    PyObject *const *s = &PyTuple_GET_ITEM(st->kept_names, 0);
+    PyObject *post = child(s, args[0], k[K_POST]);
+    if (!post) { /* (taken away while the ops ran) */
+        Py_DECREF(y);
+        if (!PyErr_Occurred())
+            PyErr_SetObject(PyExc_KeyError, k[K_POST]);
+        return NULL;
+    }
+    int skip = inactive_dropout(s, post, k[K_DROPOUTS]);
+    if (skip) {
+        if (skip < 0)
+            Py_CLEAR(y);
+        return y;
+    }
+    Py_INCREF(post); /* (its call may change the registry that holds it) */
+    PyObject *out = PyObject_CallOneArg(post, y);
+    Py_DECREF(post);
+    Py_DECREF(y);
+    return out;
 }

@@ -208,6 +208,40 @@ def test_kept_eager_in_c_declines_an_active_dropout_between_the_gemms():
     assert not torch.equal(y, reference(m, x))
 
 
+def test_kept_eager_in_c_leaves_out_an_inactive_dropout_after_the_ffn_and_calls_any_other(monkeypatch):
+    """In eval mode a plain dropout after the FFN is the identity: the C route leaves its call out. Its call
+    stays where it would do something or could be observed: a hook on it, a dropout subclass, training."""
+    if _C_exchange() is None:
+        pytest.skip("this torch has no DLPack C exchange API")
+    calls = []
+    real = nn.Dropout.forward
+    monkeypatch.setattr(nn.Dropout, "forward", lambda self, x: calls.append(type(self)) or real(self, x))
+
+    class MyDropout(nn.Dropout):
+        pass
+    for cls in (nn.Dropout, MyDropout):
+        torch.manual_seed(0)
+        m = FusedFFN.from_module(nn.Sequential(nn.Linear(8, 24), nn.GELU(), nn.Linear(24, 8), cls(0.5)).eval())
+        assert m.spec.post_dropout == "3"
+        x = torch.randn(4, 8)
+        with torch.no_grad():
+            m(x)
+            assert kept_eager(m).fast is not None
+            calls.clear()
+            assert torch.equal(m(x), reference(m, x))
+            assert calls == ([] if cls is nn.Dropout else [MyDropout])
+            seen = []
+            handle = m.get_submodule("3").register_forward_hook(lambda mod, args, out: seen.append(1) or out * 2)
+            try:
+                assert torch.equal(m(x), reference(m, x) * 2) and seen == [1]
+            finally:
+                handle.remove()
+            m.train()
+            calls.clear()
+            y = m(x)
+            assert calls and (y == 0).any()
+
+
 def _C_exchange():
     from fuser import _C
     return _C.tensor_intake()["version"]
