@@ -55,6 +55,7 @@ _tensor_layout = _C.tensor_layout
 _tensor_signature = _C.tensor_signature
 _kept_match = _C.kept_match
 _kept_eager = _C.kept_eager
+_after_ffn = _C.after_ffn
 _linear = torch.nn.functional.linear
 _empty_like = torch.empty_like
 _Module = nn.Module
@@ -250,13 +251,14 @@ class FusedFFN(nn.Module):
         # instance, not under torch.compile or tracing, the kept route of the last shape serves the call
         # directly. Everything else, and every call the kept route declines, is nn.Module.__call__,
         # looked up at each call so that patches of it (torch.fx's tracer) apply.
-        # A kept eager route whose checks C can read (``fast``) runs checks and ops in one C call.
+        # A kept eager route whose checks C can read (``fast``) runs its checks, its ops and the dropout
+        # after them in one C call; a dropout after the FFN that would be the identity is not called.
         if not _is_compiling() and len(args) == 1 and not kwargs:
             d = self.__dict__
             kept = d.get("_kept")
             if kept is not None:
                 fast = kept.fast
-                if fast is not None:   # (the dropout after the FFN included)
+                if fast is not None:
                     y = _kept_eager(d, args[0], fast)
                     if y is not None:
                         return y
@@ -265,11 +267,9 @@ class FusedFFN(nn.Module):
                                  or self._backward_pre_hooks or _GLOBAL_HOOKS[0] or _GLOBAL_HOOKS[1]
                                  or _GLOBAL_HOOKS[2] or _GLOBAL_HOOKS[3] or _tracing_state())):
                     y = kept.run(self, args[0])
-                else:
-                    y = None
-                if y is not None:
-                    post = kept.post
-                    return y if post is None else d["_modules"][post](y)
+                    if y is not None:
+                        post = kept.post
+                        return y if post is None else _after_ffn(d, post, DROPOUTS, y)
         return _Module.__call__(self, *args, **kwargs)
 
     def forward(self, x):

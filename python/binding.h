@@ -109,6 +109,7 @@ PyObject *fuser_py_tensor_signature(PyObject *module, PyObject *x);
 PyObject *fuser_py_kept_match(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_eager(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_kept_eager(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fuser_py_after_ffn(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fuser_py_ffn_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_env(PyObject *module, PyObject *args, PyObject *kwargs);

@@ -152,6 +152,33 @@ static int plain_call(fuser_state *st, PyObject *d, PyObject *const *k)
     return tracing == Py_None;
 }
 
+/* The dropout `name` after the FFN of the module whose __dict__ is `d`, applied to y (a reference this
+ * function takes): its call left out where it would be the identity (inactive_dropout; the caller has
+ * found no global hook), else made as the module would make it. New reference, or NULL with an
+ * exception set. */
+static PyObject *after_ffn(fuser_state *st, PyObject *d, PyObject *name, PyObject *dropouts, PyObject *y)
+{
+    PyObject *const *s = &PyTuple_GET_ITEM(st->kept_names, 0);
+    PyObject *post = child(s, d, name);
+    if (!post) {
+        Py_DECREF(y);
+        if (!PyErr_Occurred())
+            PyErr_SetObject(PyExc_KeyError, name);
+        return NULL;
+    }
+    int skip = inactive_dropout(s, post, dropouts);
+    if (skip) {
+        if (skip < 0)
+            Py_CLEAR(y);
+        return y;
+    }
+    Py_INCREF(post); /* (its call may change the registry that holds it) */
+    PyObject *out = PyObject_CallOneArg(post, y);
+    Py_DECREF(post);
+    Py_DECREF(y);
+    return out;
+}
+
 /* kept_eager(d, x, k) -> y or None */
 PyObject *fuser_py_kept_eager(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -170,26 +197,13 @@ PyObject *fuser_py_kept_eager(PyObject *module, PyObject *const *args, Py_ssize_
     PyObject *t[7] = {args[1], k[K_TENSORS], k[K_TENSORS + 1], k[K_TENSORS + 2], k[K_TENSORS + 3],
                       k[K_TENSORS + 4], k[K_TENSORS + 5]};
     PyObject *y = run_eager(k[K_LINEAR], k[K_ACT], t);
-    if (!y || k[K_POST] == Py_None)
-        return y;
-    /* the dropout after the FFN: called as the module would call it, unless the call would be the identity */
-    PyObject *const *s = &PyTuple_GET_ITEM(st->kept_names, 0);
-    PyObject *post = child(s, args[0], k[K_POST]);
-    if (!post) { /* (taken away while the ops ran) */
-        Py_DECREF(y);
-        if (!PyErr_Occurred())
-            PyErr_SetObject(PyExc_KeyError, k[K_POST]);
-        return NULL;
-    }
-    int skip = inactive_dropout(s, post, k[K_DROPOUTS]);
-    if (skip) {
-        if (skip < 0)
-            Py_CLEAR(y);
-        return y;
-    }
-    Py_INCREF(post); /* (its call may change the registry that holds it) */
-    PyObject *out = PyObject_CallOneArg(post, y);
-    Py_DECREF(post);
-    Py_DECREF(y);
-    return out;
+    return !y || k[K_POST] == Py_None ? y : after_ffn(st, args[0], k[K_POST], k[K_DROPOUTS], y);
+}
+
+/* after_ffn(d, name, dropouts, y) -> the output */
+PyObject *fuser_py_after_ffn(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyDict_Check(args[0]))
+        return PyErr_Format(PyExc_TypeError, "after_ffn(d: dict, name, dropouts, y)");
+    return after_ffn(fuser_get_state(module), args[0], args[1], args[2], Py_NewRef(args[3]));
 }

@@ -116,6 +116,11 @@ static PyMethodDef module_methods[] = {
      "k: the route's fields (fuser.module's _KeptEagerFast). None where nn.Module.__call__ would do more\n"
      "than call forward, the route is stale, a dropout between the GEMMs or the module's own training\n"
      "forward is active, or kept_match(x, ...) fails; else the eager ops' output."},
+    {"after_ffn", (PyCFunction)(void (*)(void))fuser_py_after_ffn, METH_FASTCALL,
+     "after_ffn(d, name, dropouts, y) -> the output: the dropout `name` after a FusedFFN (d: its __dict__)\n"
+     "applied to y, its call left out where it is exactly one of `dropouts`, not training, with no hook of\n"
+     "its own and no forward or compiled call on the instance (the caller has checked the global hooks):\n"
+     "the identity then."},
     {"tensor_intake", fuser_py_tensor_intake, METH_NOARGS,
      "tensor_intake() -> dict: the registered tensor type, exporter, exchange types and API version, and\n"
      "how many tensors were taken each way (exchanged, exported) since the module was loaded."},

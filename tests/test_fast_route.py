@@ -208,11 +208,10 @@ def test_kept_eager_in_c_declines_an_active_dropout_between_the_gemms():
     assert not torch.equal(y, reference(m, x))
 
 
-def test_kept_eager_in_c_leaves_out_an_inactive_dropout_after_the_ffn_and_calls_any_other(monkeypatch):
-    """In eval mode a plain dropout after the FFN is the identity: the C route leaves its call out. Its call
-    stays where it would do something or could be observed: a hook on it, a dropout subclass, training."""
-    if _C_exchange() is None:
-        pytest.skip("this torch has no DLPack C exchange API")
+def test_kept_route_leaves_out_an_inactive_dropout_after_the_ffn_and_calls_any_other(monkeypatch, exchange):
+    """In eval mode a plain dropout after the FFN is the identity: a kept route (checked in C or here) leaves
+    its call out. Its call stays where it would do something or could be observed: a hook on it, a dropout
+    subclass, training."""
     calls = []
     real = nn.Dropout.forward
     monkeypatch.setattr(nn.Dropout, "forward", lambda self, x: calls.append(type(self)) or real(self, x))
@@ -226,7 +225,7 @@ def test_kept_eager_in_c_leaves_out_an_inactive_dropout_after_the_ffn_and_calls_
         x = torch.randn(4, 8)
         with torch.no_grad():
             m(x)
-            assert kept_eager(m).fast is not None
+            assert (kept_eager(m).fast is not None) == exchange
             calls.clear()
             assert torch.equal(m(x), reference(m, x))
             assert calls == ([] if cls is nn.Dropout else [MyDropout])
@@ -240,6 +239,25 @@ def test_kept_eager_in_c_leaves_out_an_inactive_dropout_after_the_ffn_and_calls_
             calls.clear()
             y = m(x)
             assert calls and (y == 0).any()
+
+
+def test_after_ffn_returns_y_itself_where_the_dropout_is_the_identity(monkeypatch):
+    from fuser import _C
+    from fuser.structure import DROPOUTS
+    calls = []
+    real = nn.Dropout.forward
+    monkeypatch.setattr(nn.Dropout, "forward", lambda self, x: calls.append(1) or real(self, x))
+    m = FusedFFN.from_module(nn.Sequential(nn.Linear(8, 24), nn.ReLU(), nn.Linear(24, 8), nn.Dropout(0.5)).eval())
+    d, y = m.__dict__, torch.randn(3, 8)
+    assert _C.after_ffn(d, "3", DROPOUTS, y) is y and calls == []
+    assert torch.equal(_C.after_ffn(d, "3", (), y), y) and calls == [1]    # not a listed class: called
+    m.train()
+    torch.manual_seed(0)
+    assert (_C.after_ffn(d, "3", DROPOUTS, torch.ones(64, 8)) == 0).any()
+    with pytest.raises(KeyError):
+        _C.after_ffn(d, "nope", DROPOUTS, y)
+    with pytest.raises(TypeError, match="after_ffn"):
+        _C.after_ffn(None, "3", DROPOUTS, y)
 
 
 def _C_exchange():
