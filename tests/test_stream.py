@@ -86,6 +86,11 @@ def test_gemm_probe_compiles_clean():
                      | {f"fuser_stream_{bn}_{st}_{load.replace('.', '_')}" for bn, st, load in probes.STREAM_VARIANTS})
     # every stream variant's ring fits one block's shared memory (227 KB), with its barriers
     assert all(bn * st * 128 + 2048 <= 232448 for bn, st, _ in probes.STREAM_VARIANTS)
+    # the loads into registers stay in registers (no stack frame), within their launch bounds
+    for e in k.kernels:
+        if e["name"].endswith("_ldg"):
+            bn, st = (int(v) for v in e["name"].split("_")[2:4])
+            assert e["registers"] * 384 * probes._stream_blocks(bn, st, "ldg") <= 65536, e
 
 
 @pytest.mark.parametrize("seed", range(6))

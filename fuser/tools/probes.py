@@ -54,30 +54,36 @@ GEMM_VARIANTS = ((256, 4, 1), (256, 4, 2), (128, 6, 2))
 #: stage is rows x 128 bytes (a TMA box, or the producer warpgroup's 16-byte cp.async copies), so rows x
 #: stages x 128 bytes are in flight per block; as many blocks run per SM as fit (one above ~113 KB of
 #: ring). Loads: "tma" (every block walks its rows from column 0), "spread" (TMA, each block from its
-#: own column, so that the blocks read different columns at any moment), "cp.async".
-STREAM_LOADS = {"tma": 1, "spread": 2, "cp.async": 3}       # gemm.cuh's GemmRun
+#: own column, so that the blocks read different columns at any moment), "cp.async", "ldg" (the
+#: consumers' 16-byte loads into registers, `stages` K steps in flight per thread, no shared memory).
+STREAM_LOADS = {"tma": 1, "spread": 2, "cp.async": 3, "ldg": 4}       # gemm.cuh's GemmRun
 STREAM_VARIANTS = ((256, 6, "tma"), (128, 8, "tma"), (128, 8, "spread"), (128, 6, "tma"), (64, 4, "tma"),
-                   (128, 8, "cp.async"), (256, 6, "cp.async"), (128, 6, "cp.async"), (64, 8, "cp.async"))
+                   (128, 8, "cp.async"), (256, 6, "cp.async"), (128, 6, "cp.async"), (64, 8, "cp.async"),
+                   (128, 4, "ldg"), (64, 8, "ldg"), (128, 2, "ldg"))
 
 
-def _stream_smem(bn, stages):
-    return stages * bn * 128 + 2048
+def _stream_smem(bn, stages, load):
+    return 0 if load == "ldg" else stages * bn * 128 + 2048
 
 
 def _stream_name(bn, stages, load):
     return f"fuser_stream_{bn}_{stages}_{load.replace('.', '_')}"
 
 
-def _stream_blocks(bn, stages):
-    """Blocks of a stream variant that fit one SM's 228 KB of shared memory (1 KB reserved per block)."""
-    return min(3, 233472 // (_stream_smem(bn, stages) + 1024))
+def _stream_blocks(bn, stages, load):
+    """Blocks of a stream variant per SM: as many as one SM's 228 KB of shared memory holds (1 KB reserved
+    per block), or for loads into registers as the registers allow (4 per 16-byte load in flight, and ~32
+    more per thread)."""
+    if load == "ldg":
+        return max(1, min(3, 65536 // (384 * (stages * bn * 8 // 256 * 4 + 32))))
+    return min(3, 233472 // (_stream_smem(bn, stages, load) + 1024))
 
 
 GEMM_SOURCE = '#include "fuser/device/gemm.cuh"\n' + "".join(
     f'extern "C" __global__ void __launch_bounds__(384, 1) fuser_gemm_{bn}_{st}_{cm}'
     f'(const __grid_constant__ fuser::GemmParams p) {{ fuser::Gemm<0, {bn}, {st}, {cm}>::run(p); }}\n'
     for bn, st, cm in GEMM_VARIANTS) + "".join(
-    f'extern "C" __global__ void __launch_bounds__(384, {_stream_blocks(bn, st)}) {_stream_name(bn, st, load)}'
+    f'extern "C" __global__ void __launch_bounds__(384, {_stream_blocks(bn, st, load)}) {_stream_name(bn, st, load)}'
     f'(const __grid_constant__ fuser::GemmParams p) {{ fuser::Gemm<0, {bn}, {st}, 1, {STREAM_LOADS[load]}>::run(p); }}\n'
     for bn, st, load in STREAM_VARIANTS)
 
@@ -140,7 +146,7 @@ def stream(n, k, variant=STREAM_VARIANTS[0], iters=10):
     """
     bn, stages, load = variant
     k_ = _kernel(_stream_name(bn, stages, load), GEMM_SOURCE)
-    smem = _stream_smem(bn, stages)
+    smem = _stream_smem(bn, stages, load)
     b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
     a = torch.empty(GEMM_BM, k, device="cuda", dtype=torch.bfloat16)    # (a tensor map the stream never reads)
     c = torch.empty(GEMM_BM, n, device="cuda", dtype=torch.bfloat16)

@@ -82,6 +82,14 @@ FUSER_DEVICE uint4 ld_dsm_u4(uint32_t addr)
     return v;
 }
 
+/* 16 bytes of read-only global memory, through the non-coherent path (data no kernel writes meanwhile). */
+FUSER_DEVICE uint4 ldg_nc_v4(const void *p)
+{
+    uint4 v;
+    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
 /* ---- cp.async (16 bytes, zero-filled when `valid` is false) ---- */
 
 FUSER_DEVICE void cp_async16(uint32_t dst, const void *src, bool valid)
