@@ -209,3 +209,48 @@ def test_fit_stream_reads_back_the_plan_each_summary_names():
                        **fit_stream.plan_args(p.summary()))
         assert q.to_dict()["params"] == p.to_dict()["params"], p.summary()
     assert fit_stream.plan_args(plans[1].summary())["lspan"] == 32
+
+
+def _pick_diff():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import pick_diff
+    finally:
+        sys.path.pop(0)
+    return pick_diff
+
+
+def test_pick_diff_lists_the_cells_a_model_change_picks_differently(tmp_path):
+    """dump stores each pick as constraints that rebuild the same plan; diff lists exactly the cells whose
+    plan changed; the verdict names the cells where the new pick is slower than the old or than eager."""
+    pd = _pick_diff()
+    before = pd.dump(tmp_path / "a.json", tokens=(1, 128))
+    assert set(before) == {f"{n}:{m}" for n in pd.shapes() for m in (1, 128)}
+    for cell, (summary, cons) in before.items():
+        if cons is not None and cons["kind"] == "stream":
+            name, m = cell.split(":")
+            assert pd._plan(name, int(m), cons).summary() == summary, cell
+    after = json.loads((tmp_path / "a.json").read_text())
+    assert pd.diff(before, after) == {}
+    eager_cell = next(c for c, (_, cons) in after.items() if cons is None)
+    fused_cell = next(c for c, (_, cons) in after.items() if cons is not None)
+    after[eager_cell], after[fused_cell] = after[fused_cell], after[eager_cell]
+    assert set(pd.diff(before, after)) == {eager_cell, fused_cell}
+    timed = {"A:1": dict(eager=10.0, before=8.0, after=9.0), "B:1": dict(eager=10.0, before=10.0, after=10.1),
+             "C:1": dict(eager=10.0, before=12.0, after=11.0)}
+    assert pd.verdict(timed) == (["A:1"], ["C:1"])
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/pick_diff.py"), "diff", str(tmp_path / "a.json"),
+                        str(tmp_path / "a.json"), str(tmp_path / "cells.json")], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and "0 cells differ" in r.stdout, r.stderr
+
+
+@pytest.mark.gpu
+def test_pick_diff_times_both_picks_of_a_cell_beside_eager():
+    pd = _pick_diff()
+    before, after = pd.pick("G1", 128), pd.pick("G1", 128)
+    cons = dict(kind="stream", bm=64, bn=64, bl=64, s1=1, s2=8, stages=8, phases=1, lspan=1, cluster=[1, 1, 1, 1])
+    timed = pd.time_cells({"G1:128": dict(before=(before[0], None), after=("one phase", cons))})
+    t = timed["G1:128"]
+    assert t["before"] == t["eager"] and 1.0 < t["eager"] < 100.0 and 1.0 < t["after"] < 100.0, t
+    assert after == before

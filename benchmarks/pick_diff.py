@@ -1,0 +1,148 @@
+"""Which plans a change to the planner's model picks differently, and whether each new pick wins.
+
+A model change is adopted only when every pick it changes has been timed and none loses. This tool
+makes that a routine: dump the planner's picks over a grid of shapes and token counts (the paper's
+chains and the model FFNs) in the tree before the change and in the tree after it, list the cells whose
+pick differs, and time both picks of each such cell beside PyTorch eager in CUDA graphs
+(``kernel_check.time_plans``; an eager pick is eager's own time).
+
+    python benchmarks/pick_diff.py dump BEFORE.json             # in the tree before the change (any machine)
+    python benchmarks/pick_diff.py dump AFTER.json              # in the tree after it
+    python benchmarks/pick_diff.py diff BEFORE.json AFTER.json CELLS.json
+    python benchmarks/pick_diff.py time CELLS.json TIMED.json   # on a Hopper GPU, in either tree
+
+A pick is stored as its plan's constraints (``fuser.plan`` keywords of a stream plan) or None (eager),
+so timing does not depend on which model is built. ``time`` prints per cell both picks against eager
+and which is faster, and a verdict: the cells where the change's pick is slower than the one it
+replaces, and those where it loses to eager.
+"""
+import argparse
+import json
+import os
+import sys
+
+from fuser.tools.workloads import MODELS, PAPER
+
+#: Token counts of the grid: decode, the paper's 128, and the sizes around them up to prefill.
+TOKENS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 77, 96, 100, 128, 160, 192, 256, 384, 512, 768, 1024, 2048, 4096)
+#: The constraints that give back a stream plan exactly (with its cluster shape).
+PLAN_KEYS = ("bm", "bn", "bl", "s1", "s2", "stages", "phases", "lspan")
+
+
+def shapes():
+    """name -> (d_model, d_ff, d_out, gated, activation) of every shape in the grid."""
+    out = {n: (w["d_model"], w["d_ff"], w["d_out"], w["gated"], w["activation"]) for n, w in PAPER.items()}
+    out.update({n: (w["d_model"], w["d_ff"], w["d_out"], w["gated"], w["activation"]) for n, w in MODELS.items()})
+    return out
+
+
+def pick(name, m):
+    """The planner's pick for shape `name` at `m` tokens on the H200 target: (summary, constraints or None)."""
+    import fuser
+    d, f, l, gated, act = shapes()[name]
+    p = fuser.plan(m, d, f, d_out=l, gated=gated, activation=act, target="h200")
+    if not p.fused:
+        return p.summary(), None
+    params = p.raw["params"]
+    if params.get("kind") != "stream":
+        return p.summary(), dict(kind=params.get("kind"))
+    return p.summary(), dict({k: params[k] for k in PLAN_KEYS}, kind="stream", cluster=list(params["cluster"]))
+
+
+def dump(path, tokens=TOKENS):
+    picks = {f"{name}:{m}": pick(name, m) for name in shapes() for m in tokens}
+    with open(path, "w") as f:
+        json.dump(picks, f, indent=0)
+    return picks
+
+
+def _plan_name(summary):
+    return summary.split(", predicted")[0]
+
+
+def diff(before, after):
+    """The cells whose pick differs: {cell: dict(before=(summary, constraints), after=...)}."""
+    return {cell: dict(before=before[cell], after=after[cell]) for cell in before
+            if cell in after and _plan_name(before[cell][0]) != _plan_name(after[cell][0])}
+
+
+def _plan(name, m, cons):
+    import fuser
+    d, f, l, gated, act = shapes()[name]
+    kw = {k: v for k, v in cons.items() if k not in ("kind", "cluster")}
+    return fuser.plan(m, d, f, d_out=l, gated=gated, activation=act, target="h200", fused=True, kind="stream",
+                      cluster=tuple(cons["cluster"]), **kw)
+
+
+def time_cells(cells, log=print):
+    """Each cell's two picks beside eager in CUDA graphs: {cell: dict(eager, before, after) in us}."""
+    import torch
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from kernel_check import time_plans
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    out = {}
+    for cell, c in cells.items():
+        name, m = cell.split(":")
+        m = int(m)
+        d, f, l, gated, act = shapes()[name]
+        sides = [s for s in ("before", "after") if c[s][1] is not None]
+        for s in sides:
+            if c[s][1].get("kind") != "stream":
+                raise ValueError(f"{cell}: only stream plans are timed here, got {c[s][0]}")
+        rows = time_plans(log, gen, (name, d, f, l, gated, act, m), [_plan(name, m, c[s][1]) for s in sides])
+        if len(rows) != len(sides):
+            raise RuntimeError(f"{cell}: a plan failed to run (see the log above)")
+        eager = min(r["eager"] for r in rows) if rows else None
+        res = dict(eager=eager)
+        for s in ("before", "after"):
+            res[s] = rows[sides.index(s)]["measured"] if s in sides else eager
+        out[cell] = res
+    return out
+
+
+def verdict(timed):
+    """(cells where the change's pick is slower than before, cells where it is slower than eager)."""
+    slower = sorted(c for c, t in timed.items() if t["after"] > t["before"] * 1.02)
+    loses = sorted(c for c, t in timed.items() if t["eager"] is not None and t["after"] > t["eager"] * 1.02)
+    return slower, loses
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("dump")
+    a.add_argument("out")
+    a = sub.add_parser("diff")
+    a.add_argument("before")
+    a.add_argument("after")
+    a.add_argument("out")
+    a = sub.add_parser("time")
+    a.add_argument("cells")
+    a.add_argument("out")
+    args = ap.parse_args(argv)
+    if args.cmd == "dump":
+        print(f"{len(dump(args.out))} picks written to {args.out}")
+    elif args.cmd == "diff":
+        with open(args.before) as f, open(args.after) as g:
+            cells = diff(json.load(f), json.load(g))
+        with open(args.out, "w") as f:
+            json.dump(cells, f, indent=1)
+        for cell, c in cells.items():
+            print(f"{cell:16s} {_plan_name(c['before'][0])}  ->  {_plan_name(c['after'][0])}")
+        print(f"{len(cells)} cells differ")
+    else:
+        with open(args.cells) as f:
+            timed = time_cells(json.load(f))
+        with open(args.out, "w") as f:
+            json.dump(timed, f, indent=1)
+        for cell, t in timed.items():
+            print(f"{cell:16s} eager {t['eager']:7.1f}  before {t['before']:7.1f} ({t['eager'] / t['before']:.2f}x)  "
+                  f"after {t['after']:7.1f} ({t['eager'] / t['after']:.2f}x)")
+        slower, loses = verdict(timed)
+        print(f"the change's pick slower than before (by > 2%): {', '.join(slower) or 'none'}")
+        print(f"the change's pick slower than eager (by > 2%): {', '.join(loses) or 'none'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
