@@ -68,33 +68,39 @@ struct Gemm {
         return ceil_div(ceil_div(p.m, GEMM_BM), CM) * ceil_div(p.n, BN);
     }
 
-    /* STREAM_LDG: the 256 consumer threads read each tile's rows, STAGES K steps of 16-byte loads issued
-     * before any is used; the loaded words are folded into one value that decides a store that never
-     * happens for random data (so that the loads are kept). */
+    /* STREAM_LDG: the 256 consumer threads read the block's tiles row by row in K steps of 16-byte loads,
+     * STAGES K steps in flight: each step's registers are folded and at once reloaded with the step
+     * STAGES later, so the loads stay in flight across K steps and tiles alike. The folded words decide
+     * a store that random data never makes (so that the loads are kept). */
     static FUSER_DEVICE void load_through_registers(const GemmParams &p, int cid, int clusters, int kt, int total,
                                                     int lt)
     {
         constexpr int CH = BN * 8 / 256; /* 16-byte chunks of a K step per thread */
         static_assert(BN * 8 % 256 == 0, "rows of a K step in whole chunks per thread");
+        const int steps = cid < total ? (total - cid + clusters - 1) / clusters * kt : 0;
+        auto load = [&](int i, uint4(&v)[CH]) {
+            int tm = 0, tn = 0;
+            if (i < steps)
+                tile_of(p, cid + i / kt * clusters, 0, tm, tn);
+#pragma unroll
+            for (int j = 0; j < CH; j++) {
+                const int ch = lt + 256 * j, row = tn * BN + ch / 8, col = i % kt * SW_COLS + ch % 8 * 8;
+                v[j] = i < steps && row < p.n && col < p.k ? ldg_nc_v4(p.b_ptr + (int64_t)row * p.k + col)
+                                                           : make_uint4(0, 0, 0, 0);
+            }
+        };
+        uint4 v[STAGES][CH];
+#pragma unroll
+        for (int st = 0; st < STAGES; st++)
+            load(st, v[st]);
         uint32_t acc = 0;
-        for (int t = cid; t < total; t += clusters) {
-            int tm, tn;
-            tile_of(p, t, 0, tm, tn);
-            for (int k0 = 0; k0 < kt; k0 += STAGES) {
-                uint4 v[STAGES][CH];
+        for (int i = 0; i < steps; i += STAGES) {
 #pragma unroll
-                for (int st = 0; st < STAGES; st++)
+            for (int st = 0; st < STAGES; st++) {
 #pragma unroll
-                    for (int j = 0; j < CH; j++) {
-                        const int ch = lt + 256 * j, row = tn * BN + ch / 8, col = (k0 + st) * SW_COLS + ch % 8 * 8;
-                        v[st][j] = row < p.n && col < p.k ? ldg_nc_v4(p.b_ptr + (int64_t)row * p.k + col)
-                                                          : make_uint4(0, 0, 0, 0);
-                    }
-#pragma unroll
-                for (int st = 0; st < STAGES; st++)
-#pragma unroll
-                    for (int j = 0; j < CH; j++)
-                        acc ^= v[st][j].x ^ v[st][j].y ^ v[st][j].z ^ v[st][j].w;
+                for (int j = 0; j < CH; j++)
+                    acc ^= v[st][j].x ^ v[st][j].y ^ v[st][j].z ^ v[st][j].w;
+                load(i + STAGES + st, v[st]);
             }
         }
         if (acc == 0x9e3779b9u)
