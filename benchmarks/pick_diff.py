@@ -10,18 +10,30 @@ pick differs, and time both picks of each such cell beside PyTorch eager in CUDA
     python benchmarks/pick_diff.py dump AFTER.json              # in the tree after it
     python benchmarks/pick_diff.py diff BEFORE.json AFTER.json CELLS.json
     python benchmarks/pick_diff.py time CELLS.json TIMED.json   # on a Hopper GPU, in either tree
+    python benchmarks/pick_diff.py backtest LOG.json ...         # any machine: the built model's picks
 
 A pick is stored as its plan's constraints (``fuser.plan`` keywords of a stream plan) or None (eager),
 so timing does not depend on which model is built. ``time`` prints per cell both picks against eager
 and which is faster, and a verdict: the cells where the change's pick is slower than the one it
-replaces, and those where it loses to eager.
+replaces, and those where it loses to eager; its file keeps each pick's plan beside its time.
+
+``backtest`` asks the built model for its pick in every cell that timed files (``time``'s, and
+``kernel_check.py``'s logs, newest last) hold, and sets the pick's measured time against the best
+measured there (eager or any timed plan) and against eager: the geometric means of both over the cells
+whose pick was timed, and the cells whose pick was not. A model change should not make either worse
+on the committed timings (tests/test_benchmarks.py holds it to them).
 """
 import argparse
 import json
+import math
 import os
+import statistics
 import sys
 
 from fuser.tools.workloads import MODELS, PAPER
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fit_stream  # noqa: E402
 
 #: Token counts of the grid: decode, the paper's 128, and the sizes around them up to prefill.
 TOKENS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 77, 96, 100, 128, 160, 192, 256, 384, 512, 768, 1024, 2048, 4096)
@@ -77,7 +89,6 @@ def _plan(name, m, cons):
 def time_cells(cells, log=print):
     """Each cell's two picks beside eager in CUDA graphs: {cell: dict(eager, before, after) in us}."""
     import torch
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from kernel_check import time_plans
     gen = torch.Generator(device="cuda").manual_seed(13)
     out = {}
@@ -96,6 +107,7 @@ def time_cells(cells, log=print):
         res = dict(eager=eager)
         for s in ("before", "after"):
             res[s] = rows[sides.index(s)]["measured"] if s in sides else eager
+            res[s + "_plan"] = c[s][0]
         out[cell] = res
     return out
 
@@ -105,6 +117,53 @@ def verdict(timed):
     slower = sorted(c for c, t in timed.items() if t["after"] > t["before"] * 1.02)
     loses = sorted(c for c, t in timed.items() if t["eager"] is not None and t["after"] > t["eager"] * 1.02)
     return slower, loses
+
+
+def timed_plans(paths):
+    """{(name, m, plan): (measured us, eager us)} of every timed stream plan in `paths` (newest last):
+    ``time``'s files, and every row that names a plan, its time and eager's in any other JSON."""
+    out = {}
+
+    def add(name, m, plan, t, eager):
+        s = fit_stream._SUMMARY.search(plan or "")
+        if s and "stream" in plan and t is not None and eager is not None:
+            out[(name, int(m), s.group(0))] = (t, eager)
+
+    def walk(o):
+        if isinstance(o, dict):
+            if {"name", "m", "plan", "measured", "eager"} <= set(o):
+                if o.get("ok", True):
+                    add(o["name"], o["m"], o["plan"], o.get("early", o["measured"]), o["eager"])
+                return
+            for cell, v in o.items():
+                if isinstance(v, dict) and "after_plan" in v:
+                    name, m = cell.split(":")
+                    for s in ("before", "after"):
+                        add(name, m, v[s + "_plan"], v[s], v["eager"])
+                else:
+                    walk(v)
+        elif isinstance(o, list):
+            for v in o:
+                walk(v)
+
+    for path in paths:
+        with open(path) as f:
+            walk(json.load(f))
+    return out
+
+
+def backtest(paths):
+    """The built model's pick in every cell the timed files hold: (per-cell rows of
+    ``fit_stream.backtest``, geomean regret, geomean speed-up over eager, cells whose pick was not timed)."""
+    import fuser
+    rows = timed_plans(paths)
+    checks = fit_stream.backtest(rows, fit_stream.eager_rows(rows), dict(fuser._C.targets()["h200"]))
+    timed = [r for r in checks.values() if r["regret"] is not None]
+    if not timed:
+        raise ValueError(f"no cell of {len(checks)} has its pick timed in {paths}")
+    gm = lambda xs: math.exp(statistics.mean(math.log(x) for x in xs))  # noqa: E731
+    return (checks, gm(r["regret"] for r in timed), gm(r["vs_eager"] for r in timed),
+            sorted(f"{n}:{m}" for (n, m), r in checks.items() if r["regret"] is None))
 
 
 def main(argv=None):
@@ -119,6 +178,8 @@ def main(argv=None):
     a = sub.add_parser("time")
     a.add_argument("cells")
     a.add_argument("out")
+    a = sub.add_parser("backtest")
+    a.add_argument("logs", nargs="+")
     args = ap.parse_args(argv)
     if args.cmd == "dump":
         print(f"{len(dump(args.out))} picks written to {args.out}")
@@ -130,6 +191,11 @@ def main(argv=None):
         for cell, c in cells.items():
             print(f"{cell:16s} {_plan_name(c['before'][0])}  ->  {_plan_name(c['after'][0])}")
         print(f"{len(cells)} cells differ")
+    elif args.cmd == "backtest":
+        checks, regret, vs_eager, untimed = backtest(args.logs)
+        fit_stream.show_checks("the built model's pick per cell, measured, against the best measured", checks)
+        print(f"geomean regret {regret:.3f}, geomean speed-up over eager {vs_eager:.3f}; "
+              f"picks not timed: {', '.join(untimed) or 'none'}")
     else:
         with open(args.cells) as f:
             timed = time_cells(json.load(f))
