@@ -140,13 +140,16 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
         T += fmax(rounds * one, fmax(ph[i].hbm / (t->hbm_gbs * 1e9), ph[i].units * (sw * ph[i].w + sx * ph[i].x) /
                                                                          fmin(t->l2_gbs * 1e9, active * per_sm)));
     }
-    /* the last split of a tile sums every split's partial before H (or y) exists */
+    /* the last split of a tile sums every split's partial before H (or y) exists: the real rows' share of
+     * the partial tiles, or in one phase (ticketed sums) the whole bm-row tiles it stores and reads back */
     const double red1 = g.s1 > 1 ? 4.0 * g.s1 * g.parts * rows * g.bn / (t->sm_load_gbs * 1e9) : 0;
     /* (one phase, swap-AB: after every unit, all blocks sum y's partials together, the real rows only) */
     const double red2 = g.s2 <= 1 ? 0
                         : g.rowsum ? 4.0 * g.s2 * g.m * g.L / (G * t->sm_load_gbs * 1e9) + t->mem_latency_us * 1e-6
-                                   : 4.0 * g.s2 * rows * g.bl / (t->sm_load_gbs * 1e9);
-    T += red1 + red2;
+                                   : 4.0 * g.s2 * (g.one ? g.bm : rows) * g.bl / (t->sm_load_gbs * 1e9);
+    /* the sums are the kernel's tail: counted in `sync`, and in the schedule too where they hold up other
+     * units (one phase's ticketed sums end a unit nothing waits for; timed cells in docs/planner.md) */
+    T += g.one && !g.rowsum ? 0 : red1 + red2;
 
     k->flops = 2.0 * FUSER_BK * g.bm * g.rt * (g.reps * g.parts * g.bn * g.nt1 * g.kt1 + g.bl * g.lt2 * g.kt2);
     k->useful_flops = 2.0 * c->m * c->n * ((double)c->k * (c->gated ? 2 : 1) + c->l);
