@@ -173,6 +173,13 @@ FUSER_DEVICE void st_global_if(bool ok, uint4 *p, uint4 v)
                  : "memory");
 }
 
+FUSER_DEVICE void st_global_if(bool ok, float4 *p, float4 v)
+{
+    asm volatile("{ .reg .pred q; setp.ne.b32 q, %0, 0; @q st.global.v4.f32 [%1], {%2, %3, %4, %5}; }" ::"r"((int)ok),
+                 "l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+                 : "memory");
+}
+
 /* The lane `lane ^ mask` of this warp's value v (every lane takes part). */
 FUSER_DEVICE uint32_t shfl_xor(uint32_t v, int mask)
 {

@@ -613,17 +613,25 @@ struct Stream {
     FUSER_DEVICE int token_of(int i) const { return m0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1); }
     FUSER_DEVICE int feature_of(int i) const { return 64 * w + 16 * warp + lane / 4 + 8 * ((i >> 1) & 1); }
 
+    /* Whether this consumer thread's fragment holds a token row of the problem: with tokens on the M side
+     * a thread's accumulators are two rows (row_of(0), row_of(1) = row_of(0) + 8), and a fragment of
+     * padding rows (a row tile with fewer than BM tokens) is never stored as H or y. */
+    FUSER_DEVICE bool frag_live() const { return SWAP || row_of(0) < p.m; }
+
     /* Split partials, in the accumulators' own order: a tile's partial is FRAG floats, R per consumer
      * thread, kept as [R / 4][256 threads][4] so each float4 store or load of a warp covers 512 contiguous
-     * bytes (a [row][column] layout made each warp instruction write 8 rows of 32 bytes). Every element is
-     * stored, in bounds or not (the tiles' padding is zeros or never stored later). */
+     * bytes (a [row][column] layout made each warp instruction write 8 rows of 32 bytes). The fragments of
+     * padding rows are neither stored nor summed (frag_sum), so a few tokens move a few rows' partials;
+     * with swap-AB every element is stored (the tokens are the columns). */
     template <int R>
     FUSER_DEVICE void store_frag(const float (&acc)[R], float *tile) const
     {
         static_assert(R % 4 == 0, "float4 pieces");
+        const bool live = frag_live(); /* (predicated stores: no branch around them) */
 #pragma unroll
         for (int i = 0; i < R; i += 4)
-            *(float4 *)(tile + ((int64_t)(i / 4) * 256 + lt) * 4) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
+            st_global_if(live, (float4 *)(tile + ((int64_t)(i / 4) * 256 + lt) * 4),
+                         make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]));
     }
 
     /* The last split of a swap-AB tile (a few accumulators): acc = the SPLITS partials at tile + sp * stride
@@ -749,10 +757,13 @@ struct Stream {
     template <int SPLITS>
     FUSER_DEVICE float4 frag_sum(const float *tile, int64_t stride, int j) const
     {
-        float4 t = ld_cg_f4_relaxed(tile + ((int64_t)j * 256 + lt) * 4);
+        /* a fragment of padding rows (its sum is never stored) reads the chunk of its warp's first lane (the
+         * warp's lowest rows) instead of its own: no branch, and a warp's loads cost only its live lanes' */
+        const int at = frag_live() ? lt : lt & ~31;
+        float4 t = ld_cg_f4_relaxed(tile + ((int64_t)j * 256 + at) * 4);
 #pragma unroll
         for (int sp = 1; sp < SPLITS; sp++) {
-            const float4 v = ld_cg_f4_relaxed(tile + sp * stride + ((int64_t)j * 256 + lt) * 4);
+            const float4 v = ld_cg_f4_relaxed(tile + sp * stride + ((int64_t)j * 256 + at) * 4);
             t.x += v.x, t.y += v.y, t.z += v.z, t.w += v.w;
         }
         return t;
