@@ -96,7 +96,9 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
     const double mma_sm = t->mma_tflops * 1e12 * t->stream_mma_eff / t->sm_count;
     const double stage = (double)p->smem_pipe / p->stages;
     const double per_sm = fmin(t->stream_sm_gbs * 1e9, (p->stages - 1) * stage / (t->mem_latency_us * 1e-6));
-    const double unit = t->stream_unit_us * 1e-6;
+    /* a unit's fixed cost: smaller where one phase has a single row tile (each unit reads its own weights
+     * and waits for no other unit) */
+    const double unit = (g.one && g.rt == 1 ? t->stream_unit_one_us : t->stream_unit_us) * 1e-6;
     /* wgmma N of the consumers' MMAs (swap-AB below bm 64: the tokens) */
     const int nw1 = p->bm < 64 ? p->bm : p->bm == 128 ? p->bn : p->bn / 2;
     const int nw2 = p->bm < 64 ? p->bm : p->bm == 128 ? p->bl : p->bl / 2;

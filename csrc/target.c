@@ -88,6 +88,9 @@ static const fuser_target builtin[] = {
          * launch of fill and hand-off; 1.14x the modelled rest. */
         .stream_mma_eff = 0.80, .stream_fixed_us = 1.194, .stream_time_scale = 1.14,
         .stream_operand_bytes_per_clk = 93.713, .stream_unit_us = 1.985, .stream_sm_gbs = 75.6,
+        /* 0.4 of stream_unit_us, where picks over 117 small-chain cells timed on the H200 stop improving
+         * (docs/planner.md); the per-unit cost the joint fit found is an average over plans of many rounds */
+        .stream_unit_one_us = 0.794,
         .fusion_margin = 0.10,      /* policy: the calibrated model's typical error is ~20% (log error
                                        0.037 leave-one-shape-out), so gains under 10% are not trusted */
         .stream_margin = 0.04,      /* policy: fitted without S8, the models pick for it a stream plan
@@ -125,6 +128,7 @@ static const fuser_target builtin[] = {
         .eager_op_us = 2.182, .eager_mma_eff = 0.959, .eager_ramp_us = 2.807, .eager_ramp_mb = 2.508,
         .stream_mma_eff = 0.80, .stream_fixed_us = 1.194, .stream_time_scale = 1.14, /* the H200's */
         .stream_operand_bytes_per_clk = 93.713, .stream_unit_us = 1.985, .stream_sm_gbs = 75.6,
+        .stream_unit_one_us = 0.794,
         .fusion_margin = 0.10,
         .stream_margin = 0.04,
         .max_workspace = (int64_t)256 << 20,
@@ -218,6 +222,9 @@ int fuser_target_check(const fuser_target *t, fuser_err *err)
     if (!(t->stream_unit_us >= 0) || !isfinite(t->stream_unit_us))
         return fuser_fail(err, FUSER_E_VALUE, "target %s: stream_unit_us must be >= 0, got %g", t->name,
                           t->stream_unit_us);
+    if (!(t->stream_unit_one_us >= 0) || !isfinite(t->stream_unit_one_us))
+        return fuser_fail(err, FUSER_E_VALUE, "target %s: stream_unit_one_us must be >= 0, got %g", t->name,
+                          t->stream_unit_one_us);
     if (!(t->eager_ramp_us >= 0) || !isfinite(t->eager_ramp_us))
         return fuser_fail(err, FUSER_E_VALUE, "target %s: eager_ramp_us must be >= 0, got %g", t->name,
                           t->eager_ramp_us);

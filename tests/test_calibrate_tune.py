@@ -259,3 +259,22 @@ def test_stream_margin_is_the_stream_familys_own():
     assert "margin fusion needs to be chosen" in fuser.plan(1, 4096, 14336, **dict(args, target=t)).explain()
     with pytest.raises(ValueError, match="stream_margin"):
         fuser.plan(1, 4096, 14336, **dict(args, target=dict(h200, stream_margin=-1)))
+
+
+def test_one_phase_plans_of_one_row_tile_have_their_own_unit_cost():
+    """stream_unit_one_us prices a unit of a one-phase plan whose tokens fit one row tile: with the H200's
+    value the paper's G3 (416 -> 512 -> 256) at one token runs a one-phase bm 64 plan (measured 1.23-1.27x
+    eager), with stream_unit_us there it stays eager; a second row tile (77 tokens on bm 64) is priced as
+    before; a negative value is refused."""
+    h200 = dict(fuser._C.targets()["h200"])
+    args = dict(d_out=256, activation="relu")
+    p = fuser.plan(1, 416, 512, target=h200, **args)
+    assert p.kind == "stream" and p.raw["params"]["phases"] == 1 and p.raw["params"]["bm"] == 64
+    same = dict(h200, stream_unit_one_us=h200["stream_unit_us"])
+    assert not fuser.plan(1, 416, 512, target=same, **args).fused
+    forced = dict(fused=True, kind="stream", bm=64, bn=64, bl=64, s1=1, s2=8, stages=8, phases=1)
+    one, many = (fuser.plan(m, 416, 512, target=h200, **args, **forced) for m in (64, 77))
+    one_same, many_same = (fuser.plan(m, 416, 512, target=same, **args, **forced) for m in (64, 77))
+    assert one.predicted_us < one_same.predicted_us and many.predicted_us == many_same.predicted_us
+    with pytest.raises(ValueError, match="stream_unit_one_us"):
+        fuser.plan(1, 416, 512, target=dict(h200, stream_unit_one_us=-1.0), **args)

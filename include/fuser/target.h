@@ -55,8 +55,9 @@ typedef struct fuser_target {
      * measured / modelled ratio of its time */
     double stream_mma_eff, stream_fixed_us, stream_time_scale;
     /* shared-memory bytes per clock the stream kernel's SS wgmma sustain (operand-bound below N = 128),
-     * and the fixed cost of one work unit (its epilogue and the ring's restart) */
-    double stream_operand_bytes_per_clk, stream_unit_us;
+     * and the fixed cost of one work unit (its epilogue and the ring's restart); the same for a one-phase
+     * plan of a single row tile, whose units each read their own weights and wait for nothing */
+    double stream_operand_bytes_per_clk, stream_unit_us, stream_unit_one_us;
     /* bytes per second one SM of the stream kernel pulls (TMA into its ring; measured 26-50 GB/s in
      * unit traces): what a phase with fewer units than SMs is limited by */
     double stream_sm_gbs;
