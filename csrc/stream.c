@@ -143,7 +143,9 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
                                                                          fmin(t->l2_gbs * 1e9, active * per_sm)));
     }
     /* the last split of a tile sums every split's partial before H (or y) exists: the real rows' share of
-     * the partial tiles, or in one phase (ticketed sums) the whole bm-row tiles it stores and reads back */
+     * the partial tiles. One phase's ticketed sums are sized by the padded bm-row tile although the kernel
+     * moves only the real rows' fragments: at few tokens that term stands for the per-split cost of the
+     * ticket and the last split's loads (bm 64 plans with 12-16 splits are under-predicted without it) */
     const double red1 = g.s1 > 1 ? 4.0 * g.s1 * g.parts * rows * g.bn / (t->sm_load_gbs * 1e9) : 0;
     /* (one phase, swap-AB: after every unit, all blocks sum y's partials together, the real rows only) */
     const double red2 = g.s2 <= 1 ? 0
