@@ -41,8 +41,9 @@ def make_tensors(gen, c):
     return t
 
 
-def check_plan(p, gen):
-    """Run p on the interpreter; compare with float64 and the cost model's byte counts."""
+def check_plan(p, gen, out=False):
+    """Run p on the interpreter; compare with float64 and the cost model's byte counts. Returns the error
+    (or, with `out`, the output)."""
     c = p.chain
     t = make_tensors(gen, c)
     y, traffic = fuser.simulate(p, **t)
@@ -50,7 +51,7 @@ def check_plan(p, gen):
     err = rel_error(y, ref)
     assert err < TOL[c["dtype"]], (p.summary(), err)
     assert traffic == p.traffic, (p.summary(), traffic, p.traffic)
-    return err
+    return y if out else err
 
 
 def random_chain(rng):
