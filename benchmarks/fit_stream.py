@@ -48,8 +48,7 @@ STEPS = (0.5, 0.7, 0.85, 0.95, 1.05, 1.2, 1.4, 2.0)
 #: A stream plan as its summary names it: tiles, splits, stages, cluster pairs, one phase (and its units'
 #: l-tiles where more than one).
 _SUMMARY = re.compile(r"bm=(\d+) bn=(\d+) bl=(\d+), splits (\d+)/(\d+), (\d+) stages"
-                      r"( \((?:row-tile|tile) pairs [^)]*\))?(, one phase)?(, splits summed over DSM)?"
-                      r"(?:, (\d+) l-tiles per unit)?")
+                      r"( \((?:row-tile|tile) pairs [^)]*\))?(, one phase)?(?:, (\d+) l-tiles per unit)?")
 _PAIRS = {" (row-tile pairs share weight tiles)": (2, 1, 1, 1), " (tile pairs share token tiles)": (1, 2, 1, 2)}
 
 
@@ -58,12 +57,10 @@ def plan_args(summary):
     g = _SUMMARY.search(summary).groups()
     bm, bn, bl, s1, s2, stages = (int(v) for v in g[:6])
     out = dict(bm=bm, bn=bn, bl=bl, s1=s1, s2=s2, stages=stages, phases=1 if g[7] else 2)
-    if g[9]:
-        out["lspan"] = int(g[9])
+    if g[8]:
+        out["lspan"] = int(g[8])
     if g[6]:
         out["cluster"] = _PAIRS[g[6]]
-    if g[8]:
-        out["cluster"] = (1, 1, s2, 1)
     return out
 
 

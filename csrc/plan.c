@@ -102,15 +102,13 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
                           "128, got %d", p->bn);
     if (p->stages < 2 || p->stages > 8)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: stages = %d: must be in [2, 8]", p->stages);
-    const int pair_rows = p->cls_m == 2 && p->cls_n == 1 && p->cls_l == 1 && p->cls_k == 1,
-              pair_tiles = p->cls_m == 1 && p->cls_n == 2 && p->cls_l == 2 && p->cls_k == 1,
-              dsm = p->cls_m == 1 && p->cls_n == 1 && p->cls_l == 1 && p->cls_k > 1;
-    if (!(pair_rows || pair_tiles || dsm || (p->cls_m == 1 && p->cls_n == 1 && p->cls_l == 1 && p->cls_k == 1)) ||
+    const int pair_rows = p->cls_m == 2 && p->cls_n == 1 && p->cls_l == 1,
+              pair_tiles = p->cls_m == 1 && p->cls_n == 2 && p->cls_l == 2;
+    if (!(pair_rows || pair_tiles || (p->cls_m == 1 && p->cls_n == 1 && p->cls_l == 1)) || p->cls_k != 1 ||
         p->n_iters != 1 || p->order != FUSER_ORDER_N_OUTER)
-        return fuser_fail(err, FUSER_E_VALUE, "stream plan: cluster must be (1, 1, 1, 1), a pair: (2, 1, 1, 1) "
-                          "(row tiles share weight tiles) or (1, 2, 1, 2) (tiles share token tiles), or (1, 1, s2, 1) "
-                          "(the d_ff splits summed over DSM); n_iters 1, order n_outer; got (%d, %d, %d, %d)", p->cls_m,
-                          p->cls_n, p->cls_k, p->cls_l);
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: cluster must be (1, 1, 1, 1), or a pair: (2, 1, 1, 1) "
+                          "(row tiles share weight tiles) or (1, 2, 1, 2) (tiles share token tiles); n_iters 1, order "
+                          "n_outer; got (%d, %d, %d, %d)", p->cls_m, p->cls_n, p->cls_k, p->cls_l);
     if (p->gate_mode != (c->gated ? FUSER_GATE_SEQUENTIAL : FUSER_GATE_NONE))
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: gate mode must be %s", c->gated ? "sequential" : "none");
     p->kt = fuser_ceil_div(c->k, FUSER_BK);
@@ -146,17 +144,13 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
                           "K: s1 must be 1, bn must divide the split's %lld d_ff columns, no cluster pairs (got s1 = %d, "
                           "bn = %d, cluster (%d, %d, %d, %d))", (long long)range, p->s1, p->bn, p->cls_m, p->cls_n,
                           p->cls_k, p->cls_l);
-    if (dsm && (p->phases != 1 || p->cls_k != p->s2 || p->s2 > 16))
-        return fuser_fail(err, FUSER_E_VALUE, "stream plan: the DSM split sum (cluster (1, 1, %d, 1)) runs the s2 d_ff "
-                          "splits of a tile on the blocks of one cluster: it needs one phase and cls_k = s2 <= 16 (got "
-                          "phases = %d, s2 = %d)", p->cls_k, p->phases, p->s2);
     /* one phase with swap-AB: every block sums the partials after the last unit (any count) */
     const int rowsum = fuser_stream_row_partials(p);
     if (p->s1 * p->parts > 16 || (p->s2 > 16 && !rowsum))
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: the last split sums at most 16 partials per element "
                           "(s1 x parts = %d, s2 = %d); more d_ff splits only in one phase with bm 16 or 32",
                           p->s1 * p->parts, p->s2);
-    p->cluster_size = pair_rows || pair_tiles ? 2 : dsm ? p->s2 : 1;
+    p->cluster_size = pair_rows || pair_tiles ? 2 : 1;
     p->cls_shuffle = p->cls_reduce = 1;
     p->ksplit = p->s1;
     p->warps_m = p->warps_n = 0;
@@ -191,9 +185,8 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
     p->smem_pipe = (int)(stage * p->stages);
     p->smem_xbuf = 0;
     p->smem_hg = p->phases == 1 ? (int)(range / FUSER_BK * p->bm * 128) : 0; /* one phase: the unit's H */
-    /* barriers and flag (and, summing rows, 4 KB of group sums; summing over DSM, the block's fp32 partial
-     * of a bm x bl tile); slack to align the ring to 1024 bytes */
-    p->smem_bytes = p->smem_pipe + p->smem_hg + (rowsum ? 4096 : 0) + (dsm ? p->bm * p->bl * 4 : 0) + 2048;
+    /* barriers and flag (and, summing rows, 4 KB of group sums); slack to align the ring to 1024 bytes */
+    p->smem_bytes = p->smem_pipe + p->smem_hg + (rowsum ? 4096 : 0) + 2048;
     p->regs_est = 0;                     /* fixed by setmaxnreg: 40 producer, 232 consumer */
     int64_t zw, wf;
     fuser_plan_scratch(p, c->m, &zw, &wf);
@@ -219,7 +212,7 @@ void fuser_plan_scratch(const fuser_plan *p, int64_t m, int64_t *zeroed_words, i
          * (bm rows, bn or bl columns) of every row tile and n- or l-tile, in the accumulators' order */
         const int64_t rows = fuser_ceil_div(m, p->bm) * p->bm;
         *ws_floats = m * c->n / 2 + (p->s1 > 1 ? (int64_t)p->s1 * p->parts * rows * p->nt1 * p->bn : 0) +
-                     (p->s2 > 1 && !fuser_stream_dsm_sum(p) ? (int64_t)p->s2 * rows * p->lt2 * p->bl : 0);
+                     (p->s2 > 1 ? (int64_t)p->s2 * rows * p->lt2 * p->bl : 0);
         return;
     }
     if (p->grid_n < 2)
@@ -231,17 +224,12 @@ void fuser_plan_scratch(const fuser_plan *p, int64_t m, int64_t *zeroed_words, i
 
 fuser_pair fuser_stream_pair(const fuser_plan *p)
 {
-    if (!p->fused || p->kind != FUSER_KIND_STREAM || p->cluster_size != 2 || p->cls_k != 1)
+    if (!p->fused || p->kind != FUSER_KIND_STREAM || p->cluster_size != 2)
         return FUSER_PAIR_NONE;
     return p->cls_m == 2 ? FUSER_PAIR_ROWS : FUSER_PAIR_TILES;
 }
 
-int fuser_stream_dsm_sum(const fuser_plan *p)
-{
-    return p->fused && p->kind == FUSER_KIND_STREAM && p->cls_k > 1 && p->cls_m == 1 && p->cls_n == 1;
-}
-
-int fuser_stream_row_partials(const fuser_plan *p) { return p->phases == 1 && p->bm < 64 && p->cls_k <= 1; }
+int fuser_stream_row_partials(const fuser_plan *p) { return p->phases == 1 && p->bm < 64; }
 
 int64_t fuser_stream_lgroups(const fuser_plan *p)
 {

@@ -177,15 +177,13 @@ static void search_stream(const fuser_chain *c, const fuser_target *t, const fus
      * model does not yet rank pairs against single blocks, so the search offers them only on request */
     p.cls_m = cons->cls_m == 2 ? 2 : 1;
     p.cls_n = p.cls_l = cons->cls_n == 2 ? 2 : 1;
-    /* (1, 1, s2, 1): the DSM split sum, on request (cls_k > 1), for one-phase plans of s2 = cls_k splits */
-    const int dsm = cons->cls_k > 1 && cons->cls_m <= 1 && cons->cls_n <= 1 && cons->cls_l <= 1;
-    p.cls_k = dsm ? cons->cls_k : 1;
+    p.cls_k = 1;
     p.phases = 2;
     p.n_iters = 1;
     p.order = FUSER_ORDER_N_OUTER;
     p.gate_mode = c->gated ? FUSER_GATE_SEQUENTIAL : FUSER_GATE_NONE;
     if ((cons->kind >= 0 && cons->kind != FUSER_KIND_STREAM) || cons->dataflows_all || !free_or(cons->cls_m, p.cls_m) ||
-        !free_or(cons->cls_n, p.cls_n) || !free_or(cons->cls_k, p.cls_k) || !free_or(cons->cls_l, p.cls_l) ||
+        !free_or(cons->cls_n, p.cls_n) || !free_or(cons->cls_k, 1) || !free_or(cons->cls_l, p.cls_l) ||
         p.cls_m * p.cls_n > 2 ||
         !free_or(cons->n_iters, 1) || !(cons->order < 0 || cons->order == FUSER_ORDER_N_OUTER) ||
         !(cons->gate_mode < 0 || cons->gate_mode == (int)p.gate_mode)) {
@@ -211,7 +209,7 @@ static void search_stream(const fuser_chain *c, const fuser_target *t, const fus
             p.s2 = b == 0 ? cons->s2 : 0;
         if (whole && cons->lspan > 1)
             p.lspan = cons->lspan;
-        if (!p.s2 || (dsm && (p.s2 != p.cls_k || p.phases != 1)) || !free_or(cons->phases, p.phases) || !free_or(cons->bm, p.bm) || !free_or(cons->bn, p.bn) ||
+        if (!p.s2 || !free_or(cons->phases, p.phases) || !free_or(cons->bm, p.bm) || !free_or(cons->bn, p.bn) ||
             !free_or(cons->bl, p.bl) || !free_or(cons->s1, p.s1) || !free_or(cons->s2, p.s2) ||
             !free_or(cons->lspan, p.lspan) || (whole && (p.lspan == 1 || cons->lspan <= 1))) {
             st->constrained++;

@@ -18,13 +18,12 @@ typedef struct {
     int64_t lg;                                   /* groups of l-tiles along d_out (one per phase-2 unit) */
     int one;                                      /* one phase: each unit computes its own H in shared memory */
     int rowsum;                                   /* one phase, swap-AB: partials of the real token rows only */
-    int dsm;                                      /* one phase: a tile's splits summed over DSM in a cluster */
 } geom;
 
 static geom geom_of(const fuser_plan *p)
 {
     const fuser_chain *c = &p->chain;
-    geom g = {c->m, c->k, c->n, c->l, p->parts, p->bm, p->bn, p->bl, p->s1, p->s2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0};
+    geom g = {c->m, c->k, c->n, c->l, p->parts, p->bm, p->bn, p->bl, p->s1, p->s2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0};
     g.kt1 = fuser_ceil_div(g.K, FUSER_BK);
     g.ks1 = fuser_ceil_div(g.kt1, g.s1);
     g.kt2 = fuser_ceil_div(g.N, FUSER_BK);
@@ -33,7 +32,6 @@ static geom geom_of(const fuser_plan *p)
     g.lt2 = p->lt2;
     g.one = p->phases == 1;
     g.rowsum = fuser_stream_row_partials(p);
-    g.dsm = fuser_stream_dsm_sum(p);
     g.lg = fuser_stream_lgroups(p);
     g.u1 = g.nt1 * g.s1;
     g.u2 = g.lg * g.s2;
@@ -64,17 +62,14 @@ void fuser_stream_traffic(const fuser_plan *p, fuser_traffic *out)
         l2 += 2 * 4 * g.s1 * g.parts * g.rt * g.bm * g.nt1 * g.bn; /* whole partial tiles written, read back */
     /* phase 2: H by every l-tile (not in one phase), W_down by every row tile, b_down once, y */
     l2 += (g.one ? 0 : e * g.m * g.N * nh) + e * g.L * g.N * wr + e * c->bias_down * g.L + e * g.m * g.L;
-    if (g.s2 > 1 && !g.dsm) /* partials written and read back: whole tiles, or the real token rows (rowsum) */
+    if (g.s2 > 1) /* partials written and read back: whole tiles, or the real token rows (rowsum) */
         l2 += 2 * 4 * g.s2 * (g.rowsum ? g.m : g.rt * g.bm) * g.lt2 * g.bl;
     out->l2 = l2;
     out->hbm = e * (g.m * g.K + g.parts * g.N * g.K + g.L * g.N + (c->bias_up + c->bias_gate) * g.N +
                     c->bias_down * g.L + g.m * g.L);
-    /* the DSM split sum: every split's whole partial tile written to its block's shared memory, and each
-     * element read from the s2 blocks by one of them (s2 - 1 remote reads) */
-    out->dsm = g.dsm ? 4 * (g.s2 - 1) * g.rt * g.bm * g.lt2 * g.bl : 0;
+    out->dsm = 0;
     out->smem = g.rt * (g.reps * g.nt1 * g.kt1 * (g.bm + g.parts * g.bn) + g.lt2 * g.kt2 * ((g.one ? 0 : g.bm) + g.bl)) *
-                    FUSER_BK * e +
-                (g.dsm ? 4 * g.s2 * g.rt * g.bm * g.lt2 * g.bl : 0);
+                FUSER_BK * e;
 }
 
 /* ---- cost ---- */
@@ -87,16 +82,6 @@ static double wgmma_eff(const fuser_target *t, int n)
     return fmin(1.0, t->stream_operand_bytes_per_clk / ((2048.0 + 32.0 * n) / (n / 2.0)));
 }
 
-
-/* Remote shared-memory bytes per clock one SM reads in a cluster of `size` blocks (the measured rate of
- * the next power-of-two size up). */
-static double dsm_rate(const fuser_target *t, int size)
-{
-    int i = 0;
-    while (i + 1 < FUSER_NUM_CLUSTER_SIZES && (1 << i) < size)
-        i++;
-    return t->dsm_bytes_per_clk[i];
-}
 
 void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
 {
@@ -162,10 +147,8 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
      * moves only the real rows' fragments: at few tokens that term stands for the per-split cost of the
      * ticket and the last split's loads (bm 64 plans with 12-16 splits are under-predicted without it) */
     const double red1 = g.s1 > 1 ? 4.0 * g.s1 * g.parts * rows * g.bn / (t->sm_load_gbs * 1e9) : 0;
-    /* (one phase, swap-AB: after every unit, all blocks sum y's partials together, the real rows only; over
-     * DSM: each block of the cluster reads its 1/s2 share of the tile from the s2 blocks, after a barrier) */
+    /* (one phase, swap-AB: after every unit, all blocks sum y's partials together, the real rows only) */
     const double red2 = g.s2 <= 1 ? 0
-                        : g.dsm    ? 4.0 * g.bm * g.bl / (dsm_rate(t, (int)g.s2) * clk) + t->barrier_cycles / clk
                         : g.rowsum ? 4.0 * g.s2 * g.m * g.L / (G * t->sm_load_gbs * 1e9) + t->mem_latency_us * 1e-6
                                    : 4.0 * g.s2 * (g.one ? g.bm : rows) * g.bl / (t->sm_load_gbs * 1e9);
     /* the sums are the kernel's tail: counted in `sync`, and in the schedule too where they hold up other
@@ -178,7 +161,7 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
     k->hbm = (p->traffic.hbm + 2 * h_hbm) / (t->hbm_gbs * 1e9) * 1e6;
     k->l2 = p->traffic.l2 / (t->l2_gbs * 1e9) * 1e6;
     k->smem = p->traffic.smem / (G * t->smem_bytes_per_clk * clk) * 1e6;
-    k->dsm = 0; /* (the DSM split sum is a serial step of each unit: in `sync`, as red2) */
+    k->dsm = 0;
     k->sync = (red1 + red2) * 1e6 + t->stream_fixed_us;
     const double bound = fmax(fmax(k->compute, k->hbm), fmax(k->l2, k->smem));
     k->tail = fmax(0, T * 1e6 - bound); /* imbalance between blocks and the phase-1 -> phase-2 hand-off */
@@ -280,12 +263,8 @@ static void phase2(ssim *S, int64_t lt)
         S->tr.l2 += (g->one ? 0 : 2 * g->m * (k1 - k0)) + 2 * lr * (k1 - k0) * g->rt;
         S->tr.smem += g->rt * steps * ((g->one ? 0 : g->bm) + g->bl) * FUSER_BK * 2;
         S->flops += 2.0 * g->rt * steps * FUSER_BK * g->bm * g->bl;
-        if (g->s2 > 1 && g->dsm) { /* the split's partial tile into its block, read by the others */
-            S->tr.smem += 4 * g->rt * g->bm * g->bl;
-            S->tr.dsm += (sp > 0 ? 4 : 0) * g->rt * g->bm * g->bl;
-        } else if (g->s2 > 1) {
+        if (g->s2 > 1)
             S->tr.l2 += 2 * 4 * (g->rowsum ? g->m : g->rt * g->bm) * g->bl;
-        }
     }
     for (int64_t j = 0; j < lr; j++) {
         const float b = c->bias_down ? val(S, S_BD, d->b_down, l0 + j) : 0;

@@ -371,7 +371,6 @@ class Plan:
             return (f"fused stream, bm={p['bm']} bn={p['bn']} bl={p['bl']}, splits {p['s1']}/{p['s2']}, "
                     f"{p['stages']} stages{_STREAM_PAIRS.get(tuple(p['cluster']), '')}"
                     f"{', one phase' if p['phases'] == 1 else ''}"
-                    f"{', splits summed over DSM' if p['cluster'][2] > 1 else ''}"
                     f"{f', {span} l-tiles per unit' if span > 1 else ''}, "
                     f"predicted {self.predicted_us:.1f} us")
         return (f"fused {self.dataflow}, cluster {tuple(p['cluster'])}, bm={p['bm']} bn={p['bn']}x{p['n_iters']} "
@@ -423,10 +422,6 @@ class Plan:
                            f"d_ff split(s); each unit first computes the H columns of its d_ff range for up to "
                            f"{p['bm']} tokens itself (in tiles of {p['bn']}, into shared memory: GEMM1 runs once per "
                            f"unit), then its output tiles; split partials are summed in a fixed order (deterministic)")
-                if p["cluster"][2] > 1:
-                    out.append(f"  the {p['s2']} splits of each output tile run on the {p['s2']} blocks of a cluster: "
-                               f"their fp32 partials stay in shared memory and are summed over DSM (no workspace, "
-                               f"no ticket)")
                 if span == d["lt2"] > 1 and p["bm"] < 64 and p["s2"] > 1:
                     out.append(f"  each unit's l-tiles are shared: blocks without a unit take some (the slice's H from "
                                f"an L2 buffer), so {d['units']} work units count the units and their l-tiles")

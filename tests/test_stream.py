@@ -155,10 +155,6 @@ def test_stream_stub_matches_its_golden_file():
     (dict(phases=1, s1=1, lspan=9), "lspan = 9 l-tiles per unit: must be in \\[1, 8\\]"),
     (dict(phases=1, s1=1, bm=64, bl=128, s2=32), "at most 16 partials.*only in one phase with bm 16 or 32"),
     (dict(s2=32), "at most 16 partials"),
-    (dict(cluster=(1, 1, 4, 1), s2=4), "DSM split sum .* needs one phase and cls_k = s2"),
-    (dict(cluster=(1, 1, 4, 1), s2=8, phases=1, s1=1), "DSM split sum .* needs one phase and cls_k = s2"),
-    (dict(cluster=(1, 1, 32, 1), s2=32, phases=1, s1=1), "cls_k\\)' must be an int in \\[1, 16\\]"),
-    (dict(cluster=(2, 1, 4, 1), s2=4, phases=1, s1=1), "cluster must be"),
 ])
 def test_bad_stream_plans_are_refused_with_the_reason(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -166,26 +162,6 @@ def test_bad_stream_plans_are_refused_with_the_reason(kw, match):
                        bm=16).to_dict()
         d["params"].update(kw)
         fuser.Plan.from_dict(d)
-
-
-@pytest.mark.parametrize("bm,s2", [(64, 8), (16, 4), (128, 3)])
-def test_the_dsm_split_sum_is_a_cluster_of_the_splits_without_workspace(bm, s2):
-    """Cluster (1, 1, s2, 1): the plan's cluster is its s2 blocks, its partials need no workspace and cross
-    DSM instead of L2 (traffic counted exactly by the interpreter, the same bits as the ticket's sum), its
-    shared memory holds one fp32 partial tile more, and the search offers it only on request."""
-    kw = dict(gated=True, activation="silu", target="h200", fused=True, kind="stream", bm=bm, s1=1, s2=s2,
-              phases=1, **(dict(bn=64, bl=64) if bm >= 64 else {}))
-    m, d, f = 70, 256, 1024
-    dsm, ticket = (fuser.plan(m, d, f, cluster=cl, **kw) for cl in ((1, 1, s2, 1), (1, 1, 1, 1)))
-    dd, td = dsm.derived, ticket.derived
-    assert dd["cluster_size"] == s2 and td["cluster_size"] == 1
-    assert dd["smem_bytes"] == dd["smem_pipe"] + dd["smem_hg"] + bm * kw.get("bl", 128) * 4 + 2048
-    assert dd["workspace_bytes"] < td["workspace_bytes"]
-    assert dsm.traffic["dsm"] > 0 and ticket.traffic["dsm"] == 0 and dsm.traffic["l2"] < ticket.traffic["l2"]
-    assert "over DSM" in dsm.summary() and "over DSM" in dsm.explain() and "over DSM" not in ticket.summary()
-    assert fuser.plan(m, d, f, **{k: v for k, v in kw.items() if k != "s2"}).cluster == (1, 1, 1, 1)
-    ys = [check_plan(p, torch.Generator().manual_seed(s2), out=True) for p in (dsm, ticket)]
-    assert torch.equal(ys[0], ys[1])
 
 
 def test_stream_plans_cut_tokens_into_row_tiles():

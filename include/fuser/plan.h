@@ -50,9 +50,7 @@ typedef enum { FUSER_ORDER_N_OUTER = 0, FUSER_ORDER_L_OUTER = 1 } fuser_order;
  * 16 or 32 with the weights there instead (swap-AB, for decode; bn = bl = 128). A stream plan's cluster
  * is (1, 1, 1, 1), or a pair of blocks sharing one operand by TMA multicast: (2, 1, 1, 1) runs units of two
  * consecutive row tiles side by side (they share the weight tiles), (1, 2, 1, 2) units of two consecutive
- * n-tiles or l-tiles (they share the token tile: X or H); or, in one phase, (1, 1, s2, 1): the s2 d_ff
- * splits of each output tile run on the s2 blocks of a cluster, whose partials stay in shared memory and
- * are summed over DSM (the DSM split sum: no workspace, no ticket). */
+ * n-tiles or l-tiles (they share the token tile: X or H). */
 typedef enum { FUSER_KIND_CLUSTER = 0, FUSER_KIND_STREAM = 1 } fuser_kind;
 /* A stream plan's pairs (from its cluster shape). */
 typedef enum { FUSER_PAIR_NONE = 0, FUSER_PAIR_ROWS = 1, FUSER_PAIR_TILES = 2 } fuser_pair;
@@ -155,12 +153,8 @@ void fuser_plan_scratch(const fuser_plan *p, int64_t m, int64_t *zeroed_words, i
  * else FUSER_PAIR_NONE. */
 fuser_pair fuser_stream_pair(const fuser_plan *p);
 
-/** Whether a stream plan's d_ff splits are summed over DSM within a cluster of s2 blocks (cluster
- * (1, 1, s2, 1), one phase). */
-int fuser_stream_dsm_sum(const fuser_plan *p);
-
 /** Whether a stream plan's split partials are the real token rows only, summed by every block after the
- * last unit: one phase with swap-AB (bm 16 or 32) and no DSM sum; any number of d_ff splits. */
+ * last unit: one phase with swap-AB (bm 16 or 32); any number of d_ff splits. */
 int fuser_stream_row_partials(const fuser_plan *p);
 
 /** Groups of l-tiles along d_out of a derived stream plan, one per phase-2 unit and row tile and split:

@@ -3,8 +3,7 @@ layout (bm 16 and 32 swap-AB, 64, 128) x plain / gated x the four activations x 
 float16 x K splits of either phase (none, some, many), over ragged token counts (one row tile, or several
 with a partial last one) and widths (448 -> 1472 -> 200: odd K step counts, a partial output tile),
 192-wide tiles, cluster pairs sharing an operand (both kinds, with ghost units), one-phase plans (units of one
-l-tile or of several, with many d_ff splits; split sums over DSM in clusters of 2-16), and swap-AB tiles of many
-splits.
+l-tile or of several, with many d_ff splits), and swap-AB tiles of many splits.
 
 Each case forces a stream plan with its bm and splits, draws fresh random inputs, poisons the output with
 NaN, and checks: the relative error against a float64 reference is at most twice PyTorch eager's own
@@ -86,21 +85,6 @@ def cases():
             (32, False, 9, SHAPES[3], 12, 2))):
         yield dict(bm=bm, gated=gated, activation=ACTS[j % 4], bias=j % 2 == 1, dtype=("bfloat16", "float16")[j % 2],
                    s1=1, s2=s2, m=m, d_model=shape[0], d_ff=shape[1], d_out=shape[2], phases=1, lspan=lspan)
-    # one phase with the DSM split sum (cluster (1, 1, s2, 1)): every bm, cluster sizes 2-16 (not all powers of
-    # two), one row tile or several (entries beyond the grid's clusters), partial rows, units of several
-    # l-tiles (a block sums several tiles in a row, reusing its partial buffer)
-    for j, (bm, gated, m, shape, tiles, s2, lspan) in enumerate((
-            (64, False, 1, SHAPES[0], dict(bn=64, bl=64), 8, 1),
-            (64, True, 150, SHAPES[1], dict(bn=128, bl=64), 3, 1),
-            (128, False, 133, SHAPES[3], dict(bn=64, bl=64), 6, 1),
-            (16, True, 5, SHAPES[2], {}, 8, 1),
-            (32, False, 40, SHAPES[1], {}, 4, 3),
-            (64, True, 64, SHAPES[2], dict(bn=64, bl=128), 16, 1),
-            (16, False, 16, SHAPES[2], {}, 2, 8),
-            (64, False, 300, SHAPES[2], dict(bn=128, bl=64), 4, 1))):
-        yield dict(bm=bm, gated=gated, activation=ACTS[j % 4], bias=j % 2 == 0, dtype=("bfloat16", "float16")[j % 2],
-                   s1=1, s2=s2, m=m, d_model=shape[0], d_ff=shape[1], d_out=shape[2], phases=1, lspan=lspan,
-                   cluster=(1, 1, s2, 1), **tiles)
     # many splits at bm 32 (swap-AB): more partials than the last split can hold in flight at once, summed
     # four splits at a time in the same order
     for j, (gated, s1, s2, m) in enumerate(((True, 8, 16, 37), (False, 4, 16, 1))):

@@ -63,13 +63,6 @@
  * added in order (G is fixed by the token count, the split count and the grid, so repeated runs are
  * bitwise equal). So a unit per d_ff slice of 128 columns, spanning every l-tile, streams each weight byte
  * once with no phase boundary, and its partials are M x 512 bytes per l-tile.
- * The DSM split sum (C::DSM_SUM, one phase): the S2 splits of an l-tile and row tile run on the S2 blocks of
- * a cluster (block r: split r), which take their entries in a fixed order (cluster c: entries c, c + the
- * clusters, ...) with no claim counter. Each block keeps its fp32 partial in its own shared memory (the
- * accumulators' order, as store_frag) and arrives on every block's `full` barrier; the consumer warps
- * whose index is the block's rank modulo S2 then sum their fragments over the S2 blocks' partials in
- * rank (= split) order over DSM, the same sum as the ticket's, add b_down and store y; every warp then
- * arrives on every block's `free` barrier, which a block waits for before it writes its next partial.
  * Such units (C::LSPAN = every l-tile, swap-AB, several splits: STEAL) share their l-tiles with blocks that
  * have no unit: each slice's l-tiles are taken one at a time from the slice's counter, by its unit (after
  * GEMM1) or by a helper, a block whose units are done or that found none, which loads the slice's H
@@ -140,18 +133,14 @@ struct Stream {
     static constexpr int LSPAN = C::LSPAN, LG = ceil_div(LT, LSPAN);
     static_assert(LSPAN >= 1 && (LSPAN == 1 || ONE), "a unit spans several l-tiles only in one phase");
     /* one phase, swap-AB: partials of the real token rows, summed by the whole block (sum_rows) */
-    static constexpr bool DSUM = C::DSM_SUM != 0; /* one phase: a tile's splits summed over DSM (above) */
-    static constexpr bool ROWSUM = ONE && SWAP && !DSUM;
+    static constexpr bool ROWSUM = ONE && SWAP;
     /* units spanning every l-tile share them with helper blocks (above) */
     static constexpr bool STEAL = ROWSUM && LSPAN == LT && LT > 1 && S2 > 1;
     static constexpr int PIECE = 1 << 29; /* a slot's tag: a helper's piece (slice x LT + l-tile) */
     static constexpr int END = -2;        /* a slot's tag: the unit's l-tiles are done */
     static_assert(ROWSUM || (S1 * PARTS <= 16 && S2 <= 16), "a thread's split sums hold at most 16 partials");
     enum { PAIR_NONE = 0, PAIR_ROWS = 1, PAIR_TILES = 2 };
-    static constexpr int PAIR = C::PAIR;
-    /* blocks per cluster; blocks whose consumers release each slot (a pair's multicast slots) */
-    static constexpr int CS = DSUM ? S2 : PAIR == PAIR_NONE ? 1 : 2, RING_CS = PAIR == PAIR_NONE ? 1 : 2;
-    static_assert(!DSUM || (ONE && PAIR == PAIR_NONE && S2 >= 2 && S2 <= 16), "the DSM sum: one phase, S2 blocks");
+    static constexpr int PAIR = C::PAIR, CS = PAIR == PAIR_NONE ? 1 : 2; /* blocks per cluster */
     static constexpr int GHOST = 1 << 30; /* a unit id with this bit: the partner's unit, run as a ghost */
     static_assert(PAIR != PAIR_TILES || (NT1 > 1 && LT > 1), "tile pairs need two tiles in each phase");
     /* registers per thread after the role split, within the 168 x 384 the launch allocates: a pair's
@@ -172,8 +161,6 @@ struct Stream {
         alignas(1024) unsigned char hs[H_BYTES > 0 ? H_BYTES : 16]; /* one phase: the unit's H */
         Ring<STAGES> ring;
         float4 red[ROWSUM ? 256 : 1]; /* sum_partials: each thread's run of splits */
-        float4 part[DSUM ? MP * BL / 4 : 1]; /* DSUM: this split's partial of the tile, store_frag's order */
-        uint64_t part_full, part_free;    /* DSUM: every block's partial is in; every block has read this one */
         int unit[STAGES]; /* the unit whose first K step a slot holds (-1: no more units), set by the producer */
         int last;
         int box;                    /* pairs: the claimed pair block 0 hands to block 1 */
@@ -184,7 +171,6 @@ struct Stream {
     Smem &s;
     int lt, warp, lane, w;   /* consumer thread: index in the consumers, warp in its warpgroup, lane, warpgroup */
     int m0;                  /* consumer: the first token row of the current unit's row tile */
-    uint32_t sums = 0;       /* consumer, DSUM: the tiles summed so far */
 
     FUSER_DEVICE Stream(const StreamParams &prm, Smem &sm) : p(prm), s(sm) {}
 
@@ -199,13 +185,11 @@ struct Stream {
      * cluster, likewise computed where used */
     FUSER_DEVICE int q1() const { return ONE ? 0 : entries(rt(), NT1, S1); }
     FUSER_DEVICE int q2() const { return entries(rt(), LG, S2); }
-    static FUSER_DEVICE int rank() { return CS == 1 ? 0 : (int)cluster_rank(); }
+    static FUSER_DEVICE int rank() { return PAIR == PAIR_NONE ? 0 : (int)cluster_rank(); }
 
     /* Claim-order entries of a phase of T tiles and S splits over `rows` row tiles. */
     static FUSER_DEVICE int entries(int rows, int T, int S)
     {
-        if constexpr (DSUM) /* (the splits: the cluster's blocks) */
-            return rows * T;
         return PAIR == PAIR_ROWS ? ceil_div(rows, 2) * T * S : PAIR == PAIR_TILES ? rows * ceil_div(T, 2) * S
                                                                                   : rows * T * S;
     }
@@ -249,11 +233,6 @@ struct Stream {
      * a pair's second unit does not exist, GHOST plus the partner's unit (same tile or row tile, same split). */
     FUSER_DEVICE int member(int q) const
     {
-        if constexpr (DSUM) { /* this block's split of the entry's l-tile group and row tile */
-            int tile, row;
-            locate(q, LG, tile, row);
-            return unit_at(LG * S2, rank() * LG + tile, row);
-        }
         if constexpr (PAIR == PAIR_NONE)
             return q;
         const bool one = q < q1();
@@ -428,8 +407,7 @@ struct Stream {
          * that are claimed or fixed to a block; a fixed block that has not started yet (another stream's
          * kernel holds SMs) starts when one is free, since the grid is at most what fits at once. */
         /* (one phase: no unit waits for another, so every block's first unit can be fixed) */
-        /* (DSUM: every entry is fixed, cluster c taking entries c, c + the clusters, ...) */
-        const int cid = (int)blockIdx.x / CS, clusters = (int)gridDim.x / CS, fixed = cmin(clusters, ONE ? q2() : q1());
+        const int cid = (int)blockIdx.x / CS, fixed = cmin((int)gridDim.x / CS, ONE ? q2() : q1());
         bool after_prev = false; /* griddepcontrol.wait done: the previous kernel's writes are visible */
         uint32_t handoffs = 0;
         int q = cid < fixed ? cid : -1;
@@ -531,7 +509,7 @@ struct Stream {
                 if (p.trace && !ghost)
                     p.trace[u * TRACE_WORDS + 8] = global_ns();
             }
-            q = DSUM ? q + clusters : -1;
+            q = -1;
         }
     }
 
@@ -603,7 +581,7 @@ struct Stream {
     FUSER_DEVICE void release(int stage) const
     {
         __syncwarp();
-        consume_release<RING_CS>(s.ring, stage, lane);
+        consume_release<CS>(s.ring, stage, lane);
     }
 
     /* A ghost unit (the partner's unit u): its slots hold only the shared tiles, for the partner; wait
@@ -943,7 +921,7 @@ struct Stream {
         consumers_sync();
     }
 
-    FUSER_DEVICE void phase2(Cursor<STAGES> &c, int u)
+    FUSER_DEVICE void phase2(Cursor<STAGES> &c, int u) const
     {
         const Unit t = unit2(u);
         const int sp = t.split;
@@ -991,7 +969,7 @@ struct Stream {
     }
 
     /* STEAL: one piece taken by this block as a helper: l-tile k of slice j, H from the slots. */
-    FUSER_DEVICE void piece(Cursor<STAGES> &c, int id)
+    FUSER_DEVICE void piece(Cursor<STAGES> &c, int id) const
     {
         const int j = id / LT, k = id % LT, row = j / S2, sp = j % S2;
         float acc[NW2 / 2];
@@ -999,54 +977,11 @@ struct Stream {
         finish2(acc, row, k, sp);
     }
 
-    /* DSUM: this split's partial (acc) into the block's part buffer; once every block's partial is in, the
-     * warps of this block's share (consumer warp % S2 == rank) sum their fragment over the S2 buffers in
-     * rank (= split) order into acc. True in the threads of the share; every warp then releases the
-     * buffers it read. `sums` counts the block's sums: the phase of both barriers. */
-    FUSER_DEVICE bool dsm_sum(float (&acc)[NW2 / 2])
-    {
-        constexpr int R = NW2 / 2;
-        const uint32_t n = sums++;
-        if (n > 0) /* every block has read this block's previous partial */
-            mbar_wait_cluster(&s.part_free, (n - 1) & 1);
-#pragma unroll
-        for (int j = 0; j < R / 4; j++)
-            s.part[j * 256 + lt] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
-        __syncwarp();
-        if (lane < S2) /* the warp's stores, released to every block of the cluster */
-            mbar_arrive_cluster_release(&s.part_full, (uint32_t)lane);
-        mbar_wait_cluster(&s.part_full, n & 1);
-        const bool share = (lt / 32) % S2 == rank();
-        if (share) {
-            /* (a fragment of padding rows, never stored, reads its warp's first lane's chunk: as frag_sum) */
-            const uint32_t at = smem_addr(&s.part[frag_live() ? lt : lt & ~31]);
-#pragma unroll
-            for (int j = 0; j < R / 4; j++) {
-                const uint32_t a = at + j * 256 * 16;
-                float4 t = ld_dsm_f4(map_peer(a, 0));
-#pragma unroll
-                for (int r = 1; r < S2; r++) {
-                    const float4 v = ld_dsm_f4(map_peer(a, (uint32_t)r));
-                    t.x += v.x, t.y += v.y, t.z += v.z, t.w += v.w;
-                }
-                acc[4 * j] = t.x, acc[4 * j + 1] = t.y, acc[4 * j + 2] = t.z, acc[4 * j + 3] = t.w;
-            }
-        }
-        __syncwarp();
-        if (lane < S2) /* the warp's reads are done (released with them) */
-            mbar_arrive_cluster_release(&s.part_free, (uint32_t)lane);
-        return share;
-    }
-
     /* GEMM2's epilogue for l-tile l_t of row tile `row`, split sp: y (+ b_down) from acc, or this split's
      * partial, and, in the last split to finish the tile, the sum of every split's. */
-    FUSER_DEVICE void finish2(float (&acc)[NW2 / 2], int row, int l_t, int sp)
+    FUSER_DEVICE void finish2(float (&acc)[NW2 / 2], int row, int l_t, int sp) const
     {
         const int l0 = l_t * BL;
-        if constexpr (DSUM) {
-            if (!dsm_sum(acc))
-                return;
-        }
         if constexpr (ROWSUM && S2 > 1) { /* the real token rows' partial, summed after every unit (consume) */
             float *mine = p.ws + (((int64_t)row * LT + l_t) * S2 + sp) * BM * BL; /* [token][feature] */
 #pragma unroll
@@ -1055,7 +990,7 @@ struct Stream {
                     mine[(token_of(i) - m0) * BL + feature_of(i)] = acc[i];
             return;
         }
-        if constexpr (S2 > 1 && !ROWSUM && !DSUM) {
+        if constexpr (S2 > 1 && !ROWSUM) {
             constexpr int64_t TILE = (int64_t)BM * BL;
             float *tile = p.ws + (S1 > 1 ? (int64_t)S1 * PARTS * rt() * BM * NT1 * BN : 0) +
                           ((int64_t)row * LT + l_t) * S2 * TILE;
@@ -1231,11 +1166,7 @@ struct Stream {
         Smem &sm = *(Smem *)align_smem<1024>(smem_raw);
         const int tid = (int)threadIdx.x;
         if (tid == 0) {
-            sm.ring.init(RING_CS * CONSUMER_WARPS);
-            if constexpr (DSUM) {
-                mbar_init(&sm.part_full, CS * CONSUMER_WARPS);
-                mbar_init(&sm.part_free, CS * CONSUMER_WARPS);
-            }
+            sm.ring.init(CS * CONSUMER_WARPS);
             mbar_init(&sm.box_full, 1);
             mbar_init(&sm.box_empty, 1);
             fence_mbar_init();
