@@ -96,9 +96,14 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
     const double mma_sm = t->mma_tflops * 1e12 * t->stream_mma_eff / t->sm_count;
     const double stage = (double)p->smem_pipe / p->stages;
     const double per_sm = fmin(t->stream_sm_gbs * 1e9, (p->stages - 1) * stage / (t->mem_latency_us * 1e-6));
-    /* a unit's fixed cost: smaller where one phase has a single row tile (each unit reads its own weights
-     * and waits for no other unit) */
-    const double unit = (g.one && g.rt == 1 ? t->stream_unit_one_us : t->stream_unit_us) * 1e-6;
+    /* a unit's fixed cost: smaller in one phase (each unit reads its own weights and waits for no other
+     * unit) where the tokens fit one row tile, or where up to 256 token rows make units that all run at
+     * once and stream few weights each (such units of several row tiles measure like one's; larger units,
+     * and more rows, do not: docs/planner.md) */
+    const double unit_w = g.one ? e * g.L * g.N / g.u2 + e * g.parts * g.ks2 * FUSER_BK * g.K : 0;
+    const int cheap = g.one && (g.rt == 1 || (g.rt * g.bm <= 256 && (double)g.rt * g.u2 <= G &&
+                                              unit_w <= t->stream_unit_one_kb * 1024));
+    const double unit = (cheap ? t->stream_unit_one_us : t->stream_unit_us) * 1e-6;
     /* wgmma N of the consumers' MMAs (swap-AB below bm 64: the tokens) */
     const int nw1 = p->bm < 64 ? p->bm : p->bm == 128 ? p->bn : p->bn / 2;
     const int nw2 = p->bm < 64 ? p->bm : p->bm == 128 ? p->bl : p->bl / 2;

@@ -91,6 +91,10 @@ static const fuser_target builtin[] = {
         /* 0.4 of stream_unit_us, where picks over 117 small-chain cells timed on the H200 stop improving
          * (docs/planner.md); the per-unit cost the joint fit found is an average over plans of many rounds */
         .stream_unit_one_us = 0.794,
+        /* where that cost holds for several row tiles: the small chains' one-round units of up to ~72 KB of
+         * weights (G1-G3) measure like one row tile's, those of 113 KB and more (G7, G9, G10) do not
+         * (docs/planner.md); halfway in log scale, rounded */
+        .stream_unit_one_kb = 96.0,
         .fusion_margin = 0.10,      /* policy: the calibrated model's typical error is ~20% (log error
                                        0.037 leave-one-shape-out), so gains under 10% are not trusted */
         .stream_margin = 0.04,      /* policy: fitted without S8, the models pick for it a stream plan
@@ -128,7 +132,7 @@ static const fuser_target builtin[] = {
         .eager_op_us = 2.182, .eager_mma_eff = 0.959, .eager_ramp_us = 2.807, .eager_ramp_mb = 2.508,
         .stream_mma_eff = 0.80, .stream_fixed_us = 1.194, .stream_time_scale = 1.14, /* the H200's */
         .stream_operand_bytes_per_clk = 93.713, .stream_unit_us = 1.985, .stream_sm_gbs = 75.6,
-        .stream_unit_one_us = 0.794,
+        .stream_unit_one_us = 0.794, .stream_unit_one_kb = 96.0,
         .fusion_margin = 0.10,
         .stream_margin = 0.04,
         .max_workspace = (int64_t)256 << 20,
@@ -225,6 +229,9 @@ int fuser_target_check(const fuser_target *t, fuser_err *err)
     if (!(t->stream_unit_one_us >= 0) || !isfinite(t->stream_unit_one_us))
         return fuser_fail(err, FUSER_E_VALUE, "target %s: stream_unit_one_us must be >= 0, got %g", t->name,
                           t->stream_unit_one_us);
+    if (!(t->stream_unit_one_kb >= 0) || !isfinite(t->stream_unit_one_kb))
+        return fuser_fail(err, FUSER_E_VALUE, "target %s: stream_unit_one_kb must be >= 0, got %g", t->name,
+                          t->stream_unit_one_kb);
     if (!(t->eager_ramp_us >= 0) || !isfinite(t->eager_ramp_us))
         return fuser_fail(err, FUSER_E_VALUE, "target %s: eager_ramp_us must be >= 0, got %g", t->name,
                           t->eager_ramp_us);

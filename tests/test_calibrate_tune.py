@@ -264,8 +264,7 @@ def test_stream_margin_is_the_stream_familys_own():
 def test_one_phase_plans_of_one_row_tile_have_their_own_unit_cost():
     """stream_unit_one_us prices a unit of a one-phase plan whose tokens fit one row tile: with the H200's
     value the paper's G3 (416 -> 512 -> 256) at one token runs a one-phase bm 64 plan (measured 1.23-1.27x
-    eager), with stream_unit_us there it stays eager; a second row tile (77 tokens on bm 64) is priced as
-    before; a negative value is refused."""
+    eager), with stream_unit_us there it stays eager; a negative value is refused."""
     h200 = dict(fuser._C.targets()["h200"])
     args = dict(d_out=256, activation="relu")
     p = fuser.plan(1, 416, 512, target=h200, **args)
@@ -273,8 +272,33 @@ def test_one_phase_plans_of_one_row_tile_have_their_own_unit_cost():
     same = dict(h200, stream_unit_one_us=h200["stream_unit_us"])
     assert not fuser.plan(1, 416, 512, target=same, **args).fused
     forced = dict(fused=True, kind="stream", bm=64, bn=64, bl=64, s1=1, s2=8, stages=8, phases=1)
-    one, many = (fuser.plan(m, 416, 512, target=h200, **args, **forced) for m in (64, 77))
-    one_same, many_same = (fuser.plan(m, 416, 512, target=same, **args, **forced) for m in (64, 77))
-    assert one.predicted_us < one_same.predicted_us and many.predicted_us == many_same.predicted_us
+    one, one_same = (fuser.plan(64, 416, 512, target=t, **args, **forced) for t in (h200, same))
+    assert one.predicted_us < one_same.predicted_us
     with pytest.raises(ValueError, match="stream_unit_one_us"):
         fuser.plan(1, 416, 512, target=dict(h200, stream_unit_one_us=-1.0), **args)
+
+
+def test_one_round_units_of_few_weights_cost_what_one_row_tile_does():
+    """stream_unit_one_kb extends that unit cost to one-phase plans of several row tiles (up to 256 token
+    rows) whose units all run at once and each stream at most that many KB of weights: G3 at 128 tokens
+    (two row tiles of 64, units of ~61 KB) runs its one-phase plan (measured 1.19x eager) where with 0 KB it
+    stays eager; G9 (512 -> 2048 -> 512) at 128 tokens (units of 288 KB), a plan of more units than SMs,
+    and G2 (512 -> 256 -> 64) at 384 tokens (six row tiles) keep the general cost; a negative value is
+    refused."""
+    h200 = dict(fuser._C.targets()["h200"])
+    none = dict(h200, stream_unit_one_kb=0.0)
+    args = dict(d_out=256, activation="relu")
+    p = fuser.plan(128, 416, 512, target=h200, **args)
+    assert p.kind == "stream" and p.raw["params"]["phases"] == 1 and p.derived["grid_m"] == 2
+    assert not fuser.plan(128, 416, 512, target=none, **args).fused
+    g9 = dict(d_out=512, activation="relu", fused=True, kind="stream", bm=64, bn=256, bl=64, s1=1, s2=8, phases=1)
+    assert fuser.plan(128, 512, 2048, target=h200, **g9).predicted_us == \
+        fuser.plan(128, 512, 2048, target=none, **g9).predicted_us
+    rounds = dict(args, fused=True, kind="stream", bm=64, bn=64, bl=64, s1=1, s2=8, phases=1)
+    many = [fuser.plan(m, 416, 512, target=t, **rounds) for m in (5 * 64,) for t in (h200, none)]
+    assert many[0].derived["units"] > h200["sm_count"] and many[0].predicted_us == many[1].predicted_us
+    g2 = dict(d_out=64, activation="relu", fused=True, kind="stream", bm=64, bn=64, bl=64, s1=1, s2=4, phases=1)
+    rows = [fuser.plan(384, 512, 256, target=t, **g2) for t in (h200, none)]
+    assert rows[0].derived["units"] <= h200["sm_count"] and rows[0].predicted_us == rows[1].predicted_us
+    with pytest.raises(ValueError, match="stream_unit_one_kb"):
+        fuser.plan(1, 416, 512, target=dict(h200, stream_unit_one_kb=-1.0), **args)

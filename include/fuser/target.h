@@ -56,8 +56,9 @@ typedef struct fuser_target {
     double stream_mma_eff, stream_fixed_us, stream_time_scale;
     /* shared-memory bytes per clock the stream kernel's SS wgmma sustain (operand-bound below N = 128),
      * and the fixed cost of one work unit (its epilogue and the ring's restart); the same for a one-phase
-     * plan of a single row tile, whose units each read their own weights and wait for nothing */
-    double stream_operand_bytes_per_clk, stream_unit_us, stream_unit_one_us;
+     * plan whose units each read their own weights and wait for nothing: of a single row tile, or of
+     * units that all run at once (one round) reading at most stream_unit_one_kb KB of weights each */
+    double stream_operand_bytes_per_clk, stream_unit_us, stream_unit_one_us, stream_unit_one_kb;
     /* bytes per second one SM of the stream kernel pulls (TMA into its ring; measured 26-50 GB/s in
      * unit traces): what a phase with fewer units than SMs is limited by */
     double stream_sm_gbs;
