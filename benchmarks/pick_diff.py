@@ -11,6 +11,7 @@ pick differs, and time both picks of each such cell beside PyTorch eager in CUDA
     python benchmarks/pick_diff.py diff BEFORE.json AFTER.json CELLS.json
     python benchmarks/pick_diff.py time CELLS.json TIMED.json   # on a Hopper GPU, in either tree
     python benchmarks/pick_diff.py backtest LOG.json ...         # any machine: the built model's picks
+    python benchmarks/pick_diff.py accuracy LOG.json ...         # any machine: its ranking of timed plans
 
 A pick is stored as its plan's constraints (``fuser.plan`` keywords of a stream plan) or None (eager),
 so timing does not depend on which model is built. ``time`` prints per cell both picks against eager
@@ -21,7 +22,9 @@ replaces, and those where it loses to eager; its file keeps each pick's plan bes
 ``kernel_check.py``'s logs, newest last) hold, and sets the pick's measured time against the best
 measured there (eager or any timed plan) and against eager: the geometric means of both over the cells
 whose pick was timed, and the cells whose pick was not. A model change should not make either worse
-on the committed timings (tests/test_benchmarks.py holds it to them).
+on the committed timings (tests/test_benchmarks.py holds it to them). ``accuracy`` asks it to rank the
+plans timed in each cell instead: Spearman's rank correlation between predicted and measured times, and
+the regret of the plan it predicts fastest among them.
 """
 import argparse
 import json
@@ -169,6 +172,28 @@ def backtest(paths):
             sorted(f"{n}:{m}" for (n, m), r in checks.items() if r["regret"] is None))
 
 
+def accuracy(paths, least=4):
+    """How the built model ranks the stream plans timed in each cell of `paths` (cells of at least `least`
+    plans): {cell: dict(plans, spearman, regret, msle)}, `regret` being the measured time of the plan
+    predicted fastest over the fastest measured, both among the timed plans (issue 12's planner targets:
+    Spearman >= 0.8, regret <= 5%)."""
+    from planner_accuracy import spearman
+    cells = {}
+    for (name, m, plan), (t, _) in timed_plans(paths).items():
+        cells.setdefault((name, m), []).append((plan, t))
+    out = {}
+    for (name, m), plans in sorted(cells.items()):
+        if len(plans) < least:
+            continue
+        pred = [_plan(name, m, dict({"cluster": (1, 1, 1, 1)}, **fit_stream.plan_args(plan))).predicted_us
+                for plan, _ in plans]
+        meas = [t for _, t in plans]
+        pick = min(range(len(plans)), key=pred.__getitem__)
+        out[(name, m)] = dict(plans=len(plans), spearman=spearman(pred, meas), regret=meas[pick] / min(meas),
+                              msle=statistics.mean(math.log(a / b) ** 2 for a, b in zip(pred, meas)))
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -182,6 +207,8 @@ def main(argv=None):
     a.add_argument("cells")
     a.add_argument("out")
     a = sub.add_parser("backtest")
+    a.add_argument("logs", nargs="+")
+    a = sub.add_parser("accuracy")
     a.add_argument("logs", nargs="+")
     args = ap.parse_args(argv)
     if args.cmd == "dump":
@@ -199,6 +226,15 @@ def main(argv=None):
         fit_stream.show_checks("the built model's pick per cell, measured, against the best measured", checks)
         print(f"geomean regret {regret:.3f}, geomean speed-up over eager {vs_eager:.3f}; "
               f"picks not timed: {', '.join(untimed) or 'none'}")
+    elif args.cmd == "accuracy":
+        acc = accuracy(args.logs)
+        for (name, m), r in acc.items():
+            print(f"{name:11s} m={m:<5d} {r['plans']:3d} plans  Spearman {r['spearman']:5.2f}  regret {r['regret']:.3f}  "
+                  f"msle {r['msle']:.3f}")
+        rho = [r["spearman"] for r in acc.values()]
+        regret = math.exp(statistics.mean(math.log(r["regret"]) for r in acc.values()))
+        print(f"{len(acc)} cells: median Spearman {statistics.median(rho):.2f} ({sum(x >= 0.8 for x in rho)} at >= 0.8), "
+              f"geomean regret {regret:.3f}, worst {max(r['regret'] for r in acc.values()):.3f}")
     else:
         with open(args.cells) as f:
             timed = time_cells(json.load(f))
