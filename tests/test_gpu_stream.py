@@ -162,9 +162,17 @@ def test_stream_trace_records_every_unit_once(m, shape):
 
 
 def test_gemm_probe_matches_torch():
+    """Every variant, bfloat16 and e4m3 operands (ragged M, N and K: partial tiles and a partial K step),
+    against the product of the same values in float32."""
     for v in probes.GEMM_VARIANTS:
         r = probes.gemm(300, 520, 136, v, sets=1, iters=2)
         assert r["rel_error"] < 1e-2, (v, r)
+        r = probes.gemm(300, 520, 144, v, sets=1, iters=2, dtype="e4m3")
+        assert r["dtype"] == "e4m3" and r["rel_error"] < 1e-2, (v, r)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        probes.gemm(64, 64, 40, dtype="e4m3")
+    with pytest.raises(ValueError, match="gemm probe dtype"):
+        probes.gemm_kernel(probes.GEMM_VARIANTS[0], "float8")
     with pytest.raises(ValueError, match="K a multiple of 8"):
         k = probes.gemm_kernel((256, 4, 1))
         a = torch.randn(64, 12, device="cuda", dtype=torch.bfloat16)

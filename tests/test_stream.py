@@ -77,12 +77,15 @@ def test_widest_tiles_compile_clean_with_every_activation(act):
 
 
 def test_gemm_probe_compiles_clean():
+    """Every GEMM probe variant (bfloat16 and e4m3 operands) and weight-stream variant compiles for sm_90a with
+    no spills and no serialised wgmma."""
     needs_nvrtc()
     from fuser import jit
     k = jit.compile_source(probes.GEMM_SOURCE, "gemm_probe.cu")
     assert k.spill_bytes == 0 and not any(tag in k.log for tag in SERIALISED)
     names = {e["name"] for e in k.kernels}
-    assert names == ({f"fuser_gemm_{bn}_{st}_{cm}" for bn, st, cm in probes.GEMM_VARIANTS}
+    assert names == ({f"{pre}_{bn}_{st}_{cm}" for _, pre in probes.GEMM_DTYPES.values()
+                      for bn, st, cm in probes.GEMM_VARIANTS}
                      | {f"fuser_stream_{bn}_{st}_{load.replace('.', '_')}" for bn, st, load in probes.STREAM_VARIANTS})
     # every stream variant's ring fits one block's shared memory (227 KB), with its barriers
     assert all(bn * st * 128 + 2048 <= 232448 for bn, st, _ in probes.STREAM_VARIANTS)

@@ -33,8 +33,8 @@ import torch
 from fuser import _C, jit
 from fuser.tools.timing import time_interleaved
 
-__all__ = ["SOURCE", "CLUSTERS", "BARRIER_THREADS", "MMA_TILES", "GEMM_VARIANTS", "STREAM_VARIANTS", "compiled", "dsm",
-           "barrier", "mma", "gemm", "gemm_kernel", "gemm_smem", "stream", "measure_all"]
+__all__ = ["SOURCE", "CLUSTERS", "BARRIER_THREADS", "MMA_TILES", "GEMM_VARIANTS", "GEMM_DTYPES", "STREAM_VARIANTS",
+           "compiled", "dsm", "barrier", "mma", "gemm", "gemm_kernel", "gemm_smem", "stream", "measure_all"]
 
 SOURCE = '#include "fuser/device/probes.cuh"\n'
 #: Dynamic shared memory per block: above half an SM's, so each block has an SM to itself.
@@ -79,10 +79,14 @@ def _stream_blocks(bn, stages, load):
     return min(3, 233472 // (_stream_smem(bn, stages, load) + 1024))
 
 
+#: The GEMM probe's operand types: gemm.cuh's DT code and kernel name prefix ("e4m3": 8-bit operands, a
+#: bfloat16 result).
+GEMM_DTYPES = {"bfloat16": (0, "fuser_gemm"), "e4m3": (2, "fuser_gemm8")}
+
 GEMM_SOURCE = '#include "fuser/device/gemm.cuh"\n' + "".join(
-    f'extern "C" __global__ void __launch_bounds__(384, 1) fuser_gemm_{bn}_{st}_{cm}'
-    f'(const __grid_constant__ fuser::GemmParams p) {{ fuser::Gemm<0, {bn}, {st}, {cm}>::run(p); }}\n'
-    for bn, st, cm in GEMM_VARIANTS) + "".join(
+    f'extern "C" __global__ void __launch_bounds__(384, 1) {prefix}_{bn}_{st}_{cm}'
+    f'(const __grid_constant__ fuser::GemmParams p) {{ fuser::Gemm<{dt}, {bn}, {st}, {cm}>::run(p); }}\n'
+    for dt, prefix in GEMM_DTYPES.values() for bn, st, cm in GEMM_VARIANTS) + "".join(
     f'extern "C" __global__ void __launch_bounds__(384, {_stream_blocks(bn, st, load)}) {_stream_name(bn, st, load)}'
     f'(const __grid_constant__ fuser::GemmParams p) {{ fuser::Gemm<0, {bn}, {st}, 1, {STREAM_LOADS[load]}>::run(p); }}\n'
     for bn, st, load in STREAM_VARIANTS)
@@ -109,15 +113,18 @@ def _kernel(name, source=SOURCE):
     return _loaded[dev, name]
 
 
-def gemm_kernel(variant):
-    """The loaded GEMM probe of `variant` (bn, stages, cm) on the current CUDA device.
+def gemm_kernel(variant, dtype="bfloat16"):
+    """The loaded GEMM probe of `variant` (bn, stages, cm) for operands of `dtype` (a ``GEMM_DTYPES`` key) on
+    the current CUDA device.
 
     Example:
         >>> from fuser.tools import probes
         >>> k = probes.gemm_kernel(probes.GEMM_VARIANTS[0])        # doctest: +SKIP
     """
+    if dtype not in GEMM_DTYPES:
+        raise ValueError(f"gemm probe dtype {dtype!r}: expected one of {', '.join(GEMM_DTYPES)}")
     bn, stages, cm = variant
-    return _kernel(f"fuser_gemm_{bn}_{stages}_{cm}", GEMM_SOURCE)
+    return _kernel(f"{GEMM_DTYPES[dtype][1]}_{bn}_{stages}_{cm}", GEMM_SOURCE)
 
 
 def gemm_smem(bn, stages):
@@ -159,10 +166,13 @@ def stream(n, k, variant=STREAM_VARIANTS[0], iters=10):
                 ratio=t_torch / t_ours)
 
 
-def gemm(m, n, k, variant=GEMM_VARIANTS[0], sets=3, iters=20):
-    """The wgmma GEMM probe on [m, k] x [n, k]^T in bfloat16, checked against torch (relative error on fresh
-    random inputs, output poisoned first) and timed interleaved with ``torch.mm`` on `sets` rotated input
-    sets. Returns dict(variant, tflops, torch_tflops, ratio, rel_error).
+def gemm(m, n, k, variant=GEMM_VARIANTS[0], sets=3, iters=20, dtype="bfloat16"):
+    """The wgmma GEMM probe on [m, k] x [n, k]^T, checked against torch (relative error on fresh random
+    inputs, output poisoned first) and timed interleaved with torch on `sets` rotated input sets: in
+    bfloat16 against ``torch.mm``; with ``dtype="e4m3"`` on float8_e4m3fn operands (k a multiple of 16)
+    into bfloat16, against ``torch._scaled_mm`` with unit scales, what PyTorch runs for fp8 GEMMs, the
+    reference being the product of the same 8-bit values in float32. Returns dict(variant, dtype, tflops,
+    torch_tflops, ratio, rel_error).
 
     Example:
         >>> from fuser.tools import probes
@@ -171,31 +181,42 @@ def gemm(m, n, k, variant=GEMM_VARIANTS[0], sets=3, iters=20):
         True
     """
     bn, stages, cm = variant
-    k_ = gemm_kernel(variant)
+    k_ = gemm_kernel(variant, dtype)
+    fp8 = dtype == "e4m3"
+    if fp8 and k % 16:
+        raise ValueError(f"gemm probe: e4m3 operands need k a multiple of 16 (16-byte rows), got {k}")
     smem = gemm_smem(bn, stages)
     stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
-    ins = [(torch.randn(m, k, device="cuda", dtype=torch.bfloat16), torch.randn(n, k, device="cuda",
-                                                                                dtype=torch.bfloat16))
-           for _ in range(sets)]
+
+    def operand(rows):
+        x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+        return x.to(torch.float8_e4m3fn) if fp8 else x
+    ins = [(operand(m), operand(n)) for _ in range(sets)]
+    # (8-bit operands reach the probe as 16-bit views of half the columns: the bytes TMA moves are the same)
+    view = (lambda x: x.view(torch.uint8).view(torch.bfloat16)) if fp8 else (lambda x: x)
     c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     a0, b0 = ins[0]
-    _C.gemm_launch(k_, a0, b0, c, bn, cm, smem, stream())
+    _C.gemm_launch(k_, view(a0), view(b0), c, bn, cm, smem, stream())
     ref = a0.float() @ b0.float().T
     err = float((c.float() - ref).norm() / ref.norm())
     it = {"ours": 0, "torch": 0}
+    one = torch.ones((), device="cuda", dtype=torch.float32)
 
     def ours():
         a, b = ins[it["ours"] % sets]
         it["ours"] += 1
-        _C.gemm_launch(k_, a, b, c, bn, cm, smem, stream())
+        _C.gemm_launch(k_, view(a), view(b), c, bn, cm, smem, stream())
 
     def theirs():
         a, b = ins[it["torch"] % sets]
         it["torch"] += 1
-        torch.mm(a, b.T, out=c)
+        if fp8:
+            torch._scaled_mm(a, b.T, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        else:
+            torch.mm(a, b.T, out=c)
     t_ours, t_torch = time_interleaved([ours, theirs], rounds=iters)
     flops = 2.0 * m * n * k
-    return dict(variant=variant, tflops=flops / t_ours / 1e6, torch_tflops=flops / t_torch / 1e6,
+    return dict(variant=variant, dtype=dtype, tflops=flops / t_ours / 1e6, torch_tflops=flops / t_torch / 1e6,
                 ratio=t_torch / t_ours, rel_error=err)
 
 

@@ -29,8 +29,9 @@ FUSER_DEVICE constexpr T cmin(T a, T b) { return a < b ? a : b; }
 template <typename T>
 FUSER_DEVICE constexpr T cmax(T a, T b) { return a > b ? a : b; }
 
-/* 16-bit element types by the core's dtype code (0 bfloat16, 1 float16). */
-enum { DT_BF16 = 0, DT_F16 = 1 };
+/* 16-bit element types by the core's dtype code (0 bfloat16, 1 float16); DT_E4M3: 8-bit e4m3 MMA operands
+ * (the GEMM probe's fp8 variants), whose results are stored in bfloat16. */
+enum { DT_BF16 = 0, DT_F16 = 1, DT_E4M3 = 2 };
 
 /* One 16-bit value to fp32. */
 template <int DT>

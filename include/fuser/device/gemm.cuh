@@ -1,5 +1,7 @@
 /* gemm.cuh: the wgmma main loop alone, as a GEMM: C[M, N] = A[M, K] * B[N, K]^T (the nn.Linear layout:
- * both operands K-major), 16-bit in and out, fp32 accumulation. It is the probe that `calibrate`
+ * both operands K-major), 16-bit in and out, fp32 accumulation; or, with DT_E4M3, 8-bit e4m3 operands
+ * and a bfloat16 C, the host passing A and B as 16-bit views of half the columns (TMA moves bytes: a
+ * 64-column box of the view is a 128-byte row of 128 e4m3 elements, swizzled the same way). It is the probe that `calibrate`
  * measures against torch.mm (the rate the fused kernels' main loops can reach) and the reference
  * implementation of the pieces the fused kernels share: a producer warp issuing TMA loads into a
  * STAGES-deep mbarrier ring, two consumer warpgroups running wgmma on 64-row halves of a 128 x BN
@@ -212,7 +214,7 @@ struct Gemm {
                         const int row = r0 + 8 * h;
                         if (row < p.m)
                             *(uint32_t *)(p.c + (int64_t)row * p.n + col) =
-                                pack2<DT>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+                                pack2<DT == DT_E4M3 ? DT_BF16 : DT>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
                     }
                 }
             }

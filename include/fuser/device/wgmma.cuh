@@ -48,9 +48,10 @@ FUSER_DEVICE void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u
 template <int REGS>
 FUSER_DEVICE void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(REGS)); }
 
-/* d (64 x N, fp32) (+)= A (64 rows at a_addr) * B (N rows at b_addr)^T over one 64-wide K step: four
- * k16 MMAs. Both tiles are swizzled K-major; the caller fences, commits and waits. `accumulate` 0
- * starts the sum (the first K step). */
+/* d (64 x N, fp32) (+)= A (64 rows at a_addr) * B (N rows at b_addr)^T over one K step of 128-byte rows:
+ * four MMAs of 32 bytes of K each (k16 of 16-bit elements: 64 columns; k32 of e4m3: 128). Both tiles are
+ * swizzled K-major; the caller fences, commits and waits. `accumulate` 0 starts the sum (the first K
+ * step). */
 template <int DT, int N>
 FUSER_DEVICE void mma_k64(float (&d)[N / 2], uint32_t a_addr, uint32_t b_addr, int accumulate)
 {
