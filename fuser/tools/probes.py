@@ -55,11 +55,13 @@ GEMM_VARIANTS = ((256, 4, 1), (256, 4, 2), (128, 6, 2))
 #: stages x 128 bytes are in flight per block; as many blocks run per SM as fit (one above ~113 KB of
 #: ring). Loads: "tma" (every block walks its rows from column 0), "spread" (TMA, each block from its
 #: own column, so that the blocks read different columns at any moment), "cp.async", "ldg" (the
-#: consumers' 16-byte loads into registers, `stages` K steps in flight per thread, no shared memory).
-STREAM_LOADS = {"tma": 1, "spread": 2, "cp.async": 3, "ldg": 4}       # gemm.cuh's GemmRun
+#: consumers' 16-byte loads into registers, `stages` K steps in flight per thread, no shared memory), "cvt"
+#: (TMA, and the consumers convert every slot's bytes as e4m3 to f16 before releasing it: whether 8-bit
+#: weights converted in the SM keep up with the stream).
+STREAM_LOADS = {"tma": 1, "spread": 2, "cp.async": 3, "ldg": 4, "cvt": 5}       # gemm.cuh's GemmRun
 STREAM_VARIANTS = ((256, 6, "tma"), (128, 8, "tma"), (128, 8, "spread"), (128, 6, "tma"), (64, 4, "tma"),
                    (128, 8, "cp.async"), (256, 6, "cp.async"), (128, 6, "cp.async"), (64, 8, "cp.async"),
-                   (128, 4, "ldg"), (64, 8, "ldg"), (128, 2, "ldg"))
+                   (128, 8, "cvt"), (256, 6, "cvt"), (128, 4, "ldg"), (64, 8, "ldg"), (128, 2, "ldg"))
 
 
 def _stream_smem(bn, stages, load):
@@ -140,8 +142,9 @@ def gemm_smem(bn, stages):
 
 def stream(n, k, variant=STREAM_VARIANTS[0], iters=10):
     """The weight stream alone: persistent blocks read a bfloat16 ``[n, k]`` matrix once (slots of `variant`'s
-    rows x 64 columns, row tiles dealt round-robin over the blocks, every slot released as it lands; see
-    ``STREAM_VARIANTS``), timed interleaved with torch reading the same matrix (``torch.sum`` in float32).
+    rows x 64 columns, row tiles dealt round-robin over the blocks, every slot released as it lands, or for
+    "cvt" once the consumers have converted its bytes as e4m3; see ``STREAM_VARIANTS``), timed interleaved
+    with torch reading the same matrix (``torch.sum`` in float32).
     Returns dict(variant, blocks, tbps, torch_tbps, ratio): the blocks that run at once, read rates in TB/s and
     ours over torch's. The matrix
     should dwarf L2 (50 MB on an H200) and its row tiles divide evenly over the SMs.

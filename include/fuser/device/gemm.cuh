@@ -28,8 +28,10 @@ struct GemmParams {
 /* What a Gemm instance runs: the GEMM, or the weight stream alone loaded by TMA (every block from column 0,
  * or each from its own column: SPREAD), by cp.async from the producer warpgroup's 128 threads, or by the
  * consumer warpgroups' 16-byte ld.global.nc into registers (LDG: STAGES K steps of loads in flight per
- * thread, no shared memory), as wgmma's A operand could be fed. */
-enum GemmRun : int { GEMM_MMA, STREAM_TMA, STREAM_SPREAD, STREAM_CP_ASYNC, STREAM_LDG };
+ * thread, no shared memory), as wgmma's A operand could be fed; or loaded by TMA and, before each slot is
+ * released, read by the consumers and converted from e4m3 to f16 pairs (CVT: whether 8-bit weights
+ * converted in the SM keep up with the stream). */
+enum GemmRun : int { GEMM_MMA, STREAM_TMA, STREAM_SPREAD, STREAM_CP_ASYNC, STREAM_LDG, STREAM_CVT };
 
 constexpr int GEMM_THREADS = 384;   /* one producer warpgroup, two consumer warpgroups */
 constexpr int GEMM_BM = 128;
@@ -109,6 +111,38 @@ struct Gemm {
             p.c[0] = 1;
     }
 
+    /* STREAM_CVT: each of the 256 consumer threads reads its 16-byte chunks of every landed slot and converts
+     * them as e4m3 to f16 pairs (cvt.rn.f16x2.e4m3x2: 8 per chunk), then its warpgroup releases the slot. The
+     * folded results decide a store that random data never makes (so the conversions are kept). */
+    static FUSER_DEVICE void convert_slots(const GemmParams &p, Smem &s, int cid, int clusters, int kt, int total,
+                                            int lt)
+    {
+        uint32_t acc = 0;
+        Cursor<STAGES> c;
+        for (int t = cid; t < total; t += clusters)
+            for (int kb = 0; kb < kt; kb++, c.next()) {
+                consume_wait(s.ring, c);
+                const uint32_t st = smem_addr(s.stage[c.stage]);
+#pragma unroll
+                for (int ch = lt; ch < BN * 8; ch += 256) {
+                    uint32_t w[4];
+                    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "r"(st + 16 * ch));
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        uint32_t lo, hi;
+                        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(lo) : "h"((uint16_t)(w[i] & 0xffff)));
+                        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(hi) : "h"((uint16_t)(w[i] >> 16)));
+                        acc ^= lo + hi;
+                    }
+                }
+                named_sync(1 + lt / 128, 128); /* the warpgroup's reads of the slot are done */
+                consume_release<CM>(s.ring, c.stage, lt % 128);
+            }
+        if (acc == 0x9e3779b9u)
+            p.c[0] = 1;
+    }
+
     static FUSER_DEVICE void run(const GemmParams &p)
     {
         extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -169,6 +203,8 @@ struct Gemm {
             }
         } else if constexpr (RUN == STREAM_LDG) {
             load_through_registers(p, cid, clusters, kt, total, tid - 128);
+        } else if constexpr (RUN == STREAM_CVT) {
+            convert_slots(p, s, cid, clusters, kt, total, tid - 128);
         } else if constexpr (!MMA) {
             const int lt = tid % 128;
             Cursor<STAGES> c;
