@@ -172,8 +172,8 @@ def stream(n, k, variant=STREAM_VARIANTS[0], iters=10):
 def gemm(m, n, k, variant=GEMM_VARIANTS[0], sets=3, iters=20, dtype="bfloat16"):
     """The wgmma GEMM probe on [m, k] x [n, k]^T, checked against torch (relative error on fresh random
     inputs, output poisoned first) and timed interleaved with torch on `sets` rotated input sets: in
-    bfloat16 against ``torch.mm``; with ``dtype="e4m3"`` on float8_e4m3fn operands (k a multiple of 16)
-    into bfloat16, against ``torch._scaled_mm`` with unit scales, what PyTorch runs for fp8 GEMMs, the
+    bfloat16 against ``torch.mm``; with ``dtype="e4m3"`` on float8_e4m3fn operands (k and n multiples of
+    16) into bfloat16, against ``torch._scaled_mm`` with unit scales, what PyTorch runs for fp8 GEMMs, the
     reference being the product of the same 8-bit values in float32. Returns dict(variant, dtype, tflops,
     torch_tflops, ratio, rel_error).
 
@@ -186,8 +186,9 @@ def gemm(m, n, k, variant=GEMM_VARIANTS[0], sets=3, iters=20, dtype="bfloat16"):
     bn, stages, cm = variant
     k_ = gemm_kernel(variant, dtype)
     fp8 = dtype == "e4m3"
-    if fp8 and k % 16:
-        raise ValueError(f"gemm probe: e4m3 operands need k a multiple of 16 (16-byte rows), got {k}")
+    if fp8 and (k % 16 or n % 16):
+        raise ValueError(f"gemm probe: e4m3 operands need k and n multiples of 16 (16-byte rows, and what "
+                         f"torch._scaled_mm takes), got k = {k}, n = {n}")
     smem = gemm_smem(bn, stages)
     stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
 
