@@ -41,7 +41,7 @@ outside ``no_grad``): the eager route's variants then record their backward, the
 with the eager ops (the kernel has no backward).
 
     python benchmarks/host_overhead.py [--set quick|models] [--rounds 15] [--calls 150] [--clock wall|thread]
-                                       [--grad] [--json FILE]
+                                       [--grad] [--pieces] [--json FILE]
 
 The JSON holds each variant's median (us) and, under "paired", each variant's paired overhead over the
 baseline (us).
@@ -73,6 +73,10 @@ QUICK = ("gpt2:1", "gpt2:128", "llama3-8b:16", "llama3-8b:2048", "G4", "S8")
 #: Without a GPU: small float32 FFNs on CPU tensors, where host time is most of a call
 CPU_SHAPES = ("8x32:relu:2", "8x32:silu-gated:2", "64x256:gelu:4")
 TARGETS = {"fuser.ffn": 2.0, "FusedFFN": 2.0}
+#: --pieces: the C calls inside the eager routes, timed alone: fuser.ffn's route key (it describes x and every
+#: weight), FusedFFN's check of x and the held weights, and its whole C call (checks and ops, without
+#: FusedFFN.__call__'s Python frame)
+PIECES = ("ffn_key", "kept_match", "kept_eager")
 #: What a loop's time is read from (--clock)
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
 FUSED_TARGETS = {"FusedFFN": 6.0, "fuser.ffn": 8.0, "torch.ops": 15.0}
@@ -144,8 +148,9 @@ def measure(variants, rounds, calls, seed, base, clock=time.perf_counter):
     return medians, paired, calls
 
 
-def eager_variants(w, device):
-    """The eager route's variants for workload `w`, or None where the planner fuses it."""
+def eager_variants(w, device, pieces=False):
+    """The eager route's variants for workload `w`, or None where the planner fuses it; with `pieces`, also
+    the C calls inside the routes, each alone (PIECES)."""
     if device == "cuda" and fuser.plan(w.m, w.d_model, w.d_ff, d_out=w.d_out, gated=w.gated,
                                        activation=w.activation).fused:
         return None
@@ -155,12 +160,22 @@ def eager_variants(w, device):
     x = torch.randn(w.m, w.d_model, device=device, dtype=dtype)
     wu, wd, wg = mlp.up.weight, mlp.down.weight, None if mlp.gate is None else mlp.gate.weight
     act = ACTIVATIONS[w.activation]
-    return {
+    out = {
         "ops": lambda: eager(x, wu, wd, wg, None, None, None, act),
         "fuser.ffn": lambda: fuser.ffn(x, wu, wd, w_gate=wg, activation=w.activation),
         "FusedFFN": lambda: module(x),
         "module": lambda: mlp(x),
     }
+    if pieces:
+        module(x)   # (its first call keeps the route whose checks C reads)
+        kept = module.__dict__.get("_kept")
+        fast = None if kept is None else kept.fast
+        out["ffn_key"] = lambda: _C.ffn_key(x, wu, wd, wg, None, None, None, w.activation)
+        if fast is not None:
+            d = module.__dict__
+            out["kept_match"] = lambda: _C.kept_match(x, fast.signature, fast.held, fast.layout)
+            out["kept_eager"] = lambda: _C.kept_eager(d, x, fast)
+    return out
 
 
 def fused_variants(m=16, d=256, f=512):
@@ -227,6 +242,10 @@ def report_eager(rows):
             if n in TARGETS and (worst[n] is None or over > worst[n][0]):
                 worst[n] = (over, res[n] - res["ops"], res["ops"] / res[n], label)
         print(f"{label:34s}" + "".join(f"{c:>18s}" for c in cells))
+        if any(n in res for n in PIECES):
+            print(f"{'':34s}pieces: " + ", ".join(f"{n} {res[n]:.2f}" + (f" ({paired[n]:+.2f} over the ops)"
+                                                                       if n == "kept_eager" else "")
+                                                  for n in PIECES if n in res))
     for n, (over, raw, ratio, label) in worst.items():
         ok = over <= TARGETS[n]
         print(f"eager route, {n}: worst {over:+.2f} us over the ops (paired per round; the medians differ by "
@@ -245,6 +264,8 @@ def main(argv=None):
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                     help="wall: elapsed time; thread: the CPU time of the calling thread (what the calls "
                          "themselves spend, without the time other processes take the core away)")
+    ap.add_argument("--pieces", action="store_true",
+                    help="also time the C calls inside the eager routes alone (" + ", ".join(PIECES) + ")")
     ap.add_argument("--grad", action="store_true",
                     help="leave autograd on, as a script that calls its model outside torch.no_grad() does (the "
                          "weights require grad, so every variant records its backward)")
@@ -263,7 +284,7 @@ def main(argv=None):
           "(in parentheses: over the ops, the median of the per-round differences) ==")
     rows = []
     for w in shapes:
-        variants = eager_variants(w, device)
+        variants = eager_variants(w, device, a.pieces)
         if variants is None:
             print(f"{w.label}: the planner fuses it; left out", file=sys.stderr)
             continue

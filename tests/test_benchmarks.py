@@ -55,6 +55,22 @@ def test_host_overhead_times_every_route_against_its_baseline(tmp_path):
         assert r.stdout.count("over bare launch; target") == 3
 
 
+def test_host_overhead_pieces_time_the_c_calls_inside_the_routes(tmp_path):
+    """``--pieces`` adds, per eager-route shape, the C calls inside the routes timed alone (fuser.ffn's route
+    key, FusedFFN's checks, FusedFFN's whole C call) to the JSON and a line under each shape; the route
+    key and the checks are a small part of a call (here, CPU tensors: under the ops' own time)."""
+    out = tmp_path / "host.json"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/host_overhead.py"), "--rounds", "2", "--calls", "20",
+                        "--clock", "thread", "--pieces", "--json", str(out)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(out.read_text())["eager"]
+    assert len(rows) == 3 and r.stdout.count("pieces: ffn_key") == 3
+    for row in rows:
+        assert {"ffn_key", "kept_match", "kept_eager"} <= set(row), row
+        assert 0 < row["ffn_key"] < row["ops"] and 0 < row["kept_match"] < row["ops"] < row["kept_eager"] * 2, row
+
+
 def test_host_overhead_thread_clock_counts_what_the_thread_executes(tmp_path):
     """``--clock thread`` reads the calling thread's CPU time: a loop that waits (the core given away)
     costs next to nothing on it and its full length on the wall clock, a busy loop the same on both; the
