@@ -175,8 +175,7 @@ def backtest(paths):
 def accuracy(paths, least=4):
     """How the built model ranks the stream plans timed in each cell of `paths` (cells of at least `least`
     plans): {cell: dict(plans, spearman, regret, msle)}, `regret` being the measured time of the plan
-    predicted fastest over the fastest measured, both among the timed plans (issue 12's planner targets:
-    Spearman >= 0.8, regret <= 5%)."""
+    predicted fastest over the fastest measured, both among the timed plans."""
     from planner_accuracy import spearman
     cells = {}
     for (name, m, plan), (t, _) in timed_plans(paths).items():

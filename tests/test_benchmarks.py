@@ -274,10 +274,8 @@ BACKTEST_LOGS = [f"benchmarks/results/2026-12-02-h200-{n}.json" for n in (
 
 def test_the_planners_picks_on_every_timed_cell_stay_timed_and_fast():
     """The built model's pick in each of the 181 cells the committed H200 timings cover is a plan they
-    timed (or eager), within 2% of the best timed there (geomean) and 14% faster than eager (geomean).
-    On the same timings the model before ``stream_unit_one_kb`` picked 1.024 and 1.134; on the first 167
-    cells the one before ``stream_unit_one_us`` 1.062 and 1.101 (and, on the first 61 cells, the one before
-    the one-phase split sums were counted once 1.077 and 1.061)."""
+    timed (or eager), within 2% of the best timed there (geomean) and 14% faster than eager (geomean)
+    (docs/planner.md: what earlier models scored on the same timings)."""
     pd = _pick_diff()
     checks, regret, vs_eager, untimed = pd.backtest([str(ROOT / p) for p in BACKTEST_LOGS])
     assert len(checks) == 181 and untimed == [], untimed
@@ -288,10 +286,10 @@ def test_the_planners_picks_on_every_timed_cell_stay_timed_and_fast():
 
 
 def test_the_model_ranks_the_timed_stream_plans_of_each_cell():
-    """Issue 12's planner targets on the committed H200 timings: over the 54 cells with at least four timed
-    stream plans, the built model's predicted times rank them with a median Spearman correlation of at
-    least 0.8 (0.84 measured), and the plan it predicts fastest is within 3% of the fastest timed
-    (geomean; 1.024 measured). Shuffling the predictions would fail both."""
+    """On the committed H200 timings, over the 54 cells with at least four timed stream plans, the built
+    model's predicted times rank them with a median Spearman correlation of at least 0.8, and the plan it
+    predicts fastest is within 3% of the fastest timed (geomean). Shuffling the predictions would fail both
+    (docs/planner.md has the measured values)."""
     pd = _pick_diff()
     acc = pd.accuracy([str(ROOT / p) for p in BACKTEST_LOGS])
     rho = sorted(r["spearman"] for r in acc.values())
