@@ -91,9 +91,10 @@ def test_gemm_probe_compiles_clean():
     assert all(bn * st * 128 + 2048 <= 232448 for bn, st, _ in probes.STREAM_VARIANTS)
     # the loads into registers stay in registers (no stack frame), within their launch bounds
     for e in k.kernels:
-        if e["name"].endswith("_ldg"):
+        load = e["name"].rsplit("_", 1)[-1]
+        if load in probes.REGISTER_LOADS:
             bn, st = (int(v) for v in e["name"].split("_")[2:4])
-            assert e["registers"] * 384 * probes._stream_blocks(bn, st, "ldg") <= 65536, e
+            assert e["registers"] * 384 * probes._stream_blocks(bn, st, load) <= 65536, e
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -57,15 +57,20 @@ GEMM_VARIANTS = ((256, 4, 1), (256, 4, 2), (128, 6, 2))
 #: own column, so that the blocks read different columns at any moment), "cp.async", "ldg" (the
 #: consumers' 16-byte loads into registers, `stages` K steps in flight per thread, no shared memory), "cvt"
 #: (TMA, and the consumers convert every slot's bytes as e4m3 to f16 before releasing it: whether 8-bit
-#: weights converted in the SM keep up with the stream).
-STREAM_LOADS = {"tma": 1, "spread": 2, "cp.async": 3, "ldg": 4, "cvt": 5}       # gemm.cuh's GemmRun
+#: weights converted in the SM keep up with the stream), and two that read each row tile (whole rows, one
+#: contiguous region) in memory order instead of K step by K step: "bulk" (one 1-D bulk copy of the slot's
+#: contiguous bytes) and "lin" ("ldg" with consecutive threads on consecutive 16 bytes).
+STREAM_LOADS = {"tma": 1, "spread": 2, "cp.async": 3, "ldg": 4, "cvt": 5, "bulk": 6, "lin": 7}  # gemm.cuh's GemmRun
+#: The loads into registers (no shared memory)
+REGISTER_LOADS = ("ldg", "lin")
 STREAM_VARIANTS = ((256, 6, "tma"), (128, 8, "tma"), (128, 8, "spread"), (128, 6, "tma"), (64, 4, "tma"),
                    (128, 8, "cp.async"), (256, 6, "cp.async"), (128, 6, "cp.async"), (64, 8, "cp.async"),
-                   (128, 8, "cvt"), (256, 6, "cvt"), (128, 4, "ldg"), (64, 8, "ldg"), (128, 2, "ldg"))
+                   (128, 8, "cvt"), (256, 6, "cvt"), (128, 4, "ldg"), (64, 8, "ldg"), (128, 2, "ldg"),
+                   (256, 6, "bulk"), (128, 8, "bulk"), (64, 8, "bulk"), (128, 4, "lin"), (128, 2, "lin"))
 
 
 def _stream_smem(bn, stages, load):
-    return 0 if load == "ldg" else stages * bn * 128 + 2048
+    return 0 if load in REGISTER_LOADS else stages * bn * 128 + 2048
 
 
 def _stream_name(bn, stages, load):
@@ -76,7 +81,7 @@ def _stream_blocks(bn, stages, load):
     """Blocks of a stream variant per SM: as many as one SM's 228 KB of shared memory holds (1 KB reserved
     per block), or for loads into registers as the registers allow (4 per 16-byte load in flight, and ~32
     more per thread)."""
-    if load == "ldg":
+    if load in REGISTER_LOADS:
         return max(1, min(3, 65536 // (384 * (stages * bn * 8 // 256 * 4 + 32))))
     return min(3, 233472 // (_stream_smem(bn, stages, load) + 1024))
 

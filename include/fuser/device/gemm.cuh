@@ -30,8 +30,13 @@ struct GemmParams {
  * consumer warpgroups' 16-byte ld.global.nc into registers (LDG: STAGES K steps of loads in flight per
  * thread, no shared memory), as wgmma's A operand could be fed; or loaded by TMA and, before each slot is
  * released, read by the consumers and converted from e4m3 to f16 pairs (CVT: whether 8-bit weights
- * converted in the SM keep up with the stream). */
-enum GemmRun : int { GEMM_MMA, STREAM_TMA, STREAM_SPREAD, STREAM_CP_ASYNC, STREAM_LDG, STREAM_CVT };
+ * converted in the SM keep up with the stream). BULK and LIN read each row tile (BN whole rows: one
+ * contiguous region) in its memory order instead of K step by K step: BULK as one 1-D bulk copy per slot
+ * (the slot's BN x 128 bytes, contiguous), LIN as LDG's loads with consecutive threads on consecutive 16
+ * bytes; whether the order of the requests, not their path, is what keeps the tiled streams under the
+ * linear read's rate. */
+enum GemmRun : int { GEMM_MMA, STREAM_TMA, STREAM_SPREAD, STREAM_CP_ASYNC, STREAM_LDG, STREAM_CVT, STREAM_BULK,
+                     STREAM_LIN };
 
 constexpr int GEMM_THREADS = 384;   /* one producer warpgroup, two consumer warpgroups */
 constexpr int GEMM_BM = 128;
@@ -40,6 +45,7 @@ constexpr int GEMM_GROUP_M = 16;    /* M tiles per raster group */
 template <int DT, int BN, int STAGES, int CM, int RUN = GEMM_MMA>
 struct Gemm {
     static constexpr bool MMA = RUN == GEMM_MMA;
+    static constexpr bool REGS = RUN == STREAM_LDG || RUN == STREAM_LIN; /* loads into registers */
     static constexpr int A_BYTES = MMA ? GEMM_BM * SW_ROW_BYTES : 0; /* (the stream alone loads no A) */
     static constexpr int B_BYTES = BN * SW_ROW_BYTES;
     static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
@@ -72,7 +78,7 @@ struct Gemm {
         return ceil_div(ceil_div(p.m, GEMM_BM), CM) * ceil_div(p.n, BN);
     }
 
-    /* STREAM_LDG: the 256 consumer threads read the block's tiles row by row in K steps of 16-byte loads,
+    /* STREAM_LDG (and LIN, in memory order): the 256 consumer threads read the block's tiles row by row in K steps of 16-byte loads,
      * STAGES K steps in flight: each step's registers are folded and at once reloaded with the step
      * STAGES later, so the loads stay in flight across K steps and tiles alike. The folded words decide
      * a store that random data never makes (so that the loads are kept). */
@@ -88,9 +94,15 @@ struct Gemm {
                 tile_of(p, cid + i / kt * clusters, 0, tm, tn);
 #pragma unroll
             for (int j = 0; j < CH; j++) {
-                const int ch = lt + 256 * j, row = tn * BN + ch / 8, col = i % kt * SW_COLS + ch % 8 * 8;
-                v[j] = i < steps && row < p.n && col < p.k ? ldg_nc_v4(p.b_ptr + (int64_t)row * p.k + col)
-                                                           : make_uint4(0, 0, 0, 0);
+                const int ch = lt + 256 * j;
+                if constexpr (RUN == STREAM_LIN) { /* the tile's bytes in order: whole rows (p.k % 64 == 0) */
+                    const int64_t e = ((int64_t)tn * BN * kt + i % kt * BN) * SW_COLS + ch * 8;
+                    v[j] = i < steps && e < (int64_t)p.n * p.k ? ldg_nc_v4(p.b_ptr + e) : make_uint4(0, 0, 0, 0);
+                } else {
+                    const int row = tn * BN + ch / 8, col = i % kt * SW_COLS + ch % 8 * 8;
+                    v[j] = i < steps && row < p.n && col < p.k ? ldg_nc_v4(p.b_ptr + (int64_t)row * p.k + col)
+                                                               : make_uint4(0, 0, 0, 0);
+                }
             }
         };
         uint4 v[STAGES][CH];
@@ -152,7 +164,7 @@ struct Gemm {
         const int clusters = (int)gridDim.x / CM, cid = (int)blockIdx.x / CM;
         const int kt = ceil_div(p.k, SW_COLS);
         const int total = tiles(p);
-        if (RUN != STREAM_LDG && tid == 0) { /* (the loads into registers use no shared memory) */
+        if (!REGS && tid == 0) { /* (the loads into registers use no shared memory) */
             s.ring.init(2 * CM, RUN == STREAM_CP_ASYNC ? 128 : 1);
             tma_prefetch(&p.a);
             tma_prefetch(&p.b);
@@ -180,7 +192,22 @@ struct Gemm {
                         cp_async_mbar_arrive(&s.ring.full[c.stage]);
                     }
                 }
-            } else if (RUN != STREAM_LDG && tid == 0) {
+            } else if (RUN == STREAM_BULK && tid == 0) {
+                Cursor<STAGES> c;
+                for (int t = cid; t < total; t += clusters) {
+                    int tm, tn;
+                    tile_of(p, t, rank, tm, tn);
+                    const int rows = cmin(BN, p.n - tn * BN); /* (whole rows: p.k % 64 == 0) */
+                    const unsigned char *src = (const unsigned char *)(p.b_ptr + (int64_t)tn * BN * p.k);
+                    for (int kb = 0; kb < kt; kb++, c.next()) {
+                        const int live = cmin(rows * kt - kb * BN, BN); /* 128-byte pieces left in the tile */
+                        produce_begin(s.ring, c, live > 0 ? live * SW_ROW_BYTES : 0);
+                        if (live > 0)
+                            bulk_load_1d(s.stage[c.stage], src + (int64_t)kb * B_BYTES, live * SW_ROW_BYTES,
+                                         &s.ring.full[c.stage]);
+                    }
+                }
+            } else if (!REGS && tid == 0) {
                 Cursor<STAGES> c;
                 for (int t = cid; t < total; t += clusters) {
                     int tm, tn;
@@ -201,7 +228,7 @@ struct Gemm {
                     }
                 }
             }
-        } else if constexpr (RUN == STREAM_LDG) {
+        } else if constexpr (REGS) {
             load_through_registers(p, cid, clusters, kt, total, tid - 128);
         } else if constexpr (RUN == STREAM_CVT) {
             convert_slots(p, s, cid, clusters, kt, total, tid - 128);

@@ -122,6 +122,15 @@ FUSER_DEVICE void tma_load_2d(void *dst, const TensorMap *map, uint64_t *bar, in
                  : "memory");
 }
 
+/* Copy `bytes` contiguous bytes (a multiple of 16, both addresses 16-byte aligned) from global memory at
+ * src into shared memory at dst; completes `bytes` of the transaction count of `bar`. */
+FUSER_DEVICE void bulk_load_1d(void *dst, const void *src, uint32_t bytes, uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar))
+                 : "memory");
+}
+
 /* The same load delivered to every block of the cluster in `mask` (bit r: rank r), at the same
  * shared-memory offset, completing on the barrier at the same offset in each. */
 FUSER_DEVICE void tma_load_2d_multicast(void *dst, const TensorMap *map, uint64_t *bar, int col, int row,
