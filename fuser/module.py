@@ -44,6 +44,7 @@ _function_modes = torch._C._is_torch_function_mode_enabled
 _to_capsule = interop.to_capsule
 _raw_stream = interop.raw_stream
 _current_device = interop.current_device
+_capturing = runtime.capturing
 _disabled = interop.disabled
 _kept_scratch = runtime.kept_scratch
 _ffn_run = getattr(_C, "ffn_run", None)
@@ -306,7 +307,8 @@ class FusedFFN(nn.Module):
         xr = interop.ready(x)
         route = ops.route(xr, *args)
         y = route.run(xr, *args)
-        if route.fused and _grad_enabled() and _any_requires_grad(x, *args[:6]):
+        if route.fused and ((_grad_enabled() and _any_requires_grad(x, *args[:6]))
+                            or (route.graphs_eager and _capturing())):   # (a capture ran the eager ops)
             return y
         self.__dict__["_kept"] = (_KeptLaunch.bind(self, route, xr, w, y) if route.fused
                                   else _KeptEager.bind(self, route, x, w))
@@ -404,10 +406,16 @@ class FusedFFN(nn.Module):
             ok, why = runtime.fused_available(w.device.index)
             if not ok:
                 now = f"runs PyTorch ops here (no fused path on {w.device}: {why})"
-            elif runtime.plan_for(self.plan(tokens).chain, w.device.index).fused:
-                now = f"runs the fused kernel @{tokens} tokens"
             else:
-                now = f"runs PyTorch ops @{tokens} tokens (planner: eager)"
+                chain = self.plan(tokens).chain
+                p = runtime.plan_for(chain, w.device.index)
+                if p.fused:
+                    now = f"runs the fused kernel @{tokens} tokens"
+                elif runtime.host_bound_plan(chain, w.device.index, p) is not None:
+                    now = (f"runs the fused kernel @{tokens} tokens outside CUDA graphs, PyTorch ops in them "
+                           "(planner: eager in a graph, where the ops' launches cost the host nothing)")
+                else:
+                    now = f"runs PyTorch ops @{tokens} tokens (planner: eager)"
         kept = self.__dict__.get("_kept")
         if kept is not None and not kept.route.stale:
             m = math.prod(kept.shape[:-1])
@@ -530,7 +538,8 @@ class _KeptLaunch:
 
       the call     not compiling or tracing (forward checks), no dispatch or function mode, no autocast,
                    FUSER_DISABLE unset, no autograd to record, no active dropout between the GEMMs, not
-                   training a module whose own forward runs then;
+                   training a module whose own forward runs then, and for a host-bound route
+                   (``graphs_eager``) no CUDA graph being captured (the route runs the eager ops then);
       x            a plain ``torch.Tensor`` of the same shape and dtype, 16-byte aligned, contiguous, on
                    the kernel's device, which is the current device;
       the stream   the same current stream, whose scratch is still the one kept for it;
@@ -543,7 +552,7 @@ class _KeptLaunch:
     were contiguous when prepared). Otherwise the general route runs (and validates)."""
 
     __slots__ = ("route", "shape", "dtype", "device", "stream", "scratch", "skey", "out_shape", "same_shape",
-                 "signature", "weights", "prepared", "mid", "post", "train_source")
+                 "signature", "weights", "prepared", "mid", "post", "train_source", "graphs_eager")
     fast = None   # (the launch's checks run here, in run)
 
     @classmethod
@@ -554,7 +563,7 @@ class _KeptLaunch:
         if weights is None or x.get_device() != route.device or _current_device() != route.device:
             return None
         k = cls()
-        k.route, k.weights = route, weights
+        k.route, k.weights, k.graphs_eager = route, weights, route.graphs_eager
         k.device = route.device
         k.shape, k.dtype, k.stream = x.shape, x.dtype, _raw_stream(k.device)
         k.signature = None if weights.layout is None else _tensor_signature(x)
@@ -590,7 +599,8 @@ class _KeptLaunch:
                 or (self.train_source and module.training)
                 or (_grad_enabled() and _any_requires_grad(x, *w.params))
                 or _raw_stream(device) != self.stream or _scratch_of(self.skey) is not self.scratch
-                or (self.mid is not None and module._mid() is not None)):
+                or (self.mid is not None and module._mid() is not None)
+                or (self.graphs_eager and _capturing())):
             return None
         y = _empty_like(x) if self.same_shape else x.new_empty(self.out_shape)
         _ffn_run(self.prepared, ptr, y)   # y's address read in C

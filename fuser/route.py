@@ -6,6 +6,12 @@ the device, and the plan the chain runs) and kept in a ``Route``, which ``fuser.
 when a route runs: a fused route computes with the eager ops instead when autograd has to record the
 call or ``FUSER_DISABLE`` is set, and launches on the caller's current stream.
 
+The planner compares the eager ops and fused plans as a CUDA graph replays them. Outside graphs, where a
+script or notebook calls its model, every PyTorch op also costs the host a launch (several microseconds)
+while the GPU waits; where the planner runs a chain eager but a fused plan's one launch is predicted
+faster there (``runtime.host_bound``, with the host's cost measured once per process), the chain gets a
+``HostBoundRoute``: the fused launch outside graphs, the eager ops while a graph is captured.
+
 ``forget()`` (after ``fuser.tune`` or ``python -m fuser calibrate`` changed what is best) drops the
 routes and plans cached here and marks the routes handed out ``stale``, so their holders decide again.
 """
@@ -17,7 +23,7 @@ from fuser import _C, interop, runtime
 from fuser.planner import CHAIN_FIELDS
 from fuser.reference import ACTIVATIONS, eager
 
-__all__ = ["Route", "FusedRoute", "route_for", "forget"]
+__all__ = ["Route", "FusedRoute", "HostBoundRoute", "route_for", "forget"]
 
 _FUSED_DTYPES = ("bfloat16", "float16")
 _grad_enabled = torch.is_grad_enabled
@@ -27,6 +33,7 @@ _raw_stream = interop.raw_stream
 _current_device = interop.current_device
 _kept_scratch = runtime.kept_scratch
 _ffn_run = getattr(_C, "ffn_run", None)
+_capturing = runtime.capturing
 _MAX_PREPARED = 64                 # prepared launches a route keeps (one per layer it serves, per stream)
 
 
@@ -36,6 +43,7 @@ class Route:
     planner's plan (``plan``; None where nothing was planned) is unfused."""
 
     fused = False
+    graphs_eager = False   # True: the eager ops while a CUDA graph is captured, the plan's launch otherwise
     __slots__ = ("plan", "stale")
 
     def __init__(self, plan=None):
@@ -119,6 +127,27 @@ class FusedRoute(Route):
         return e
 
 
+class HostBoundRoute(FusedRoute):
+    """A chain the planner runs eager in CUDA graphs (``graph_plan``), launched as the fused ``plan``
+    outside them, where its one launch is predicted faster than the eager ops' launches
+    (``runtime.host_bound``); while the caller's current stream captures a graph, the eager ops."""
+
+    graphs_eager = True
+    __slots__ = ("graph_plan",)
+
+    def __init__(self, plan, device, graph_plan):
+        super().__init__(plan, device)
+        self.graph_plan = graph_plan
+
+    def run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out=None):
+        if _capturing():
+            return Route.run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out)
+        return FusedRoute.run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out)
+
+    def __repr__(self):
+        return f"<fuser route: {self.plan.summary()} outside CUDA graphs, eager ops in them>"
+
+
 _EAGER = Route()                   # for tensors that are never fused; never stale
 _by_chain = {}                     # chain values + device -> Route
 _MAX_ROUTES = 4096
@@ -149,7 +178,8 @@ def route_for(chain, plan=None):
             r = Route()
         else:
             p = runtime.plan_for(chain, device)
-            r = FusedRoute(p, device) if p.fused else Route(p)
+            h = None if p.fused else runtime.host_bound_plan(chain, device, p)
+            r = FusedRoute(p, device) if p.fused else HostBoundRoute(h, device, p) if h is not None else Route(p)
         if len(_by_chain) >= _MAX_ROUTES:
             forget_routes()
         r = _by_chain.setdefault(key, r)

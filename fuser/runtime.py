@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import statistics
 import threading
+import time
 
 import torch
 
@@ -18,7 +20,8 @@ from fuser._env import env
 from fuser.target import default_target, tuned_plan
 
 __all__ = ["Kernel", "compile", "MATH_SUBROUTINES", "Launch", "launch_for", "fused_available", "plan_for", "tuned",
-           "forget_plans"]
+           "forget_plans", "capturing", "host_op_us", "host_bound", "host_bound_plan",
+           "host_bound_fused"]
 
 _lock = threading.Lock()
 
@@ -309,3 +312,107 @@ def plan_for(chain, device):
         while len(_plans) > _PLAN_CACHE_SIZE:
             _plans.popitem(last=False)
     return p
+
+
+# ---- outside CUDA graphs: host-bound calls ---------------------------------------------------------
+
+#: The PyTorch ops an eager FFN launches: plain (up, activation, down), gated (up, gate, activation,
+#: product, down)
+EAGER_OPS = {False: 3, True: 5}
+#: A chain the planner runs eager is launched fused outside CUDA graphs only where its call is predicted at
+#: least this much faster there (the host's time per op is measured, the rest is the model's) ...
+HOST_BOUND_MARGIN = 1.25
+#: ... and its kernel at most this much slower on the GPU than the eager ops (what a host running ahead of
+#: the GPU, where the GPU's time is all that counts, would lose)
+HOST_BOUND_GPU_CAP = 1.5
+_host_op = {}                      # device -> us
+#: Whether the current CUDA stream is capturing a graph (``torch.cuda.is_current_stream_capturing``, less a
+#: Python frame; False in a build without CUDA)
+capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False)
+
+
+def host_op_us(device):
+    """What one small PyTorch op costs this process's host outside CUDA graphs, in microseconds: the calling
+    thread's CPU time per ``F.linear`` of tiny bfloat16 tensors on CUDA device `device` (the median of 7
+    loops of 16 calls), measured once per device; None while the current stream captures a CUDA graph
+    (nothing is launched then).
+
+    Example:
+        >>> from fuser import runtime
+        >>> runtime.host_op_us(0) > 0  # doctest: +SKIP
+        True
+    """
+    us = _host_op.get(device)
+    if us is None:
+        if capturing():
+            return None
+        linear = torch.nn.functional.linear
+        with torch.cuda.device(device):
+            x = torch.zeros(8, 64, device=device, dtype=torch.bfloat16)
+            w = torch.zeros(64, 64, device=device, dtype=torch.bfloat16)
+            for _ in range(8):
+                linear(x, w)
+            loops = []
+            for _ in range(7):
+                t0 = time.thread_time()
+                for _ in range(16):
+                    linear(x, w)
+                loops.append((time.thread_time() - t0) / 16 * 1e6)
+        us = _host_op[device] = statistics.median(loops)
+    return us
+
+
+def host_bound(eager_us, fused_us, host_us, gated):
+    """Whether a call outside CUDA graphs runs faster fused than eager, for the eager ops' predicted GPU
+    time `eager_us` (what the planner compares in a graph), a fused plan's `fused_us`, and `host_us` per
+    PyTorch op launched. Outside graphs each op costs the host `host_us` while the GPU waits, so a call
+    takes about the larger of its host and GPU times: the eager ops' ``max(eager_us, ops x host_us)``
+    against one launch's ``max(fused_us, host_us)``, which must be ``HOST_BOUND_MARGIN`` times less, with
+    ``fused_us`` at most ``HOST_BOUND_GPU_CAP`` times ``eager_us``.
+
+    Example:
+        >>> from fuser import runtime
+        >>> runtime.host_bound(7.4, 8.0, 20.0, False), runtime.host_bound(1000.0, 1300.0, 20.0, True)
+        (True, False)
+    """
+    eager_call = max(eager_us, EAGER_OPS[bool(gated)] * host_us)
+    fused_call = max(fused_us, host_us)
+    return fused_us <= HOST_BOUND_GPU_CAP * eager_us and fused_call * HOST_BOUND_MARGIN <= eager_call
+
+
+def host_bound_plan(chain, device, graph_plan):
+    """The fused plan to launch outside CUDA graphs for a chain whose plan in them (`graph_plan`, from
+    ``plan_for``) is the eager ops, where ``host_bound`` says the call is faster fused there with this
+    host's ``host_op_us``; else None (also while a graph is being captured, when nothing can be measured).
+
+    Example:
+        >>> import fuser
+        >>> from fuser import runtime
+        >>> chain = fuser.plan(128, 768, 3072).chain
+        >>> runtime.host_bound_plan(chain, 0, runtime.plan_for(chain, 0))  # doctest: +SKIP
+    """
+    if graph_plan.fused:
+        return None
+    host = host_op_us(device)
+    if host is None:
+        return None
+    with torch.cuda.device(device):
+        tgt = default_target()
+    return host_bound_fused(chain, tgt, graph_plan, host)
+
+
+def host_bound_fused(chain, target, graph_plan, host_us):
+    """``host_bound_plan``'s choice for a host whose PyTorch ops cost `host_us` each: the planner's best
+    fused plan for `chain` on `target` where ``host_bound`` takes it over the eager `graph_plan`, else None.
+
+    Example:
+        >>> import fuser
+        >>> from fuser import planner, runtime
+        >>> eager = fuser.plan(128, 768, 3072, target="h200")
+        >>> eager.fused, runtime.host_bound_fused(eager.chain, planner.default_target(), eager, 20.0).fused
+        (False, True)
+    """
+    fused = next((p for p in planner.search(chain, target, k=8) if p.fused), None)
+    if fused is None or not host_bound(graph_plan.predicted_us, fused.predicted_us, host_us, chain["gated"]):
+        return None
+    return fused

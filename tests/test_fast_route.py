@@ -358,7 +358,7 @@ def test_kept_launch_runs_only_what_its_preparation_validated(monkeypatch, excha
             return "PREPARED"
 
     class FakeRoute:
-        fused, stale, device, launch = True, False, -1, FakeLaunch()
+        fused, stale, device, launch, graphs_eager = True, False, -1, FakeLaunch(), False
 
     monkeypatch.setattr(fm, "_current_device", lambda: -1)
     monkeypatch.setattr(fm, "_raw_stream", lambda device: stream[0])
@@ -387,6 +387,12 @@ def test_kept_launch_runs_only_what_its_preparation_validated(monkeypatch, excha
 
     with torch.no_grad():
         assert launches(x)
+        k.graphs_eager = True                       # a host-bound route's launch: none while a graph is captured
+        monkeypatch.setattr(fm, "_capturing", lambda: True)
+        assert not launches(x)
+        monkeypatch.setattr(fm, "_capturing", lambda: False)
+        assert launches(x)
+        k.graphs_eager = False
         assert not launches(torch.randn(3, 5, 16))                                # another shape
         assert not launches(x.double())                                           # another dtype
         assert not launches(torch.randn(2, 16, 5).transpose(1, 2))                # not contiguous

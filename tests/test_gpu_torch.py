@@ -261,3 +261,53 @@ def test_fast_launch_sees_weight_updates_and_bails_out_when_anything_changes(mon
         copy.deepcopy(module)                                          # run-time state is not copied
     finally:
         route.forget()
+
+
+def test_host_bound_route_launches_outside_graphs_and_captures_the_eager_ops(monkeypatch):
+    """GPT-2's FFN at 128 tokens, which the planner runs eager in a CUDA graph, on a host whose PyTorch ops
+    cost 30 us each: FusedFFN and fuser.ffn launch its best fused plan outside graphs (within the kernel's
+    rounding of float64), and a CUDA graph captured from the same module holds the eager ops (nothing fused
+    is launched while capturing), which replay to the original module's results."""
+    from fuser import route, runtime
+    from fuser.module import FusedFFN
+    monkeypatch.setattr(runtime, "host_op_us", lambda device: 30.0)
+    launches = record_launches(monkeypatch)
+    route.forget()
+    try:
+        torch.manual_seed(0)
+        m, d, f = 128, 768, 3072
+        mlp = torch.nn.Sequential(torch.nn.Linear(d, f), torch.nn.GELU(), torch.nn.Linear(f, d)).cuda().bfloat16().eval()
+        assert not fuser.plan(m, d, f, bias=True, dtype="bfloat16").fused
+        module = FusedFFN.from_module(copy.deepcopy(mlp))
+        w = module.weights()
+        x = torch.randn(m, d, device="cuda", dtype=torch.bfloat16)
+        ref = fuser.ffn_reference(x, w["up"], w["down"], b_up=w["b_up"], b_down=w["b_down"], activation="gelu",
+                                  compute_dtype=torch.float64)
+        with torch.no_grad():
+            eager = mlp(x)
+            ys = [module(x) for _ in range(3)]
+            ys.append(fuser.ffn(x, w["up"], w["down"], b_up=w["b_up"], b_down=w["b_down"], activation="gelu"))
+        assert isinstance(module.__dict__["_kept"].route, route.HostBoundRoute)
+        assert launches == ["route", "kept", "kept", "route"]
+        for y in ys:
+            assert rel_error(y, ref) <= 2 * rel_error(eager, ref) + 1e-3 and not torch.equal(y, eager)
+        static = x.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), torch.no_grad():   # warm up outside capture: fused launches
+            for _ in range(2):
+                module(static)
+        torch.cuda.current_stream().wait_stream(side)
+        warm = len(launches)
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(graph):
+            out = module(static)
+        assert warm == 6 and len(launches) == warm       # the capture launched nothing fused
+        for seed in (1, 2):
+            static.copy_(torch.randn(m, d, generator=torch.Generator().manual_seed(seed)).cuda().bfloat16())
+            graph.replay()
+            torch.cuda.synchronize()
+            with torch.no_grad():
+                assert rel_error(out, mlp(static)) < 2e-3
+    finally:
+        route.forget()
