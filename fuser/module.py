@@ -382,8 +382,9 @@ class FusedFFN(nn.Module):
     def running(self, tokens=PLAN_TOKENS):
         """What computes this FFN here, as far as is known: PyTorch ops and why (float32, weights not on a
         CUDA device, no fused path on their GPU, ``FUSER_DISABLE``), or what a call of ``tokens`` tokens
-        runs on the weights' GPU: the fused kernel, or PyTorch ops where the planner predicts them faster;
-        then, when the module kept the route of its last input shape, what that call ran.
+        runs on the weights' GPU: the fused kernel; the fused kernel outside CUDA graphs and PyTorch ops in
+        them (a host-bound route, ``fuser.route.HostBoundRoute``); or PyTorch ops where the planner predicts
+        them faster; then, when the module kept the route of its last input shape, what that call ran.
 
         Example:
             >>> import fuser
