@@ -327,8 +327,9 @@ HOST_BOUND_MARGIN = 1.25
 HOST_BOUND_GPU_CAP = 1.5
 _host_op = {}                      # device -> us
 #: Whether the current CUDA stream is capturing a graph (``torch.cuda.is_current_stream_capturing``, less a
-#: Python frame; False in a build without CUDA)
-capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False)
+#: Python frame; False in a build without CUDA, whose torch._C holds a placeholder that raises when called)
+capturing = (torch._C._cuda_isCurrentStreamCapturing if torch.version.cuda is not None
+             and hasattr(torch._C, "_cuda_isCurrentStreamCapturing") else lambda: False)
 
 
 def host_op_us(device):

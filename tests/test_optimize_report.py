@@ -34,20 +34,26 @@ def test_report_labels_swapped_ffns_with_what_runs_them():
     assert fuser.report(model).swapped == fuser.report(model).fused == list(fuser.report(model))
 
 
-@pytest.mark.parametrize("available,fused,says", [
-    (True, True, "runs the fused kernel @128 tokens"),
-    (True, False, "runs PyTorch ops @128 tokens (planner: eager)"),
-    (False, None, "runs PyTorch ops here (no fused path on cuda:0: no CUDA driver)"),
+@pytest.mark.parametrize("available,fused,host_bound,says", [
+    (True, True, None, "runs the fused kernel @128 tokens"),
+    (True, False, False, "runs PyTorch ops @128 tokens (planner: eager)"),
+    (True, False, True, "runs the fused kernel @128 tokens outside CUDA graphs, PyTorch ops in them (planner: "
+                        "eager in a graph, where the ops' launches cost the host nothing)"),
+    (False, None, None, "runs PyTorch ops here (no fused path on cuda:0: no CUDA driver)"),
 ])
-def test_running_on_a_gpu_says_whether_the_fused_kernel_runs(monkeypatch, available, fused, says):
+def test_running_on_a_gpu_says_whether_the_fused_kernel_runs(monkeypatch, available, fused, host_bound, says):
     """What a 128-token call would run with the weights on a GPU (faked here: the weights' dtype and device,
-    the fused path and the plan the route would take)."""
+    the fused path, the plan the route would take in a graph and whether outside graphs it is host-bound)."""
     f = FusedFFN.from_module(seq())
     gpu_weight = types.SimpleNamespace(dtype=torch.bfloat16, device=torch.device("cuda", 0))
     monkeypatch.setattr(FusedFFN, "weights", lambda self: {"up": gpu_weight})
     monkeypatch.setattr(runtime, "fused_available", lambda device: (available, "" if available else "no CUDA driver"))
     monkeypatch.setattr(runtime, "plan_for", lambda chain, device: types.SimpleNamespace(fused=fused))
+    asked = []
+    monkeypatch.setattr(runtime, "host_bound_plan",
+                        lambda chain, device, p: asked.append(p.fused) or ("PLAN" if host_bound else None))
     assert f.running() == says
+    assert asked == ([] if host_bound is None else [False])     # asked only where the graph plan is eager
     monkeypatch.setenv("FUSER_DISABLE", "1")
     assert f.running() == "runs PyTorch ops (FUSER_DISABLE is set)"
 
