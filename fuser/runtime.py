@@ -335,8 +335,9 @@ capturing = (torch._C._cuda_isCurrentStreamCapturing if torch.version.cuda is no
 def host_op_us(device):
     """What one small PyTorch op costs this process's host outside CUDA graphs, in microseconds: the calling
     thread's CPU time per ``F.linear`` of tiny bfloat16 tensors on CUDA device `device` (the median of 7
-    loops of 16 calls), measured once per device; None while the current stream captures a CUDA graph
-    (nothing is launched then).
+    loops of 16 calls), measured once per device; None while the current stream captures a CUDA graph or a
+    torch dispatch or function mode is active (nothing is launched then: it would be captured, or seen by
+    the mode).
 
     Example:
         >>> from fuser import runtime
@@ -345,7 +346,7 @@ def host_op_us(device):
     """
     us = _host_op.get(device)
     if us is None:
-        if capturing():
+        if capturing() or torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
             return None
         linear = torch.nn.functional.linear
         with torch.cuda.device(device):

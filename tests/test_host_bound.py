@@ -84,3 +84,26 @@ def test_route_for_gives_host_bound_routes_where_the_decision_says_so(monkeypatc
         assert type(r2) is route.Route and not r2.fused and r.stale
     finally:
         route.forget()
+
+
+def test_nothing_is_measured_while_a_graph_is_captured_or_a_mode_is_active(monkeypatch):
+    """host_op_us launches ops to time them: never into a CUDA graph being captured, nor under a torch
+    dispatch or function mode (a FLOP counter, a tracer), which would see them; it answers None there and
+    keeps nothing, so the next call outside decides."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    launched = []
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda *a: launched.append(1))
+    monkeypatch.setattr(runtime, "_host_op", {})
+    monkeypatch.setattr(runtime, "capturing", lambda: True)
+    assert runtime.host_op_us(0) is None
+    monkeypatch.setattr(runtime, "capturing", lambda: False)
+
+    class Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Seen():
+        assert runtime.host_op_us(0) is None
+    with torch.overrides.TorchFunctionMode():
+        assert runtime.host_op_us(0) is None
+    assert launched == [] and runtime._host_op == {}
