@@ -71,6 +71,7 @@ def test_route_for_gives_host_bound_routes_where_the_decision_says_so(monkeypatc
     monkeypatch.setattr(runtime, "fused_available", lambda device: (True, ""))
     monkeypatch.setattr(runtime, "plan_for", lambda chain, device: eager)
     monkeypatch.setattr(runtime, "launch_for", lambda plan, device: "LAUNCH")
+    monkeypatch.setattr(runtime, "host_op_us", lambda device: 20.0)
     chain = dict(eager.chain, device="cuda", device_id=0, m=128)
     try:
         route.forget()
@@ -81,7 +82,15 @@ def test_route_for_gives_host_bound_routes_where_the_decision_says_so(monkeypatc
         route.forget()
         monkeypatch.setattr(runtime, "host_bound_plan", lambda c, d, p: None)
         r2 = route.route_for(chain)
-        assert type(r2) is route.Route and not r2.fused and r.stale
+        assert type(r2) is route.Route and not r2.fused and r.stale and not r2.stale
+        # nothing measurable now (a capture, a torch mode): the eager ops, stale at once, nothing kept
+        route.forget()
+        monkeypatch.setattr(runtime, "host_op_us", lambda device: None)
+        r3 = route.route_for(chain)
+        assert type(r3) is route.Route and r3.stale and route.route_for(chain) is not r3
+        monkeypatch.setattr(runtime, "host_op_us", lambda device: 20.0)
+        monkeypatch.setattr(runtime, "host_bound_plan", lambda c, d, p: fused)
+        assert isinstance(route.route_for(chain), route.HostBoundRoute)
     finally:
         route.forget()
 
