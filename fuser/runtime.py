@@ -20,8 +20,7 @@ from fuser._env import env
 from fuser.target import default_target, tuned_plan
 
 __all__ = ["Kernel", "compile", "MATH_SUBROUTINES", "Launch", "launch_for", "fused_available", "plan_for", "tuned",
-           "forget_plans", "capturing", "host_op_us", "host_bound", "host_bound_plan",
-           "host_bound_fused"]
+           "forget_plans", "host_op_us", "host_bound", "host_bound_plan", "host_bound_fused"]
 
 _lock = threading.Lock()
 
@@ -327,7 +326,8 @@ HOST_BOUND_MARGIN = 1.25
 HOST_BOUND_GPU_CAP = 1.5
 _host_op = {}                      # device -> us
 #: Whether the current CUDA stream is capturing a graph (``torch.cuda.is_current_stream_capturing``, less a
-#: Python frame; False in a build without CUDA, whose torch._C holds a placeholder that raises when called)
+#: Python frame; False in a build without CUDA, whose torch._C holds a placeholder that raises when called).
+#: For the route and module code's per-call checks; not exported (torch's own function is the public one).
 capturing = (torch._C._cuda_isCurrentStreamCapturing if torch.version.cuda is not None
              and hasattr(torch._C, "_cuda_isCurrentStreamCapturing") else lambda: False)
 
