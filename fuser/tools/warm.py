@@ -82,7 +82,9 @@ def warmup(model, tokens=(1, 16, 128), *, target=None, log=None):
 
     For each distinct FFN shape (``ffn_shapes``) and token count: the plan ``fuser.ffn`` would pick
     (``fuser.plan`` on ``target``, default this machine's GPU or the H200 defaults) when it is fused,
-    and the best fused plan (``fuser.plan(..., fused=True)``), so runs that force fusion are warm too.
+    and the best fused plan (``fuser.plan(..., fused=True)``), so runs that force fusion are warm too, as
+    are host-bound routes (the planner's best fused plan, launched outside CUDA graphs for a chain it runs
+    eager in them: ``fuser.route.HostBoundRoute``).
     Each distinct kernel is compiled once (NVRTC, sm_90a) into the on-disk cache and this process's
     kernel table. float32 FFNs always run PyTorch ops and need no kernel.
 
