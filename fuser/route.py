@@ -178,14 +178,18 @@ def route_for(chain, plan=None):
             r = Route()
         else:
             p = runtime.plan_for(chain, device)
-            if not p.fused and runtime.host_op_us(device) is None:
-                # nothing can be timed now (a graph being captured, a torch mode): this call runs the eager
-                # ops, and its holders decide again at the next call
-                r = Route(p)
-                r.stale = True
-                return r
-            h = None if p.fused else runtime.host_bound_plan(chain, device, p)
-            r = FusedRoute(p, device) if p.fused else HostBoundRoute(h, device, p) if h is not None else Route(p)
+            if p.fused:
+                r = FusedRoute(p, device)
+            else:
+                host = runtime.host_op_us(device)
+                if host is None:
+                    # nothing can be timed now (a graph being captured, a torch mode): this call runs the
+                    # eager ops, and its holders decide again at the next call
+                    r = Route(p)
+                    r.stale = True
+                    return r
+                h = runtime.host_bound_plan(chain, device, p, host)
+                r = HostBoundRoute(h, device, p) if h is not None else Route(p)
         if len(_by_chain) >= _MAX_ROUTES:
             forget_routes()
         r = _by_chain.setdefault(key, r)

@@ -326,7 +326,7 @@ HOST_BOUND_MARGIN = 1.25
 HOST_BOUND_GPU_CAP = 1.5
 _host_op = {}                      # device -> us
 #: Whether the current CUDA stream is capturing a graph (``torch.cuda.is_current_stream_capturing``, less a
-#: Python frame; False in a build without CUDA, whose torch._C holds a placeholder that raises when called).
+#: Python frame; False in a build without CUDA, where torch._C's name is a dummy class that raises if called).
 #: For the route and module code's per-call checks; not exported (torch's own function is the public one).
 capturing = (torch._C._cuda_isCurrentStreamCapturing if torch.version.cuda is not None
              and hasattr(torch._C, "_cuda_isCurrentStreamCapturing") else lambda: False)
@@ -382,10 +382,11 @@ def host_bound(eager_us, fused_us, host_us, gated):
     return fused_us <= HOST_BOUND_GPU_CAP * eager_us and fused_call * HOST_BOUND_MARGIN <= eager_call
 
 
-def host_bound_plan(chain, device, graph_plan):
+def host_bound_plan(chain, device, graph_plan, host_us=None):
     """The fused plan to launch outside CUDA graphs for a chain whose plan in them (`graph_plan`, from
     ``plan_for``) is the eager ops, where ``host_bound`` says the call is faster fused there with this
-    host's ``host_op_us``; else None (also while a graph is being captured, when nothing can be measured).
+    host's ``host_op_us`` (or `host_us`, when the caller has read it); else None (also while nothing can
+    be timed: a graph being captured, a torch mode).
 
     Example:
         >>> import fuser
@@ -395,7 +396,7 @@ def host_bound_plan(chain, device, graph_plan):
     """
     if graph_plan.fused:
         return None
-    host = host_op_us(device)
+    host = host_op_us(device) if host_us is None else host_us
     if host is None:
         return None
     with torch.cuda.device(device):
@@ -405,7 +406,9 @@ def host_bound_plan(chain, device, graph_plan):
 
 def host_bound_fused(chain, target, graph_plan, host_us):
     """``host_bound_plan``'s choice for a host whose PyTorch ops cost `host_us` each: the planner's best
-    fused plan for `chain` on `target` where ``host_bound`` takes it over the eager `graph_plan`, else None.
+    fused plan for `chain` on `target` (what ``fuser.plan(..., fused=True)`` gives, and ``fuser.warmup``
+    compiles) where ``host_bound`` takes it over the eager `graph_plan`, else None (also where no fused
+    plan fits the chain).
 
     Example:
         >>> import fuser
@@ -414,7 +417,10 @@ def host_bound_fused(chain, target, graph_plan, host_us):
         >>> eager.fused, runtime.host_bound_fused(eager.chain, planner.default_target(), eager, 20.0).fused
         (False, True)
     """
-    fused = next((p for p in planner.search(chain, target, k=8) if p.fused), None)
-    if fused is None or not host_bound(graph_plan.predicted_us, fused.predicted_us, host_us, chain["gated"]):
+    try:
+        fused = planner.search(chain, target, k=1, constraints={"fused": 1})[0]
+    except ValueError:   # no fused plan fits (alignment, say)
+        return None
+    if not host_bound(graph_plan.predicted_us, fused.predicted_us, host_us, chain["gated"]):
         return None
     return fused

@@ -33,10 +33,12 @@ def test_host_bound_fused_takes_the_planners_best_fused_plan(host_us, expect):
     eager = fuser.plan(128, 768, 3072, target="h200")
     assert not eager.fused
     p = runtime.host_bound_fused(eager.chain, tgt, eager, host_us)
-    best = next(q for q in planner.search(eager.chain, tgt, k=8) if q.fused)
+    best = fuser.plan(128, 768, 3072, target="h200", fused=True)      # what fuser.warmup compiles
     assert (p is not None) == expect and (p is None or (p.fused and p.summary() == best.summary()))
     big = fuser.plan(2048, 4096, 14336, gated=True, activation="silu", target="h200")
     assert not big.fused and runtime.host_bound_fused(big.chain, tgt, big, 100.0) is None
+    odd = fuser.plan(4, 12, 20, target="h200")                         # no fused plan fits: eager everywhere
+    assert runtime.host_bound_fused(odd.chain, tgt, odd, 100.0) is None
 
 
 def _host_bound_route(monkeypatch):
@@ -75,12 +77,12 @@ def test_route_for_gives_host_bound_routes_where_the_decision_says_so(monkeypatc
     chain = dict(eager.chain, device="cuda", device_id=0, m=128)
     try:
         route.forget()
-        monkeypatch.setattr(runtime, "host_bound_plan", lambda c, d, p: asked.append(p) or fused)
+        monkeypatch.setattr(runtime, "host_bound_plan", lambda c, d, p, h: asked.append((p, h)) or fused)
         r = route.route_for(chain)
         assert isinstance(r, route.HostBoundRoute) and r.plan is fused and r.graph_plan is eager
-        assert route.route_for(chain) is r and asked == [eager]
+        assert route.route_for(chain) is r and asked == [(eager, 20.0)]   # the host's cost read once
         route.forget()
-        monkeypatch.setattr(runtime, "host_bound_plan", lambda c, d, p: None)
+        monkeypatch.setattr(runtime, "host_bound_plan", lambda c, d, p, h: None)
         r2 = route.route_for(chain)
         assert type(r2) is route.Route and not r2.fused and r.stale and not r2.stale
         # nothing measurable now (a capture, a torch mode): the eager ops, stale at once, nothing kept
@@ -89,7 +91,7 @@ def test_route_for_gives_host_bound_routes_where_the_decision_says_so(monkeypatc
         r3 = route.route_for(chain)
         assert type(r3) is route.Route and r3.stale and route.route_for(chain) is not r3
         monkeypatch.setattr(runtime, "host_op_us", lambda device: 20.0)
-        monkeypatch.setattr(runtime, "host_bound_plan", lambda c, d, p: fused)
+        monkeypatch.setattr(runtime, "host_bound_plan", lambda c, d, p, h: fused)
         assert isinstance(route.route_for(chain), route.HostBoundRoute)
     finally:
         route.forget()
