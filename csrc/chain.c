@@ -44,6 +44,23 @@ double fuser_act_eval(fuser_act a, double x)
     }
 }
 
+fuser_dtype fuser_chain_out_dtype(const fuser_chain *c)
+{
+    return c->dtype == FUSER_E4M3 ? FUSER_BF16 : c->dtype;
+}
+
+int fuser_kstep_cols(fuser_dtype dt)
+{
+    return 128 / fuser_dtype_size(dt);
+}
+
+const char *fuser_scale_name(int i)
+{
+    static const char *const names[FUSER_NUM_SCALES] = {"x_scale", "up_scale", "gate_scale", "down_scale",
+                                                        "h_scale"};
+    return (unsigned)i < FUSER_NUM_SCALES ? names[i] : "?";
+}
+
 int fuser_chain_check(const fuser_chain *c, fuser_err *err)
 {
     static const char *const dims[] = {"m (tokens)", "k (d_model)", "n (d_ff)", "l (d_out)"};
@@ -60,8 +77,8 @@ int fuser_chain_check(const fuser_chain *c, fuser_err *err)
         return fuser_fail(err, FUSER_E_VALUE, "unknown activation %d; expected one of %s", (int)c->act,
                           fuser_act_choices());
     if ((unsigned)c->dtype >= FUSER_NUM_DTYPES)
-        return fuser_fail(err, FUSER_E_VALUE, "unknown dtype %d; expected bfloat16, float16 or float32",
-                          (int)c->dtype);
+        return fuser_fail(err, FUSER_E_VALUE, "unknown dtype %d; expected bfloat16, float16, float32 or "
+                          "float8_e4m3fn", (int)c->dtype);
     if (c->bias_gate && !c->gated)
         return fuser_fail(err, FUSER_E_VALUE, "a gate bias needs a gated chain");
     return FUSER_OK;
@@ -85,18 +102,70 @@ static int expect_shape(const fuser_tensor *t, const char *name, int ndim, int64
     return fuser_fail(err, FUSER_E_VALUE, "%s: expected shape %s (%s), got %s", name, exp, what, got);
 }
 
-static int same_dtype_device(const fuser_tensor *t, const char *name, const fuser_tensor *x, fuser_err *err)
+/* t has dtype `want` (x's; in a quantized chain e4m3 for the weights, bfloat16 for the rest) and x's device. */
+static int same_dtype_device(const fuser_tensor *t, const char *name, const fuser_tensor *x, fuser_dtype want,
+                             int quantized, fuser_err *err)
 {
-    if (t->dtype != x->dtype)
+    if (t->dtype != want && quantized)
+        return fuser_fail(err, FUSER_E_TYPE, "%s: dtype %s; a quantized FFN (float8_e4m3fn w_up) takes %s", name,
+                          fuser_dtype_name(t->dtype),
+                          want == FUSER_E4M3 ? "every weight in float8_e4m3fn (fuser.fp8.quantize_weight makes them)"
+                                             : "x, the biases and the output in bfloat16");
+    if (t->dtype != want)
         return fuser_fail(err, FUSER_E_TYPE,
-                          "%s: dtype %s does not match x's dtype %s; all tensors must share one dtype", name,
-                          fuser_dtype_name(t->dtype), fuser_dtype_name(x->dtype));
+                          "%s: dtype %s does not match x's dtype %s; all tensors must share one dtype%s", name,
+                          fuser_dtype_name(t->dtype), fuser_dtype_name(x->dtype),
+                          t->dtype == FUSER_E4M3 ? " (a quantized FFN takes w_up in float8_e4m3fn too, and scales=)"
+                                                 : "");
     if (t->device != x->device || t->device_id != x->device_id) {
         char a[32], b[32];
         fuser_device_str(t, a, sizeof a);
         fuser_device_str(x, b, sizeof b);
         return fuser_fail(err, FUSER_E_VALUE,
                           "%s is on %s but x is on %s; move all tensors to one device", name, a, b);
+    }
+    return FUSER_OK;
+}
+
+/* A quantized chain's scales: each present (the gate's only when gated), fp32 on x's device, with
+ * one element (x's, H's) or one per weight row; a 16-bit chain takes none. */
+static int check_scales(const fuser_ffn_args *a, const fuser_chain *c, fuser_err *err)
+{
+    const int quantized = c->dtype == FUSER_E4M3;
+    const int64_t rows[FUSER_NUM_SCALES] = {1, c->n, c->n, c->l, 1};
+    for (int i = 0; i < FUSER_NUM_SCALES; i++) {
+        const fuser_tensor *t = a->scale[i];
+        const char *name = fuser_scale_name(i);
+        const int wanted = quantized && (i != FUSER_S_GATE || c->gated);
+        if (!t && wanted)
+            return fuser_fail(err, FUSER_E_VALUE, "%s: missing; a quantized FFN (float8_e4m3fn) needs its scales: pass "
+                              "scales=fuser.fp8.Scales(x=, up=, down=, h=%s) (fuser.fp8.quantize_ffn makes them)",
+                              name, c->gated ? ", gate=" : "");
+        if (!t)
+            continue;
+        if (!wanted)
+            return fuser_fail(err, FUSER_E_VALUE, "%s: given for %s; scales belong to a quantized FFN "
+                              "(float8_e4m3fn tensors)%s", name, quantized ? "an FFN without w_gate" :
+                              fuser_dtype_name(c->dtype), quantized ? "" : ": drop them");
+        if (t->dtype != FUSER_F32)
+            return fuser_fail(err, FUSER_E_TYPE, "%s: dtype %s; scales are float32", name, fuser_dtype_name(t->dtype));
+        if (t->device != a->x->device || t->device_id != a->x->device_id) {
+            char s1[32], s2[32];
+            fuser_device_str(t, s1, sizeof s1);
+            fuser_device_str(a->x, s2, sizeof s2);
+            return fuser_fail(err, FUSER_E_VALUE, "%s is on %s but x is on %s; move all tensors to one device", name,
+                              s1, s2);
+        }
+        if (t->ndim > 1 || t->numel != rows[i] || (rows[i] > 1 && t->ndim != 1)) {
+            char got[160];
+            fuser_shape_str(t->shape, t->ndim, got, sizeof got);
+            return fuser_fail(err, FUSER_E_VALUE, "%s: expected %s%lld%s, got shape %s", name,
+                              rows[i] == 1 ? "one element (shape [] or [" : "shape [", (long long)rows[i],
+                              rows[i] == 1 ? "])" : i == FUSER_S_DOWN ? "] (one per row of w_down: d_out)"
+                                                                       : "] (one per row of the weight: d_ff)", got);
+        }
+        if (a->out && fuser_tensors_overlap(a->out, t))
+            return fuser_fail(err, FUSER_E_VALUE, "out: its memory overlaps %s; pass a separate output tensor", name);
     }
     return FUSER_OK;
 }
@@ -148,13 +217,22 @@ int fuser_ffn_validate(const fuser_ffn_args *a, fuser_chain *c, fuser_err *err)
                           (long long)c->n, (long long)c->n, s1);
     }
     c->l = wd->shape[0];
+    /* float8_e4m3fn weights make a quantized chain, whose x, biases and output are bfloat16 */
+    const int quantized = wu->dtype == FUSER_E4M3;
+    if (quantized)
+        c->dtype = FUSER_E4M3;
+    if (quantized && x->dtype != FUSER_BF16)
+        return fuser_fail(err, FUSER_E_TYPE, "x: dtype %s; a quantized FFN (float8_e4m3fn weights) takes x in bfloat16 "
+                          "and quantizes it with scales.x itself", fuser_dtype_name(x->dtype));
 
     struct { const fuser_tensor *t; const char *name; } all[] = {
         {wu, "w_up"}, {wd, "w_down"}, {a->w_gate, "w_gate"}, {a->b_up, "b_up"},
         {a->b_gate, "b_gate"}, {a->b_down, "b_down"}, {a->out, "out"},
     };
+    const fuser_dtype out_dt = fuser_chain_out_dtype(c);
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        if (all[i].t && same_dtype_device(all[i].t, all[i].name, x, err))
+        if (all[i].t &&
+            same_dtype_device(all[i].t, all[i].name, x, all[i].name[0] == 'w' ? c->dtype : out_dt, quantized, err))
             return err->code;
 
     if (a->w_gate) {
@@ -173,6 +251,8 @@ int fuser_ffn_validate(const fuser_ffn_args *a, fuser_chain *c, fuser_err *err)
     c->bias_up = a->b_up != NULL;
     c->bias_gate = a->b_gate != NULL;
     c->bias_down = a->b_down != NULL;
+    if (check_scales(a, c, err))
+        return err->code;
 
     if (a->out) {
         const fuser_tensor *o = a->out;

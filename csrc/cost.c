@@ -13,10 +13,10 @@
 /* Compulsory global bytes of a chain: inputs once, output once. */
 static double compulsory_bytes(const fuser_chain *c)
 {
-    const double e = c->dtype == FUSER_F32 ? 4 : 2;
+    const double e = fuser_dtype_size(c->dtype), eo = fuser_dtype_size(fuser_chain_out_dtype(c));
     double w = (double)c->n * c->k * (c->gated ? 2 : 1) + (double)c->l * c->n;
     double b = (double)c->n * (c->bias_up + c->bias_gate) + (double)c->l * c->bias_down;
-    return e * ((double)c->m * c->k + w + b + (double)c->m * c->l);
+    return e * w + eo * ((double)c->m * c->k + b + (double)c->m * c->l);
 }
 
 static double chain_flops(const fuser_chain *c)
@@ -26,7 +26,7 @@ static double chain_flops(const fuser_chain *c)
 
 double fuser_chain_floor_us(const fuser_chain *c, const fuser_target *t)
 {
-    double tc = chain_flops(c) / (t->mma_tflops * 1e6);
+    double tc = chain_flops(c) / (t->mma_tflops * (c->dtype == FUSER_E4M3 ? 2 : 1) * 1e6);
     double tm = compulsory_bytes(c) / (t->hbm_gbs * 1e3);
     return tc > tm ? tc : tm;
 }
@@ -104,28 +104,35 @@ static double l2_bw(const fuser_target *t, const fuser_plan *p, double sms, doub
 static double gemm_us(const fuser_target *t, double m, double k, double n, double e)
 {
     const double bytes = e * (m * k + k * n + m * n);
-    const double tc = 2 * m * k * n / (t->mma_tflops * t->eager_mma_eff * 1e6);
+    /* (e4m3 operands: twice the 16-bit MMA rate) */
+    const double tc = 2 * m * k * n / (t->mma_tflops * (e == 1 ? 2 : 1) * t->eager_mma_eff * 1e6);
     const double tm = bytes / (t->hbm_gbs * t->small_gemm_eff * 1e3);
     return (tc > tm ? tc : tm) + t->eager_ramp_us * (1 - exp(-bytes / (t->eager_ramp_mb * 1e6)));
 }
 
 /* The unfused path as fuser runs it: PyTorch eager ops (cuBLAS GEMMs with fused bias, separate
- * activation and product kernels, the intermediate through HBM). */
+ * activation and product kernels, the intermediate through HBM). A quantized chain's: PyTorch's FP8 ops
+ * (fuser.fp8.torch_path: scaled GEMMs of e4m3 operands with bfloat16 results, the elementwise kernels in
+ * bfloat16, and x and H quantized by three elementwise ops each). */
 static void cost_unfused(fuser_plan *p, const fuser_target *t)
 {
     const fuser_chain *c = &p->chain;
-    const double e = c->dtype == FUSER_F32 ? 4 : 2, M = (double)c->m, K = (double)c->k, N = (double)c->n,
-                 L = (double)c->l;
+    const int q = c->dtype == FUSER_E4M3;
+    const double e = c->dtype == FUSER_F32 ? 4 : 2, eg = fuser_dtype_size(c->dtype), M = (double)c->m,
+                 K = (double)c->k, N = (double)c->n, L = (double)c->l;
     fuser_cost *k = &p->cost;
     /* the intermediate's HBM passes: plain: GEMM1 writes H, act reads and writes it, GEMM2 reads it (4);
      * gated: gate and up written (2), act r+w (2), product reads 2 and writes 1 (3), GEMM2 reads (1): 8.
      * The gated path also reads x twice. */
     double ew_bytes = c->gated ? e * M * N * 5 : e * M * N * 2; /* the elementwise kernels' share */
     double hbm = compulsory_bytes(c) + e * M * N * (c->gated ? 8 : 4) + (c->gated ? e * M * K : 0);
-    k->compute = gemm_us(t, M, K, N, e) * (c->gated ? 2 : 1) + gemm_us(t, M, N, L, e);
+    if (q) /* x and H read in bfloat16 and written in e4m3 by the quantizing ops (each pass read and written) */
+        ew_bytes += 3 * 3 * M * (K + N);
+    k->compute = gemm_us(t, M, K, N, eg) * (c->gated ? 2 : 1) + gemm_us(t, M, N, L, eg);
     k->hbm = ew_bytes / (t->hbm_gbs * 1e3);
     k->l2 = k->dsm = k->smem = k->sync = k->tail = 0;
-    k->launch = t->eager_op_us * (c->gated ? 5 : 3); /* gated: 3 GEMMs, activation, product; else 2 + 1 */
+    /* gated: 3 GEMMs, activation, product; else 2 + 1; quantized: and 3 ops each for x and H */
+    k->launch = t->eager_op_us * ((c->gated ? 5 : 3) + (q ? 6 : 0));
     k->total = k->compute + k->hbm + k->launch;
     k->useful_flops = k->flops = chain_flops(c);
     k->waves = 0;

@@ -74,9 +74,11 @@ static int align128(int64_t v) { return (int)((v + 127) / 128 * 128); }
 
 /* The stream kernel's shared memory per pipeline stage (include/fuser/device/stream.cuh: an X or H
  * tile of bm rows and the weight tiles, 128 bytes a row, rounded to the 1024-byte swizzle alignment). */
+/* One ring slot: the token region (X's K step: 128-byte rows, two boxes of bfloat16 in a quantized chain,
+ * whose consumers quantize it), then the weight tiles (include/fuser/device/stream.cuh, STAGE_BYTES). */
 static int64_t stream_stage_bytes(const fuser_plan *p)
 {
-    const int64_t x = (int64_t)p->bm * 128;
+    const int64_t x = (int64_t)p->bm * 128 * (p->chain.dtype == FUSER_E4M3 ? 2 : 1);
     const int64_t b1 = x + (int64_t)p->parts * p->bn * 128, b2 = x + (int64_t)p->bl * 128;
     return (fuser_max64(b1, b2) + 1023) / 1024 * 1024;
 }
@@ -89,10 +91,11 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
     if (p->bm < 64 && (p->bn != 128 || p->bl != 128))
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: bm = %d puts the weights on wgmma's M side (64 rows per "
                           "consumer warpgroup): bn and bl must be 128, got %d and %d", p->bm, p->bn, p->bl);
-    if (c->k % 8 || c->n % 8 || c->l % 8)
-        return fuser_fail(err, FUSER_E_VALUE, "stream plan: d_model, d_ff and d_out must be multiples of 8 (TMA "
-                          "rows are 16-byte aligned), got %lld, %lld, %lld", (long long)c->k, (long long)c->n,
-                          (long long)c->l);
+    const int row16 = 16 / fuser_dtype_size(c->dtype); /* elements of 16 bytes */
+    if (c->k % row16 || c->n % row16 || c->l % 8)
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: d_model and d_ff must be multiples of %d and d_out of 8 "
+                          "(TMA rows are 16-byte aligned), got %lld, %lld, %lld", row16, (long long)c->k,
+                          (long long)c->n, (long long)c->l);
     if (p->bn != 64 && p->bn != 128 && p->bn != 192 && p->bn != 256)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: bn = %d: must be 64, 128, 192 or 256", p->bn);
     if (p->bl != 64 && p->bl != 128 && p->bl != 192 && p->bl != 256)
@@ -111,8 +114,14 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
                           "n_outer; got (%d, %d, %d, %d)", p->cls_m, p->cls_n, p->cls_k, p->cls_l);
     if (p->gate_mode != (c->gated ? FUSER_GATE_SEQUENTIAL : FUSER_GATE_NONE))
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: gate mode must be %s", c->gated ? "sequential" : "none");
-    p->kt = fuser_ceil_div(c->k, FUSER_BK);
-    const int64_t kt2 = fuser_ceil_div(c->n, FUSER_BK);
+    /* a quantized chain: swap-AB (decode) units through the H buffer, unpaired */
+    if (c->dtype == FUSER_E4M3 && (p->bm >= 64 || p->phases == 1 || pair_rows || pair_tiles))
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: a quantized (float8_e4m3fn) chain runs swap-AB plans (bm 16 "
+                          "or 32) in two phases without cluster pairs; got bm = %d, phases = %d, cluster (%d, %d, %d, "
+                          "%d)", p->bm, p->phases, p->cls_m, p->cls_n, p->cls_k, p->cls_l);
+    const int kc = fuser_kstep_cols(c->dtype); /* columns of a K step: 128 bytes of a row */
+    p->kt = fuser_ceil_div(c->k, kc);
+    const int64_t kt2 = fuser_ceil_div(c->n, kc);
     if (p->s1 < 1 || p->s1 > p->kt || (p->s1 - 1) * fuser_ceil_div(p->kt, p->s1) >= p->kt)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: s1 = %d splits of %lld K steps leave a split empty",
                           p->s1, (long long)p->kt);
@@ -138,7 +147,7 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
     if (p->phases != 1 && p->phases != 2)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: phases = %d: must be 2 (H through a buffer) or 1 (each unit "
                           "computes its own H)", p->phases);
-    const int64_t range = fuser_ceil_div(kt2, p->s2) * FUSER_BK; /* d_ff columns of a phase-2 split */
+    const int64_t range = fuser_ceil_div(kt2, p->s2) * kc; /* d_ff columns of a phase-2 split */
     if (p->phases == 1 && (p->s1 != 1 || range % p->bn || pair_rows || pair_tiles))
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: one phase computes each split's H in n-tiles of the whole "
                           "K: s1 must be 1, bn must divide the split's %lld d_ff columns, no cluster pairs (got s1 = %d, "
@@ -184,9 +193,11 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
     const int64_t stage = stream_stage_bytes(p);
     p->smem_pipe = (int)(stage * p->stages);
     p->smem_xbuf = 0;
-    p->smem_hg = p->phases == 1 ? (int)(range / FUSER_BK * p->bm * 128) : 0; /* one phase: the unit's H */
+    p->smem_hg = p->phases == 1 ? (int)(range / kc * p->bm * 128) : 0; /* one phase: the unit's H */
     /* barriers and flag (and, summing rows, 4 KB of group sums); slack to align the ring to 1024 bytes */
-    p->smem_bytes = p->smem_pipe + p->smem_hg + (rowsum ? 4096 : 0) + 2048;
+    /* (a quantized chain: each consumer warpgroup's e4m3 X tile) */
+    const int xq = c->dtype == FUSER_E4M3 ? 2 * p->bm * 128 : 0;
+    p->smem_bytes = p->smem_pipe + p->smem_hg + xq + (rowsum ? 4096 : 0) + 2048;
     p->regs_est = 0;                     /* fixed by setmaxnreg: 40 producer, 232 consumer */
     int64_t zw, wf;
     fuser_plan_scratch(p, c->m, &zw, &wf);
@@ -252,7 +263,8 @@ int64_t fuser_stream_units(const fuser_plan *p, int64_t m)
 double fuser_stream_phase_weights(const fuser_plan *p, int phase)
 {
     const fuser_chain *c = &p->chain;
-    return phase == 1 ? 2.0 * p->parts * (double)c->n * c->k : 2.0 * (double)c->l * c->n;
+    const double e = fuser_dtype_size(c->dtype);
+    return phase == 1 ? e * p->parts * (double)c->n * c->k : e * (double)c->l * c->n;
 }
 
 int64_t fuser_stream_row_group(const fuser_plan *p, int64_t m)
@@ -274,6 +286,8 @@ int fuser_plan_derive(fuser_plan *p, fuser_err *err)
         return fuser_fail(err, FUSER_E_VALUE, "fused plans compute in 16-bit (bfloat16 or float16), not float32");
     if (p->kind == FUSER_KIND_STREAM)
         return derive_stream(p, err);
+    if (c->dtype == FUSER_E4M3)
+        return fuser_fail(err, FUSER_E_VALUE, "a quantized (float8_e4m3fn) chain runs stream plans only");
     if (p->kind != FUSER_KIND_CLUSTER)
         return fuser_fail(err, FUSER_E_VALUE, "unknown kernel kind %d", (int)p->kind);
     p->threads = FUSER_THREADS;

@@ -9,19 +9,27 @@
 
 static int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
-/* CHAIN: fused kernels compute in 16 bits with fp32 accumulation. */
+/* CHAIN: fused kernels compute in 16 bits (or, the stream kernel, in e4m3) with fp32 accumulation. */
 static int r_dtype(const fuser_plan *p, const fuser_target *t)
 {
     (void)t;
-    return p->chain.dtype == FUSER_F32;
+    return p->chain.dtype == FUSER_F32 || (p->chain.dtype == FUSER_E4M3 && p->kind != FUSER_KIND_STREAM);
+}
+
+/* FULL: a quantized (e4m3) chain runs the stream kernel's swap-AB units in two phases, unpaired. */
+static int r_quantized_scope(const fuser_plan *p, const fuser_target *t)
+{
+    (void)t;
+    return p->chain.dtype == FUSER_E4M3 && (p->bm >= 64 || p->phases == 1 || p->cls_m * p->cls_n > 1);
 }
 
 /* CHAIN: 16-byte loads and cp.async need every row of X, W_up, W_down and Y to start 16-byte
- * aligned: d_model, d_ff and d_out must be multiples of 8 elements. */
+ * aligned: d_model, d_ff and d_out must be multiples of 8 elements (d_model and d_ff of 16 in e4m3). */
 static int r_vector_alignment(const fuser_plan *p, const fuser_target *t)
 {
     (void)t;
-    return p->chain.k % 8 || p->chain.n % 8 || p->chain.l % 8;
+    const int64_t row16 = 16 / fuser_dtype_size(p->chain.dtype);
+    return p->chain.k % row16 || p->chain.n % row16 || p->chain.l % 8;
 }
 
 /* SHAPE: at most 16 blocks per cluster, and more than 8 only where the non-portable size is allowed. */
@@ -158,7 +166,8 @@ static int r_stream_fill(const fuser_plan *p, const fuser_target *t)
     if (p->kind != FUSER_KIND_STREAM)
         return 0;
     const int64_t want = 3 * (int64_t)t->sm_count / 4;
-    const int64_t kt2 = (p->chain.n + FUSER_BK - 1) / FUSER_BK;
+    const int64_t kc = fuser_kstep_cols(p->chain.dtype);
+    const int64_t kt2 = (p->chain.n + kc - 1) / kc;
     const int64_t rt = p->grid_m; /* row tiles: each multiplies both phases' units */
     /* (one phase: a unit spans lspan l-tiles, and its d_ff slice is at least one n-tile) */
     const int64_t lg = fuser_stream_lgroups(p);
@@ -168,7 +177,7 @@ static int r_stream_fill(const fuser_plan *p, const fuser_target *t)
     const int small2 = decode && fuser_stream_phase_weights(p, 2) <= FUSER_STREAM_L2_BYTES;
     /* (one phase: no phase-1 units; GEMM1 runs inside the phase-2 units) */
     return (!small1 && p->phases != 1 && u1 < fuser_min64(want, most_units(rt * p->nt1, p->kt, 16 / p->parts))) ||
-           (!small2 && u2 < fuser_min64(want, p->lspan > 1 ? rt * lg * ((kt2 * FUSER_BK + p->bn - 1) / p->bn)
+           (!small2 && u2 < fuser_min64(want, p->lspan > 1 ? rt * lg * ((kt2 * kc + p->bn - 1) / p->bn)
                                                          : most_units(rt * p->lt2, kt2, 16)));
 }
 
@@ -200,9 +209,10 @@ static int r_stages(const fuser_plan *p, const fuser_target *t)
 }
 
 const fuser_rule fuser_rules[] = {
-    {"dtype", "fused kernels compute in bfloat16/float16 with fp32 accumulation", FUSER_LEVEL_CHAIN, r_dtype},
-    {"vector_alignment", "d_model, d_ff and d_out must be multiples of 8 for 16-byte rows", FUSER_LEVEL_CHAIN,
-     r_vector_alignment},
+    {"dtype", "fused kernels compute in bfloat16/float16 (float8_e4m3fn: stream plans) with fp32 accumulation",
+     FUSER_LEVEL_CHAIN, r_dtype},
+    {"vector_alignment", "d_model, d_ff and d_out must be multiples of 8 (d_model, d_ff 16 in e4m3) for 16-byte rows",
+     FUSER_LEVEL_CHAIN, r_vector_alignment},
     {"cluster_limit", "at most 16 blocks per cluster (8 where 16 is not allowed)", FUSER_LEVEL_SHAPE,
      r_cluster_limit},
     {"cluster_divisibility", "cls_k | cls_l | cls_n * cls_k", FUSER_LEVEL_SHAPE, r_cluster_divisibility},
@@ -218,6 +228,8 @@ const fuser_rule fuser_rules[] = {
     {"warp_tiling_bl", "bl divisible by warps and reduce-scatter shares", FUSER_LEVEL_BL, r_warp_tiling_bl},
     {"output_waste", "no output part or chunk entirely padding", FUSER_LEVEL_BL, r_output_waste},
     {"stages", "at least two pipeline stages", FUSER_LEVEL_FULL, r_stages},
+    {"quantized_scope", "a float8_e4m3fn chain runs swap-AB stream plans (bm 16 or 32) in two phases, unpaired",
+     FUSER_LEVEL_FULL, r_quantized_scope},
     {"stream_geometry", "stream kernel: wgmma tile widths, accumulators fit, no empty split, int32 units",
      FUSER_LEVEL_FULL, r_stream_geometry},
     {"stream_fill", "stream kernel: each phase has units for 3/4 of the SMs (or the most any split gives), "

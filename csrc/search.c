@@ -202,7 +202,7 @@ static void search_stream(const fuser_chain *c, const fuser_target *t, const fus
         p.phases = whole ? 1 : stream_phase_set[ip];
         p.bm = stream_bm_set[ib], p.bn = stream_tile_set[jn], p.bl = stream_tile_set[jl];
         p.s1 = stream_split_set[a];
-        p.s2 = whole ? (int)fuser_ceil_div(fuser_ceil_div(c->n, FUSER_BK), stream_split_set[b]) : stream_split_set[b];
+        p.s2 = whole ? (int)fuser_ceil_div(fuser_ceil_div(c->n, fuser_kstep_cols(c->dtype)), stream_split_set[b]) : stream_split_set[b];
         p.lspan = whole ? (int)fuser_ceil_div(c->l, p.bl) : 1;
         /* units of several l-tiles: the caller's split count and span, where given, as they are */
         if (whole && cons->s2 > 0)

@@ -14,6 +14,8 @@ typedef struct {
     int64_t m, K, N, L, parts, bm, bn, bl, s1, s2;
     int64_t kt1, ks1, kt2, ks2, nt1, lt2, u1, u2; /* u1, u2: units of each phase per row tile */
     int64_t rt;                                   /* row tiles of bm tokens */
+    int64_t kc;                                   /* columns of a K step (128 bytes of a row) */
+    int64_t e, eo;                                /* bytes of a weight's and H's element, of x's, y's and biases' */
     int64_t reps;                                 /* GEMM1 runs per row tile and n-tile: 1, or lg in one phase */
     int64_t lg;                                   /* groups of l-tiles along d_out (one per phase-2 unit) */
     int one;                                      /* one phase: each unit computes its own H in shared memory */
@@ -23,10 +25,14 @@ typedef struct {
 static geom geom_of(const fuser_plan *p)
 {
     const fuser_chain *c = &p->chain;
-    geom g = {c->m, c->k, c->n, c->l, p->parts, p->bm, p->bn, p->bl, p->s1, p->s2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0};
-    g.kt1 = fuser_ceil_div(g.K, FUSER_BK);
+    geom g = {c->m, c->k, c->n, c->l, p->parts, p->bm, p->bn, p->bl, p->s1, p->s2};
+    g.reps = 1;
+    g.kc = fuser_kstep_cols(c->dtype);
+    g.e = fuser_dtype_size(c->dtype);
+    g.eo = fuser_dtype_size(fuser_chain_out_dtype(c));
+    g.kt1 = fuser_ceil_div(g.K, g.kc);
     g.ks1 = fuser_ceil_div(g.kt1, g.s1);
-    g.kt2 = fuser_ceil_div(g.N, FUSER_BK);
+    g.kt2 = fuser_ceil_div(g.N, g.kc);
     g.ks2 = fuser_ceil_div(g.kt2, g.s2);
     g.nt1 = p->nt1;
     g.lt2 = p->lt2;
@@ -46,7 +52,7 @@ void fuser_stream_traffic(const fuser_plan *p, fuser_traffic *out)
 {
     const fuser_chain *c = &p->chain;
     const geom g = geom_of(p);
-    const int64_t e = 2;
+    const int64_t e = g.e, eo = g.eo;
     int64_t l2 = 0;
     /* pairs read their shared operand once for both units: the weights once per pair of row tiles, or the
      * token tile once per pair of tiles */
@@ -56,20 +62,20 @@ void fuser_stream_traffic(const fuser_plan *p, fuser_traffic *out)
     const int64_t nh = pair == FUSER_PAIR_TILES ? (g.lt2 + 1) / 2 : g.lt2;
     /* phase 1 (one phase: in every unit, once per group of l-tiles): x by every n-tile, the weights by every row tile,
      * biases once, H stored once (one phase: kept in shared memory) */
-    l2 += g.reps * (e * g.m * g.K * nx + e * g.parts * g.N * g.K * wr + e * (c->bias_up + c->bias_gate) * g.N) +
+    l2 += g.reps * (eo * g.m * g.K * nx + e * g.parts * g.N * g.K * wr + eo * (c->bias_up + c->bias_gate) * g.N) +
           (g.one ? 0 : e * g.m * g.N);
     if (g.s1 > 1)
         l2 += 2 * 4 * g.s1 * g.parts * g.rt * g.bm * g.nt1 * g.bn; /* whole partial tiles written, read back */
     /* phase 2: H by every l-tile (not in one phase), W_down by every row tile, b_down once, y */
-    l2 += (g.one ? 0 : e * g.m * g.N * nh) + e * g.L * g.N * wr + e * c->bias_down * g.L + e * g.m * g.L;
+    l2 += (g.one ? 0 : e * g.m * g.N * nh) + e * g.L * g.N * wr + eo * c->bias_down * g.L + eo * g.m * g.L;
     if (g.s2 > 1) /* partials written and read back: whole tiles, or the real token rows (rowsum) */
         l2 += 2 * 4 * g.s2 * (g.rowsum ? g.m : g.rt * g.bm) * g.lt2 * g.bl;
     out->l2 = l2;
-    out->hbm = e * (g.m * g.K + g.parts * g.N * g.K + g.L * g.N + (c->bias_up + c->bias_gate) * g.N +
-                    c->bias_down * g.L + g.m * g.L);
+    out->hbm = e * (g.parts * g.N * g.K + g.L * g.N) +
+               eo * (g.m * g.K + (c->bias_up + c->bias_gate) * g.N + c->bias_down * g.L + g.m * g.L);
     out->dsm = 0;
     out->smem = g.rt * (g.reps * g.nt1 * g.kt1 * (g.bm + g.parts * g.bn) + g.lt2 * g.kt2 * ((g.one ? 0 : g.bm) + g.bl)) *
-                FUSER_BK * e;
+                g.kc * e;
 }
 
 /* ---- cost ---- */
@@ -92,15 +98,16 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
     memset(k, 0, sizeof *k);
     const int64_t G = fuser_min64(g.rt * ((g.one ? 0 : g.u1) + g.u2), t->sm_count);
     const double rows = (double)g.m / g.rt; /* token rows of a row tile, on average */
-    const double e = 2, clk = t->clock_ghz * 1e9;
-    const double mma_sm = t->mma_tflops * 1e12 * t->stream_mma_eff / t->sm_count;
+    const double e = (double)g.e, clk = t->clock_ghz * 1e9;
+    /* (e4m3 MMAs run at twice the 16-bit rate) */
+    const double mma_sm = t->mma_tflops * 1e12 * t->stream_mma_eff / t->sm_count * (2.0 / e);
     const double stage = (double)p->smem_pipe / p->stages;
     const double per_sm = fmin(t->stream_sm_gbs * 1e9, (p->stages - 1) * stage / (t->mem_latency_us * 1e-6));
     /* a unit's fixed cost: smaller in one phase (each unit reads its own weights and waits for no other
      * unit) where the tokens fit one row tile, or where up to 256 token rows make units that all run at
      * once and stream few weights each (such units of several row tiles measure like one's; larger units,
      * and more rows, do not: docs/planner.md) */
-    const double unit_w = g.one ? e * g.L * g.N / g.u2 + e * g.parts * g.ks2 * FUSER_BK * g.K : 0;
+    const double unit_w = g.one ? e * g.L * g.N / g.u2 + e * g.parts * g.ks2 * g.kc * g.K : 0;
     const int cheap = g.one && (g.rt == 1 || (g.rt * g.bm <= 256 && (double)g.rt * g.u2 <= G &&
                                               unit_w <= t->stream_unit_one_kb * 1024));
     const double unit = (cheap ? t->stream_unit_one_us : t->stream_unit_us) * 1e-6;
@@ -117,18 +124,18 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
      * bandwidth, whichever is longest. `f1` FLOPs more run at GEMM1's wgmma width: one phase's units
      * compute their own H (GEMM1 over their d_ff range, n-tile by n-tile) before GEMM2, and phase 1 is empty. */
     struct { double units, w, x, f, f1, epi, hbm; int nw; } ph[2] = {
-        {(double)(g.rt * g.u1), e * g.parts * g.N * g.K / g.u1, e * rows * g.K * g.nt1 / g.u1,
-         2.0 * g.bm * g.parts * g.bn * g.ks1 * FUSER_BK, 0, (g.s1 > 1 ? 4.0 * g.parts * rows * g.bn : 0) + e * rows * g.bn,
+        {(double)(g.rt * g.u1), e * g.parts * g.N * g.K / g.u1, (double)g.eo * rows * g.K * g.nt1 / g.u1,
+         2.0 * g.bm * g.parts * g.bn * g.ks1 * g.kc, 0, (g.s1 > 1 ? 4.0 * g.parts * rows * g.bn : 0) + e * rows * g.bn,
          e * g.parts * g.N * g.K + h_hbm, nw1},
         {(double)(g.rt * g.u2), e * g.L * g.N / g.u2, e * rows * g.N * g.lt2 / g.u2,
-         2.0 * g.bm * g.bl * g.ks2 * FUSER_BK * g.lt2 / g.lg, 0,
+         2.0 * g.bm * g.bl * g.ks2 * g.kc * g.lt2 / g.lg, 0,
          ((g.s2 > 1 ? 4.0 * rows * g.bl : 0) + e * rows * g.bl) * g.lt2 / g.lg, e * g.L * g.N + h_hbm, nw2},
     };
     if (g.one) {
-        const double range = (double)g.ks2 * FUSER_BK; /* d_ff columns of a unit's split */
+        const double range = (double)g.ks2 * g.kc; /* d_ff columns of a unit's split */
         ph[1].w += e * g.parts * range * g.K;
         ph[1].x = e * rows * g.K * range / g.bn;
-        ph[1].f1 = 2.0 * g.bm * g.parts * range * g.kt1 * FUSER_BK;
+        ph[1].f1 = 2.0 * g.bm * g.parts * range * g.kt1 * g.kc;
         ph[1].hbm = e * (g.parts * g.N * g.K + g.L * g.N);
         memset(&ph[0], 0, sizeof ph[0]);
     }
@@ -160,7 +167,7 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
      * units (one phase's ticketed sums end a unit nothing waits for; timed cells in docs/planner.md) */
     T += g.one && !g.rowsum ? 0 : red1 + red2;
 
-    k->flops = 2.0 * FUSER_BK * g.bm * g.rt * (g.reps * g.parts * g.bn * g.nt1 * g.kt1 + g.bl * g.lt2 * g.kt2);
+    k->flops = 2.0 * g.kc * g.bm * g.rt * (g.reps * g.parts * g.bn * g.nt1 * g.kt1 + g.bl * g.lt2 * g.kt2);
     k->useful_flops = 2.0 * c->m * c->n * ((double)c->k * (c->gated ? 2 : 1) + c->l);
     k->compute = k->flops / (G * mma_sm) * 1e6;
     k->hbm = (p->traffic.hbm + 2 * h_hbm) / (t->hbm_gbs * 1e9) * 1e6;
@@ -227,15 +234,15 @@ static void phase1(ssim *S, int64_t nt)
     const uint16_t *w[2] = {d->w_up, d->w_gate};
     const int wi[2] = {S_WU, S_WG};
     for (int64_t sp = 0; sp < g->s1; sp++) {
-        const int64_t k0 = sp * g->ks1 * FUSER_BK, k1 = fuser_min64(g->K, (sp + 1) * g->ks1 * FUSER_BK);
-        const int64_t steps = fuser_ceil_div(k1 - k0, FUSER_BK);
+        const int64_t k0 = sp * g->ks1 * g->kc, k1 = fuser_min64(g->K, (sp + 1) * g->ks1 * g->kc);
+        const int64_t steps = fuser_ceil_div(k1 - k0, g->kc);
         for (int q = 0; q < g->parts; q++)
             split_product(S, S_X, NULL, d->x, g->K, wi[q], w[q], g->K, n0, nr, k0, k1,
                           S->part + (sp * g->parts + q) * g->m * g->bn, g->bn);
         /* every row tile's unit reads the weight tile (one phase: every l-tile's unit of every row tile) */
         S->tr.l2 += g->reps * (2 * g->m * (k1 - k0) + 2 * g->parts * nr * (k1 - k0) * g->rt);
-        S->tr.smem += g->reps * g->rt * steps * (g->bm + g->parts * g->bn) * FUSER_BK * 2;
-        S->flops += 2.0 * g->reps * g->rt * steps * FUSER_BK * g->bm * g->parts * g->bn;
+        S->tr.smem += g->reps * g->rt * steps * (g->bm + g->parts * g->bn) * g->kc * 2;
+        S->flops += 2.0 * g->reps * g->rt * steps * g->kc * g->bm * g->parts * g->bn;
         if (g->s1 > 1)
             S->tr.l2 += 2 * 4 * g->parts * g->rt * g->bm * g->bn; /* whole tiles, written and read back */
     }
@@ -261,13 +268,13 @@ static void phase2(ssim *S, int64_t lt)
     const fuser_chain *c = &S->p->chain;
     const int64_t l0 = lt * g->bl, lr = fuser_min64(g->bl, g->L - l0);
     for (int64_t sp = 0; sp < g->s2; sp++) {
-        const int64_t k0 = sp * g->ks2 * FUSER_BK, k1 = fuser_min64(g->N, (sp + 1) * g->ks2 * FUSER_BK);
-        const int64_t steps = fuser_ceil_div(k1 - k0, FUSER_BK);
+        const int64_t k0 = sp * g->ks2 * g->kc, k1 = fuser_min64(g->N, (sp + 1) * g->ks2 * g->kc);
+        const int64_t steps = fuser_ceil_div(k1 - k0, g->kc);
         split_product(S, -1, S->h, NULL, g->N, S_WD, d->w_down, g->N, l0, lr, k0, k1, S->part + sp * g->m * g->bl,
                       g->bl);
         S->tr.l2 += (g->one ? 0 : 2 * g->m * (k1 - k0)) + 2 * lr * (k1 - k0) * g->rt;
-        S->tr.smem += g->rt * steps * ((g->one ? 0 : g->bm) + g->bl) * FUSER_BK * 2;
-        S->flops += 2.0 * g->rt * steps * FUSER_BK * g->bm * g->bl;
+        S->tr.smem += g->rt * steps * ((g->one ? 0 : g->bm) + g->bl) * g->kc * 2;
+        S->flops += 2.0 * g->rt * steps * g->kc * g->bm * g->bl;
         if (g->s2 > 1)
             S->tr.l2 += 2 * 4 * (g->rowsum ? g->m : g->rt * g->bm) * g->bl;
     }
@@ -286,6 +293,9 @@ static void phase2(ssim *S, int64_t lt)
 
 int fuser_stream_interpret(const fuser_plan *p, const fuser_ffn_data *d, fuser_interp_result *res, fuser_err *err)
 {
+    if (p->chain.dtype == FUSER_E4M3)
+        return fuser_fail(err, FUSER_E_VALUE, "the interpreter runs 16-bit chains; a quantized chain's reference is "
+                          "fuser.fp8.reference");
     ssim S;
     memset(&S, 0, sizeof S);
     S.p = p;

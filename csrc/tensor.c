@@ -15,6 +15,7 @@ static const struct {
     [FUSER_BF16] = {"bfloat16", 2, kDLBfloat, 16},
     [FUSER_F16] = {"float16", 2, kDLFloat, 16},
     [FUSER_F32] = {"float32", 4, kDLFloat, 32},
+    [FUSER_E4M3] = {"float8_e4m3fn", 1, kDLFloat8_e4m3fn, 8},
 };
 
 int fuser_dtype_size(fuser_dtype dt)
@@ -33,6 +34,7 @@ int fuser_dtype_from_name(const char *name)
         {"bfloat16", FUSER_BF16}, {"bf16", FUSER_BF16},
         {"float16", FUSER_F16},   {"fp16", FUSER_F16},  {"half", FUSER_F16},
         {"float32", FUSER_F32},   {"fp32", FUSER_F32},  {"float", FUSER_F32},
+        {"float8_e4m3fn", FUSER_E4M3}, {"e4m3", FUSER_E4M3},
     };
     if (!name)
         return -1;
@@ -123,7 +125,8 @@ int fuser_tensor_from_dl(const DLTensor *dl, const char *name, fuser_tensor *out
     if (found < 0) {
         fuser_dl_dtype_describe(dl->dtype, buf, sizeof buf);
         return fuser_fail(err, FUSER_E_TYPE,
-                          "%s: dtype %s is not supported; expected bfloat16, float16 or float32", name, buf);
+                          "%s: dtype %s is not supported; expected bfloat16, float16 or float32 (or "
+                          "float8_e4m3fn for the operands of a quantized FFN)", name, buf);
     }
     out->dtype = (fuser_dtype)found;
 

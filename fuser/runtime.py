@@ -198,19 +198,22 @@ class Launch:
         """The scratch for a launch with `m` tokens on `stream`."""
         return scratch(self.device, stream, *self.need(m))
 
-    def prepare(self, x, weights, activation, y, scratch, stream, borrow=0, keep=True):
+    def prepare(self, x, weights, activation, y, scratch, stream, borrow=0, keep=True, scales=None):
         """A launch validated and filled once (``_C.ffn_prepare``) for tensors like these on `stream`;
         ``_C.ffn_run(prepared, x_ptr, y_ptr[, six weight addresses])`` then launches it. With `keep` it
         holds the weights (their capsules must be borrowed: bits 1-6 of `borrow`); without, every run
-        names the weights' addresses and it holds only the kernel and the scratch."""
-        return _C.ffn_prepare(self.kernel, x, *weights, activation, y, scratch.capsule, stream, borrow, keep=keep)
+        names the weights' addresses and it holds only the kernel and the scratch. A quantized chain's
+        `scales` (x, up, gate, down, h) are read where prepared and held by the launch."""
+        return _C.ffn_prepare(self.kernel, x, *weights, activation, y, scratch.capsule, stream, borrow, keep=keep,
+                              scales=scales)
 
-    def __call__(self, x, weights, activation, y, scratch, stream, borrow=0):
+    def __call__(self, x, weights, activation, y, scratch, stream, borrow=0, scales=None):
         """Launch on `stream` (the caller's current one, on this device, which must be current). `x`,
         `y` and the six `weights` (w_up, w_down, w_gate, b_up, b_gate, b_down; None where absent) are
         DLPack capsules or objects with ``__dlpack__``; C validates them against the kernel's chain and
-        consumes each capsule except those whose bit is set in `borrow` (bit 0 = x ... bit 7 = y)."""
-        _C.ffn_launch(self.kernel, x, *weights, activation, y, scratch.capsule, stream, borrow)
+        consumes each capsule except those whose bit is set in `borrow` (bit 0 = x ... bit 7 = y). A
+        quantized chain's `scales`: (x, up, gate, down, h) tensors."""
+        _C.ffn_launch(self.kernel, x, *weights, activation, y, scratch.capsule, stream, borrow, scales=scales)
 
 
 def launch_for(plan, device):

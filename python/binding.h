@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 
 #include "fuser/status.h"
+#include "fuser/chain.h"
 #include "fuser/tensor.h"
 
 /* At most this many exact types are taken through a registered DLPack C exchange API. */
@@ -90,6 +91,13 @@ int fuser_exchange_describe(fuser_state *st, PyObject *obj, DLTensor *out, fuser
 
 /* Call the managed tensor's deleter (once) and forget it. Safe on a zeroed or released fuser_held. */
 void fuser_release(fuser_held *h);
+
+/* A quantized FFN's scales argument: None (none), or a sequence of FUSER_NUM_SCALES entries (x, up, gate,
+ * down, h: include/fuser/chain.h), each a tensor or None, taken like fuser_take's tensors into held[] with
+ * their views in t[] (NULL where absent). 0, or -1 with an exception set; the caller releases held[]
+ * either way. */
+int fuser_take_scales(fuser_state *st, PyObject *scales, PyObject *stream, int opts, fuser_held *held,
+                      const fuser_tensor **t);
 
 /* Convert a sequence of str (argument `what`) into a NULL-terminated C array whose strings are borrowed
  * from *keep (a new list). Returns 0, or -1 with an exception set. Either way the caller releases

@@ -36,7 +36,8 @@ static const char *activation_name(PyObject *act_obj)
 /* Take obj[0 .. n) in (None: absent; opts[i] says how) and validate them as fuser.ffn's tensors: the chain
  * in *c, 0; or an exception set, -1. The caller releases held[0 .. n) either way. */
 static int take_and_validate(fuser_state *st, PyObject *const *obj, int n, PyObject *stream, const int *opts,
-                             const char *activation, fuser_held *held, const fuser_tensor **t, fuser_chain *c)
+                             const char *activation, fuser_held *held, const fuser_tensor **t, fuser_chain *c,
+                             PyObject *scales, fuser_held *sheld)
 {
     for (int i = 0; i < n; i++) {
         if (!obj[i] || obj[i] == Py_None)
@@ -46,7 +47,9 @@ static int take_and_validate(fuser_state *st, PyObject *const *obj, int n, PyObj
         t[i] = &held[i].t;
     }
     fuser_ffn_args a = {t[A_X], t[A_W_UP], t[A_W_DOWN], t[A_W_GATE], t[A_B_UP], t[A_B_GATE], t[A_B_DOWN],
-                        n > A_OUT ? t[A_OUT] : NULL, activation};
+                        n > A_OUT ? t[A_OUT] : NULL, activation, {NULL}};
+    if (sheld && fuser_take_scales(st, scales, stream, FUSER_TAKE_NO_CAPSULE, sheld, a.scale))
+        return -1;
     fuser_err err;
     fuser_err_clear(&err);
     if (fuser_ffn_validate(&a, c, &err)) {
@@ -59,13 +62,13 @@ static int take_and_validate(fuser_state *st, PyObject *const *obj, int n, PyObj
 PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down",
-                             "activation", "out", "stream", "capsules", NULL};
+                             "activation", "out", "stream", "capsules", "scales", NULL};
     PyObject *obj[N_TENSOR_ARGS] = {NULL};
-    PyObject *act_obj = NULL, *stream = Py_None;
+    PyObject *act_obj = NULL, *stream = Py_None, *scales = Py_None;
     unsigned int capsules = 0; /* bit i: argument i may be a raw capsule (one fuser.ffn exported itself) */
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOOOOOOI:ffn_check", kwlist, &obj[A_X], &obj[A_W_UP],
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOOOOOOIO:ffn_check", kwlist, &obj[A_X], &obj[A_W_UP],
                                      &obj[A_W_DOWN], &obj[A_W_GATE], &obj[A_B_UP], &obj[A_B_GATE],
-                                     &obj[A_B_DOWN], &act_obj, &obj[A_OUT], &stream, &capsules))
+                                     &obj[A_B_DOWN], &act_obj, &obj[A_OUT], &stream, &capsules, &scales))
         return NULL;
     /* None too is refused: the Python layer dispatches on the activation's name */
     const char *activation = act_obj ? activation_name(act_obj) : "gelu";
@@ -84,11 +87,15 @@ PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs)
         opts[i] = ((capsules >> i) & 1 ? FUSER_TAKE_BORROW : FUSER_TAKE_NO_CAPSULE) |
                   (i == A_OUT ? FUSER_TAKE_WRITABLE : 0);
     fuser_chain chain;
-    PyObject *res = take_and_validate(st, obj, N_TENSOR_ARGS, stream, opts, activation, held, t, &chain)
+    fuser_held sheld[FUSER_NUM_SCALES];
+    memset(sheld, 0, sizeof sheld);
+    PyObject *res = take_and_validate(st, obj, N_TENSOR_ARGS, stream, opts, activation, held, t, &chain, scales, sheld)
                         ? NULL
                         : chain_dict(&chain, t[A_X]);
     for (int i = 0; i < N_TENSOR_ARGS; i++)
         fuser_release(&held[i]);
+    for (int i = 0; i < FUSER_NUM_SCALES; i++)
+        fuser_release(&sheld[i]);
     return res;
 }
 
@@ -120,7 +127,7 @@ PyObject *fuser_py_ffn_key(PyObject *module, PyObject *const *args, Py_ssize_t n
         return PyErr_Format(PyExc_TypeError, "ffn_key: x, w_up and w_down are required");
     fuser_chain c;
     PyObject *res = NULL;
-    if (!take_and_validate(st, args, A_OUT, Py_None, opts, activation, held, t, &c)) {
+    if (!take_and_validate(st, args, A_OUT, Py_None, opts, activation, held, t, &c, NULL, NULL)) {
         /* bytes, not a tuple of ints: no object for the garbage collector to count, one cheap hash */
         const int64_t key[7] = {c.m, c.k, c.n, c.l,
                                 c.gated | c.bias_up << 1 | c.bias_gate << 2 | c.bias_down << 3 |

@@ -285,3 +285,32 @@ PyObject *fuser_py_dlpack_info(PyObject *module, PyObject *args, PyObject *kwarg
     fuser_release(&h);
     return res;
 }
+
+int fuser_take_scales(fuser_state *st, PyObject *scales, PyObject *stream, int opts, fuser_held *held,
+                      const fuser_tensor **t)
+{
+    for (int i = 0; i < FUSER_NUM_SCALES; i++)
+        t[i] = NULL;
+    if (!scales || scales == Py_None)
+        return 0;
+    PyObject *seq = PySequence_Fast(scales, "scales: expected None or a sequence of 5 tensors (x, up, gate, down, "
+                                            "h: fuser.fp8.Scales)");
+    if (!seq)
+        return -1;
+    int rc = 0;
+    if (PySequence_Fast_GET_SIZE(seq) != FUSER_NUM_SCALES) {
+        PyErr_Format(PyExc_ValueError, "scales: expected 5 entries (x, up, gate, down, h: fuser.fp8.Scales), got %zd",
+                     PySequence_Fast_GET_SIZE(seq));
+        rc = -1;
+    }
+    for (int i = 0; !rc && i < FUSER_NUM_SCALES; i++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(seq, i);
+        if (o == Py_None)
+            continue;
+        rc = fuser_take(st, o, fuser_scale_name(i), stream, opts, &held[i]);
+        if (!rc)
+            t[i] = &held[i].t;
+    }
+    Py_DECREF(seq);
+    return rc;
+}

@@ -168,7 +168,7 @@ enum { X, WU, WD, WG, BU, BG, BD, Y, NT };
 typedef struct {
     fuser_ffn_kernel *k;
     scratch_obj *sc;
-    fuser_held h[NT], th;
+    fuser_held h[NT], th, sh[FUSER_NUM_SCALES];
     fuser_ffn_args a;
     fuser_chain c;
     PyObject *stream_obj;
@@ -179,13 +179,15 @@ static void release_taken(taken *tk)
     for (int i = 0; i < NT; i++)
         fuser_release(&tk->h[i]);
     fuser_release(&tk->th);
+    for (int i = 0; i < FUSER_NUM_SCALES; i++)
+        fuser_release(&tk->sh[i]);
     Py_XDECREF(tk->stream_obj);
 }
 
 /* Take kernel, tensors (obj[NT]), scratch and trace (None: none) in and validate them against each
  * other; 0, or -1 with an exception set. Either way the caller calls release_taken once. */
 static int take_all(PyObject *module, taken *tk, PyObject *kobj, PyObject *const obj[NT], const char *activation,
-                    PyObject *sobj, unsigned long long stream, int borrow, PyObject *tobj)
+                    PyObject *sobj, unsigned long long stream, int borrow, PyObject *tobj, PyObject *scales)
 {
     static const char *const names[NT] = {"x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down", "y"};
     memset(tk, 0, sizeof *tk);
@@ -212,7 +214,9 @@ static int take_all(PyObject *module, taken *tk, PyObject *kobj, PyObject *const
     }
     if (tobj != Py_None && fuser_take(st, tobj, "trace", tk->stream_obj, FUSER_TAKE_WRITABLE, &tk->th))
         return -1;
-    tk->a = (fuser_ffn_args){t[X], t[WU], t[WD], t[WG], t[BU], t[BG], t[BD], t[Y], activation};
+    tk->a = (fuser_ffn_args){t[X], t[WU], t[WD], t[WG], t[BU], t[BG], t[BD], t[Y], activation, {NULL}};
+    if (fuser_take_scales(st, scales, tk->stream_obj, 0, tk->sh, tk->a.scale))
+        return -1;
     fuser_err err;
     fuser_err_clear(&err);
     if (fuser_ffn_validate(&tk->a, &tk->c, &err)) {
@@ -230,20 +234,20 @@ static fuser_scratch_view view_of(const scratch_obj *sc)
 PyObject *fuser_py_ffn_launch(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"kernel", "x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down", "activation",
-                             "y", "scratch", "stream", "borrow", "trace", "overlap", NULL};
+                             "y", "scratch", "stream", "borrow", "trace", "overlap", "scales", NULL};
     PyObject *kobj, *sobj, *obj[NT] = {NULL};
     const char *activation;
     unsigned long long stream = 0;
     int borrow = 0; /* bit i: read capsule i without consuming it (the caller keeps it for later launches) */
-    PyObject *tobj = Py_None;
+    PyObject *tobj = Py_None, *scales = Py_None;
     int overlap = 1; /* 0: never start before the stream's previous kernel ends (measurement) */
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOsOOK|iOp:ffn_launch", kwlist, &kobj, &obj[X], &obj[WU],
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOsOOK|iOpO:ffn_launch", kwlist, &kobj, &obj[X], &obj[WU],
                                      &obj[WD], &obj[WG], &obj[BU], &obj[BG], &obj[BD], &activation, &obj[Y], &sobj,
-                                     &stream, &borrow, &tobj, &overlap))
+                                     &stream, &borrow, &tobj, &overlap, &scales))
         return NULL;
     taken tk;
     PyObject *res = NULL;
-    if (!take_all(module, &tk, kobj, obj, activation, sobj, stream, borrow, tobj)) {
+    if (!take_all(module, &tk, kobj, obj, activation, sobj, stream, borrow, tobj, scales)) {
         fuser_err err;
         fuser_err_clear(&err);
         const fuser_scratch_view view = view_of(tk.sc);
@@ -283,14 +287,14 @@ static void prepared_free(PyObject *cap)
 PyObject *fuser_py_ffn_prepare(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"kernel", "x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down", "activation",
-                             "y", "scratch", "stream", "borrow", "overlap", "keep", NULL};
-    PyObject *kobj, *sobj, *obj[NT] = {NULL};
+                             "y", "scratch", "stream", "borrow", "overlap", "keep", "scales", NULL};
+    PyObject *kobj, *sobj, *obj[NT] = {NULL}, *scales = Py_None;
     const char *activation;
     unsigned long long stream = 0;
     int borrow = 0, overlap = 1, keep = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOsOOK|ipp:ffn_prepare", kwlist, &kobj, &obj[X], &obj[WU],
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOsOOK|ippO:ffn_prepare", kwlist, &kobj, &obj[X], &obj[WU],
                                      &obj[WD], &obj[WG], &obj[BU], &obj[BG], &obj[BD], &activation, &obj[Y], &sobj,
-                                     &stream, &borrow, &overlap, &keep))
+                                     &stream, &borrow, &overlap, &keep, &scales))
         return NULL;
     for (int i = WU; i <= BD && keep; i++)
         if (obj[i] != Py_None && PyCapsule_CheckExact(obj[i]) && !(borrow >> i & 1))
@@ -301,7 +305,7 @@ PyObject *fuser_py_ffn_prepare(PyObject *module, PyObject *args, PyObject *kwarg
         return PyErr_NoMemory();
     taken tk;
     PyObject *res = NULL;
-    if (!take_all(module, &tk, kobj, obj, activation, sobj, stream, borrow, Py_None)) {
+    if (!take_all(module, &tk, kobj, obj, activation, sobj, stream, borrow, Py_None, scales)) {
         fuser_err err;
         fuser_err_clear(&err);
         const fuser_scratch_view view = view_of(tk.sc);
@@ -312,8 +316,8 @@ PyObject *fuser_py_ffn_prepare(PyObject *module, PyObject *args, PyObject *kwarg
                      : err.code;
         if (rc)
             fuser_raise(fuser_get_state(module), &err);
-        else if ((o->keep = keep ? PyTuple_Pack(8, kobj, sobj, obj[WU], obj[WD], obj[WG], obj[BU], obj[BG], obj[BD])
-                                 : PyTuple_Pack(2, kobj, sobj)) &&
+        else if ((o->keep = keep ? PyTuple_Pack(9, kobj, sobj, obj[WU], obj[WD], obj[WG], obj[BU], obj[BG], obj[BD], scales)
+                                 : PyTuple_Pack(3, kobj, sobj, scales)) &&
                  (res = PyCapsule_New(o, PREPARED_CAPSULE, prepared_free))) {
             o->weights_each_run = !keep;
             o = NULL;

@@ -7,6 +7,15 @@
  * (d_out x d_ff) and E [M, L]. Operands are 16-bit (or fp32 on the reference path); accumulation is
  * fp32. This header also owns the activation table, and the validation of fuser.ffn's arguments,
  * which produces a chain from tensors.
+ *
+ * Quantized chains (dtype FUSER_E4M3, W8A8 with static activation scales): B, Bu, Bg and D are e4m3 with
+ * fp32 scales, s_x and s_h one per tensor, s_up, s_gate [N] and s_down [L] one per weight row (output
+ * channel); A, the biases and E are bfloat16. A is quantized first, Aq = e4m3(A x (1 / s_x)), and with
+ * P = Aq . W^T accumulated in fp32:
+ *   U = P_up x (s_x s_up[n]) [+ bu],  G = P_gate x (s_x s_gate[n]) [+ bg],
+ *   H = act(G) * U (gated) or act(U),  Hq = e4m3(H x (1 / s_h)) (round to nearest even, saturating at
+ *   +-448),  E = (Hq . D^T) x (s_h s_down[l]) [+ b2], rounded to bfloat16.
+ * H crosses between the GEMMs in 8 bits, which is what makes the chain's bytes half of a 16-bit one's.
  */
 #ifndef FUSER_CHAIN_H
 #define FUSER_CHAIN_H
@@ -52,13 +61,26 @@ typedef struct fuser_chain {
     fuser_dtype dtype;
 } fuser_chain;
 
+/** The dtype of a chain's output and biases: its own, or bfloat16 for a quantized (e4m3) chain. */
+fuser_dtype fuser_chain_out_dtype(const fuser_chain *c);
+
+/** Columns of one kernel K step of dtype dt: 128 bytes of a row (64 16-bit columns, 128 e4m3 ones). */
+int fuser_kstep_cols(fuser_dtype dt);
+
 /** Check a chain on its own (extents, enum values). */
 int fuser_chain_check(const fuser_chain *c, fuser_err *err);
 
-/** Arguments of fuser.ffn, as validated views. Absent optional tensors are NULL. */
+/** A quantized chain's scales, in the order fuser_ffn_args keeps them. */
+enum { FUSER_S_X, FUSER_S_UP, FUSER_S_GATE, FUSER_S_DOWN, FUSER_S_H, FUSER_NUM_SCALES };
+/** "x_scale", "up_scale", ...: the scales' argument names in messages. */
+const char *fuser_scale_name(int i);
+
+/** Arguments of fuser.ffn, as validated views. Absent optional tensors are NULL; `scale` is all NULL
+ * for a 16-bit chain and holds the fp32 scales of a quantized one (the gate's only when gated). */
 typedef struct fuser_ffn_args {
     const fuser_tensor *x, *w_up, *w_down, *w_gate, *b_up, *b_gate, *b_down, *out;
     const char *activation;
+    const fuser_tensor *scale[FUSER_NUM_SCALES];
 } fuser_ffn_args;
 
 /** Validate fuser.ffn's arguments against each other and fill `chain` (M = product of x's leading

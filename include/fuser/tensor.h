@@ -1,7 +1,7 @@
 /* tensor.h: the validated tensor view the core works with, made from a DLTensor.
  *
  * fuser_tensor_from_dl() is the single place where a foreign tensor is checked: element type
- * (bfloat16, float16, float32), device (CPU, CUDA), shape, strides (compact row-major only: a strided
+ * (bfloat16, float16, float32, float8_e4m3fn), device (CPU, CUDA), shape, strides (compact row-major only: a strided
  * view is an error, never a silent wrong result; the Python layer decides on explicit copies), byte
  * offset and alignment. What it accepts, every later stage may rely on.
  */
@@ -24,6 +24,7 @@ typedef enum {
     FUSER_BF16 = 0,
     FUSER_F16 = 1,
     FUSER_F32 = 2,
+    FUSER_E4M3 = 3, /* float8_e4m3fn: 8-bit operands of quantized chains (include/fuser/chain.h) */
     FUSER_NUM_DTYPES
 } fuser_dtype;
 
@@ -48,10 +49,12 @@ typedef struct fuser_tensor {
     int64_t nbytes;
 } fuser_tensor;
 
-/** Size in bytes of one element; name as torch spells it ("bfloat16", "float16", "float32"). */
+/** Size in bytes of one element; name as torch spells it ("bfloat16", "float16", "float32",
+ * "float8_e4m3fn"). */
 int fuser_dtype_size(fuser_dtype dt);
 const char *fuser_dtype_name(fuser_dtype dt);
-/** Parse "bfloat16"/"bf16", "float16"/"fp16"/"half", "float32"/"fp32"/"float". -1 if unknown. */
+/** Parse "bfloat16"/"bf16", "float16"/"fp16"/"half", "float32"/"fp32"/"float", "float8_e4m3fn"/"e4m3".
+ * -1 if unknown. */
 int fuser_dtype_from_name(const char *name);
 
 /** Describe a DLPack element type in torch's spelling ("float64", "int8", "complex64", ...). */

@@ -124,6 +124,53 @@ void test_ffn_validation(void)
     CHECK(fuser_ffn_validate(&a, &c, &err) == FUSER_E_TYPE);
     CHECK_ERR(&err, FUSER_E_TYPE, "w_down: dtype float16 does not match x's dtype bfloat16");
 
+    /* a quantized chain: e4m3 weights, bfloat16 x, biases and output, fp32 scales by role */
+    fuser_tensor qx = mk(FUSER_BF16, 2, 7, 64, 0), qu = mk(FUSER_E4M3, 2, 160, 64, 1024),
+                 qg = mk(FUSER_E4M3, 2, 160, 64, 1024 + 10240), qd = mk(FUSER_E4M3, 2, 32, 160, 30000),
+                 qb = mk(FUSER_BF16, 1, 32, 0, 50000), qy = mk(FUSER_BF16, 2, 7, 32, 60000),
+                 sx = mk(FUSER_F32, 1, 1, 0, 62000), su = mk(FUSER_F32, 1, 160, 0, 62016),
+                 sg = mk(FUSER_F32, 1, 160, 0, 62656), sd = mk(FUSER_F32, 1, 32, 0, 63296), sh = mk(FUSER_F32, 0, 1, 0, 63424);
+    sh.numel = 1, sh.nbytes = 4;
+    fuser_ffn_args q = {&qx, &qu, &qd, &qg, NULL, NULL, &qb, &qy, "silu", {&sx, &su, &sg, &sd, &sh}};
+    CHECK(fuser_ffn_validate(&q, &c, &err) == FUSER_OK);
+    CHECK(c.dtype == FUSER_E4M3 && c.gated && c.bias_down && fuser_chain_out_dtype(&c) == FUSER_BF16);
+    CHECK(fuser_kstep_cols(FUSER_E4M3) == 128 && fuser_kstep_cols(FUSER_BF16) == 64);
+    q.scale[FUSER_S_GATE] = NULL;
+    CHECK(fuser_ffn_validate(&q, &c, &err) == FUSER_E_VALUE);
+    CHECK_ERR(&err, FUSER_E_VALUE, "gate_scale: missing; a quantized FFN (float8_e4m3fn) needs its scales");
+    q.scale[FUSER_S_GATE] = &sg;
+    q.scale[FUSER_S_DOWN] = &su; /* [160], not [d_out] */
+    CHECK(fuser_ffn_validate(&q, &c, &err) == FUSER_E_VALUE);
+    CHECK_ERR(&err, FUSER_E_VALUE, "down_scale: expected shape [32] (one per row of w_down: d_out), got shape [160]");
+    q.scale[FUSER_S_DOWN] = &sd;
+    sx.dtype = FUSER_BF16;
+    CHECK(fuser_ffn_validate(&q, &c, &err) == FUSER_E_TYPE);
+    CHECK_ERR(&err, FUSER_E_TYPE, "x_scale: dtype bfloat16; scales are float32");
+    sx.dtype = FUSER_F32;
+    qb.dtype = FUSER_E4M3;
+    CHECK(fuser_ffn_validate(&q, &c, &err) == FUSER_E_TYPE);
+    CHECK_ERR(&err, FUSER_E_TYPE, "b_down: dtype float8_e4m3fn; a quantized FFN (float8_e4m3fn w_up) takes x, the biases");
+    qb.dtype = FUSER_BF16;
+    qd.dtype = FUSER_BF16;
+    CHECK(fuser_ffn_validate(&q, &c, &err) == FUSER_E_TYPE);
+    CHECK_ERR(&err, FUSER_E_TYPE, "w_down: dtype bfloat16; a quantized FFN (float8_e4m3fn w_up) takes every weight");
+    qd.dtype = FUSER_E4M3;
+    qx.dtype = FUSER_E4M3; /* x arrives in bfloat16: the kernel quantizes it */
+    CHECK(fuser_ffn_validate(&q, &c, &err) == FUSER_E_TYPE);
+    CHECK_ERR(&err, FUSER_E_TYPE, "x: dtype float8_e4m3fn; a quantized FFN (float8_e4m3fn weights) takes x in bfloat16");
+    qx.dtype = FUSER_BF16;
+    q.w_gate = NULL; /* the gate's scale without the gate */
+    CHECK(fuser_ffn_validate(&q, &c, &err) == FUSER_E_VALUE);
+    CHECK_ERR(&err, FUSER_E_VALUE, "gate_scale: given for an FFN without w_gate");
+    wd = mk(FUSER_BF16, 2, 32, 160, 30000);
+    a.scale[FUSER_S_X] = &sx; /* scales on a 16-bit chain */
+    CHECK(fuser_ffn_validate(&a, &c, &err) == FUSER_E_VALUE);
+    CHECK_ERR(&err, FUSER_E_VALUE, "x_scale: given for bfloat16");
+    a.scale[FUSER_S_X] = NULL;
+    wd = mk(FUSER_E4M3, 2, 32, 160, 30000); /* an e4m3 weight in a 16-bit chain */
+    CHECK(fuser_ffn_validate(&a, &c, &err) == FUSER_E_TYPE);
+    CHECK_ERR(&err, FUSER_E_TYPE, "a quantized FFN takes w_up in float8_e4m3fn too");
+
     /* the activation table holds the definitions */
     CHECK(fuser_act_eval(FUSER_ACT_RELU, -2.0) == 0.0);
     CHECK(fabs(fuser_act_eval(FUSER_ACT_GELU, 1.0) - 0.8413447460685429) < 1e-15);
