@@ -25,16 +25,18 @@ static const family families[] = {
 
 /* The chain's constants, shared by every family. */
 #define CHAIN_CONSTANTS(c)                                                                                    \
-    {"DTYPE", (c)->dtype == FUSER_BF16 ? 0 : 1}, {"ACT", (c)->act}, {"GATED", (c)->gated},                     \
-        {"BIAS_UP", (c)->bias_up}, {"BIAS_GATE", (c)->bias_gate}, {"BIAS_DOWN", (c)->bias_down}, {"K", (c)->k}, \
-        {"N", (c)->n}, {"L", (c)->l}
+    {"DTYPE", (c)->dtype == FUSER_BF16 ? 0 : (c)->dtype == FUSER_F16 ? 1 : 2}, {"ACT", (c)->act},               \
+        {"GATED", (c)->gated}, {"BIAS_UP", (c)->bias_up}, {"BIAS_GATE", (c)->bias_gate},                        \
+        {"BIAS_DOWN", (c)->bias_down}, {"K", (c)->k}, {"N", (c)->n}, {"L", (c)->l}
 
 int fuser_codegen(const fuser_plan *p, char *buf, size_t n, fuser_err *err)
 {
     if (!p->fused || p->cluster_size < 1 || (p->kind != FUSER_KIND_CLUSTER && p->kind != FUSER_KIND_STREAM))
         return fuser_fail(err, FUSER_E_VALUE, "code generation needs a derived fused plan");
-    if (p->chain.dtype != FUSER_BF16 && p->chain.dtype != FUSER_F16)
-        return fuser_fail(err, FUSER_E_VALUE, "fused kernels are 16-bit: %s", fuser_dtype_name(p->chain.dtype));
+    if (p->chain.dtype != FUSER_BF16 && p->chain.dtype != FUSER_F16 &&
+        !(p->chain.dtype == FUSER_E4M3 && p->kind == FUSER_KIND_STREAM))
+        return fuser_fail(err, FUSER_E_VALUE, "fused kernels are 16-bit (float8_e4m3fn: stream plans): %s",
+                          fuser_dtype_name(p->chain.dtype));
     const fuser_chain *c = &p->chain;
     /* NOTE: M (and the clusters along tokens) stay run-time parameters: not in these tables. */
     const constant cluster[] = {

@@ -25,6 +25,7 @@ typedef struct {
     float *ws;
     int *sync;
     void *trace;
+    const float *scale[FUSER_NUM_SCALES]; /* a quantized chain's (fuser_ffn_args' order), else null */
     int m;
     int group;
 } stream_params;
@@ -95,6 +96,15 @@ static void prepare_cluster(fuser_ffn_kernel *k, const fuser_chain *c, const fus
     out->flags = 0;
 }
 
+/* The maps of a quantized chain's e4m3 matrices (weights, H) are 16-bit views of half the columns: a K
+ * step is a 128-byte row of a box either way, so the boxes, the swizzle and the kernel's loads stay those
+ * of 16-bit chains. Its x is bfloat16 (the kernel quantizes it), mapped as it is. */
+static fuser_dtype map_dtype(const fuser_chain *c) { return c->dtype == FUSER_E4M3 ? FUSER_BF16 : c->dtype; }
+static uint64_t map_cols(const fuser_chain *c, int64_t cols)
+{
+    return (uint64_t)(cols * fuser_dtype_size(c->dtype) / fuser_dtype_size(map_dtype(c)));
+}
+
 /* The cached map of a weight (or the H buffer) at `addr` with `rows` rows, re-encoded when either changed. */
 static int cached_map(const fuser_driver *drv, fuser_ffn_kernel *k, int slot, const void *addr, uint64_t rows,
                       uint64_t cols, unsigned box_rows, fuser_tmap *out, fuser_err *err)
@@ -104,7 +114,7 @@ static int cached_map(const fuser_driver *drv, fuser_ffn_kernel *k, int slot, co
     int rc = FUSER_OK;
     if (k->map_addr[slot] != addr || k->map_rows[slot] != rows) {
         k->map_addr[slot] = NULL;
-        rc = fuser_tmap_2d(drv, &k->map[slot], k->plan.chain.dtype, addr, rows, cols, cols, box_rows, err);
+        rc = fuser_tmap_2d(drv, &k->map[slot], map_dtype(&k->plan.chain), addr, rows, cols, cols, box_rows, err);
         if (!rc) {
             k->map_addr[slot] = addr;
             k->map_rows[slot] = rows;
@@ -136,12 +146,12 @@ static void stream_map_shape(const fuser_plan *p, int64_t m, int slot, uint64_t 
     const fuser_chain *pc = &p->chain;
     switch (slot) {
     case P_X: *rows = (uint64_t)m, *cols = (uint64_t)pc->k, *box = token_box(p); break;
-    case P_WD: *rows = (uint64_t)pc->l, *cols = (uint64_t)pc->n, *box = weight_box(p, p->bl); break;
-    default: *rows = (uint64_t)pc->n, *cols = (uint64_t)pc->k, *box = weight_box(p, p->bn); break;
+    case P_WD: *rows = (uint64_t)pc->l, *cols = map_cols(pc, pc->n), *box = weight_box(p, p->bl); break;
+    default: *rows = (uint64_t)pc->n, *cols = map_cols(pc, pc->k), *box = weight_box(p, p->bn); break;
     }
 }
 
-static int prepare_stream(const fuser_driver *drv, fuser_ffn_kernel *k, const fuser_chain *c,
+static int prepare_stream(const fuser_driver *drv, fuser_ffn_kernel *k, const fuser_ffn_args *a, const fuser_chain *c,
                           const fuser_scratch_view *s, void *trace, fuser_overlap overlap, fuser_ffn_prepared *out,
                           fuser_err *err)
 {
@@ -160,11 +170,12 @@ static int prepare_stream(const fuser_driver *drv, fuser_ffn_kernel *k, const fu
         stream_map_shape(p, c->m, slot, &rows, &cols, &box);
         if (!out->ptr[slot])
             continue;
-        rc = slot == P_X ? fuser_tmap_2d(drv, map, pc->dtype, out->ptr[slot], rows, cols, cols, box, err)
-                         : cached_map(drv, k, cache_slot[slot], out->ptr[slot], rows, cols, box, map, err);
+        rc = slot == P_X
+                 ? fuser_tmap_2d(drv, map, fuser_chain_out_dtype(pc), out->ptr[slot], rows, cols, cols, box, err)
+                 : cached_map(drv, k, cache_slot[slot], out->ptr[slot], rows, cols, box, map, err);
     }
     if (!rc)
-        rc = cached_map(drv, k, FUSER_MAP_H, h, (uint64_t)c->m, pc->n, token_box(p), &prm->h, err);
+        rc = cached_map(drv, k, FUSER_MAP_H, h, (uint64_t)c->m, map_cols(pc, pc->n), token_box(p), &prm->h, err);
     if (rc)
         return rc;
     prm->b_up = out->ptr[P_BU];
@@ -175,6 +186,8 @@ static int prepare_stream(const fuser_driver *drv, fuser_ffn_kernel *k, const fu
     prm->ws = ws + c->m * pc->n / 2;
     prm->sync = (int *)(uintptr_t)s->ptr;
     prm->trace = trace;
+    for (int i = 0; i < FUSER_NUM_SCALES; i++)
+        prm->scale[i] = a->scale[i] ? (const float *)a->scale[i]->data : NULL;
     prm->m = (int)c->m;
     prm->group = (int)fuser_stream_row_group(p, c->m);
     /* units (or pairs) are claimed dynamically: clusters beyond those resident at once would find no work */
@@ -198,7 +211,8 @@ static int place_stream(const fuser_driver *drv, const fuser_ffn_prepared *p, st
         uint64_t rows, cols;
         unsigned box;
         stream_map_shape(plan, p->m, slot, &rows, &cols, &box);
-        int rc = fuser_tmap_2d(drv, (fuser_tmap *)((unsigned char *)prm + stream_maps[i].offset), plan->chain.dtype,
+        int rc = fuser_tmap_2d(drv, (fuser_tmap *)((unsigned char *)prm + stream_maps[i].offset),
+                               slot == P_X ? fuser_chain_out_dtype(&plan->chain) : map_dtype(&plan->chain),
                                ptr[slot], rows, cols, cols, box, err);
         if (rc)
             return rc;
@@ -253,7 +267,7 @@ int fuser_ffn_prepare(const fuser_driver *drv, fuser_ffn_kernel *k, const fuser_
     if (c->m == 0)
         return FUSER_OK;
     if (p->kind == FUSER_KIND_STREAM)
-        return prepare_stream(drv, k, c, s, trace ? trace->data : NULL, overlap, out, err);
+        return prepare_stream(drv, k, a, c, s, trace ? trace->data : NULL, overlap, out, err);
     prepare_cluster(k, c, s, out);
     return FUSER_OK;
 }

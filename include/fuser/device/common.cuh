@@ -20,6 +20,12 @@ typedef unsigned long long uintptr_t;
 
 namespace fuser {
 
+/* A if B, else F (std::conditional, which NVRTC's bare include path lacks). */
+template <bool B, class T, class F>
+struct pick { using type = T; };
+template <class T, class F>
+struct pick<false, T, F> { using type = F; };
+
 /* ceil(a / b) for positive integers, usable in constant expressions. */
 template <typename T>
 FUSER_DEVICE constexpr T ceil_div(T a, T b) { return (a + b - 1) / b; }
@@ -45,6 +51,16 @@ FUSER_DEVICE float to_float(uint16_t h)
         return f;
     }
 }
+
+/* Two fp32 values to e4m3 (round to nearest even, saturating at +-448; NaN stays NaN): lo in the low byte. */
+FUSER_DEVICE uint32_t e4m3x2(float lo, float hi)
+{
+    uint16_t r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+/* One fp32 value to e4m3, in the low byte. */
+FUSER_DEVICE uint16_t to_e4m3(float v) { return (uint16_t)e4m3x2(v, 0.f); }
 
 /* Two fp32 values to a packed pair of 16-bit values, round to nearest even (lo in the low half). */
 template <int DT>

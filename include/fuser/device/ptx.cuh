@@ -159,6 +159,11 @@ FUSER_DEVICE void st_global_if(bool ok, uint16_t *p, uint16_t v)
     asm volatile("{ .reg .pred q; setp.ne.b32 q, %0, 0; @q st.global.b16 [%1], %2; }" ::"r"((int)ok), "l"(p), "h"(v)
                  : "memory");
 }
+FUSER_DEVICE void st_global_if(bool ok, uint8_t *p, uint16_t v) /* the low byte of v */
+{
+    asm volatile("{ .reg .pred q; setp.ne.b32 q, %0, 0; @q st.global.b8 [%1], %2; }" ::"r"((int)ok), "l"(p), "h"(v)
+                 : "memory");
+}
 FUSER_DEVICE void st_global_if(bool ok, uint2 *p, uint2 v)
 {
     asm volatile("{ .reg .pred q; setp.ne.b32 q, %0, 0; @q st.global.v2.b32 [%1], {%2, %3}; }" ::"r"((int)ok),

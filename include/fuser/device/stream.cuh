@@ -82,13 +82,14 @@ struct StreamParams {
     TensorMap h;      /* H [M, N] in the workspace, box 64 x BM */
     TensorMap w_down; /* [L, N], box 64 x BL */
     const uint16_t *b_up, *b_gate, *b_down;
-    uint16_t *hbuf;   /* H's memory: [M][N] */
+    void *hbuf;       /* H's memory: [M][N], 16-bit (or e4m3 in a quantized chain) */
     uint16_t *y;      /* [M, L] */
     float *ws;        /* fp32 split partials, whole tiles in the accumulators' order (store_frag): phase 1
                          [row tile][n-tile][S1][PARTS][BM x BN], then phase 2 [row tile][l-tile][S2][BM x BL] */
     int *sync;        /* [claim][done][summed], then per row tile [NT1 tickets][LT tickets][S2 ready counters]; all
                          zero between launches */
     uint64_t *trace;  /* optional (null: off): per unit TRACE_WORDS words, see Stream::trace_unit */
+    const float *scale[5]; /* a quantized chain's fp32 scales: x, up, gate, down, h (include/fuser/chain.h) */
     int m;
     int group;        /* row tiles per group of the unit order (>= 1) */
 };
@@ -102,22 +103,35 @@ constexpr int TRACE_WORDS = 9;
 template <class C>
 struct Stream {
     static constexpr int DT = C::DTYPE;
+    /* A quantized chain (DT_E4M3): e4m3 weights and H, fp32 scales, bfloat16 x, biases and y. The weights'
+     * and H's TMA maps are 16-bit views of half the columns, so their tiles, boxes and swizzle are a 16-bit
+     * chain's; a K step is then 128 columns (KCOLS), four k32 MMAs. X arrives in bfloat16, a K step as two
+     * 64-column boxes, and each consumer warpgroup quantizes it (x (1 / s_x) to e4m3) into a tile of its own
+     * before its MMAs (quantize_x). The scales apply in the epilogues: phase 1 scales the summed partials by
+     * s_x s_w[feature] before the biases and rounds H x (1 / s_h) to e4m3; phase 2 scales by s_h
+     * s_down[feature]. */
+    static constexpr bool Q = DT == DT_E4M3;
+    static constexpr int DTO = Q ? DT_BF16 : DT; /* y's and the biases' type */
+    static constexpr int KCOLS = Q ? 2 * SW_COLS : SW_COLS;
+    using HT = typename pick<Q, uint8_t, uint16_t>::type; /* an element of H */
     static constexpr int BM = C::BM, BN = C::BN, BL = C::BL, S1 = C::S1, S2 = C::S2, STAGES = C::STAGES;
     static constexpr bool SWAP = BM < 64;                           /* weights on wgmma's M side */
     static constexpr int MT = SWAP ? 0 : BM / 64;
     static constexpr int PARTS = C::GATED ? 2 : 1;
     static constexpr int MP = BM;                                   /* token rows of every tile */
-    static constexpr int KT1 = ceil_div(C::K, SW_COLS), KS1 = ceil_div(KT1, S1);
+    static constexpr int KT1 = ceil_div(C::K, KCOLS), KS1 = ceil_div(KT1, S1);
     static constexpr int NT1 = ceil_div(C::N, BN);
-    static constexpr int KT2 = ceil_div(C::N, SW_COLS), KS2 = ceil_div(KT2, S2);
+    static constexpr int KT2 = ceil_div(C::N, KCOLS), KS2 = ceil_div(KT2, S2);
     static constexpr int LT = ceil_div(C::L, BL);
     /* wgmma N of each consumer's MMAs: phase 1, phase 2 */
     static constexpr int NW1 = SWAP ? BM : MT == 2 ? BN : BN / 2;
     static constexpr int NW2 = SWAP ? BM : MT == 2 ? BL : BL / 2;
-    static constexpr int X_BYTES = MP * SW_ROW_BYTES;
-    static constexpr int BYTES1 = X_BYTES + PARTS * BN * SW_ROW_BYTES;
-    static constexpr int BYTES2 = X_BYTES + BL * SW_ROW_BYTES;
-    static constexpr int STAGE_BYTES = ceil_div(cmax(BYTES1, BYTES2), SW_GROUP_BYTES) * SW_GROUP_BYTES;
+    static constexpr int TOK = MP * SW_ROW_BYTES;           /* a token tile of one K step: X or H */
+    static constexpr int X_BYTES = Q ? 2 * TOK : TOK;        /* a slot's token region, before its weight tiles */
+    static constexpr int BYTES1 = X_BYTES + PARTS * BN * SW_ROW_BYTES; /* a slot's bytes: phase 1, phase 2 */
+    static constexpr int BYTES2 = TOK + BL * SW_ROW_BYTES;
+    static constexpr int STAGE_BYTES =
+        ceil_div(cmax(BYTES1, X_BYTES + BL * SW_ROW_BYTES), SW_GROUP_BYTES) * SW_GROUP_BYTES;
     static_assert(BM == 16 || BM == 32 || BM == 64 || BM == 128, "BM");
     static_assert(!SWAP || (BN == 128 && BL == 128), "swap-AB: each consumer takes 64 weight rows of a 128-row tile");
     static_assert(BN % 64 == 0 && BN <= 256 && BL % 32 == 0 && BL <= 256, "tiles");
@@ -125,8 +139,9 @@ struct Stream {
     static_assert(C::N % 8 == 0 && C::L % 8 == 0 && C::K % 8 == 0, "16-byte rows");
     static constexpr bool ONE = C::PHASES == 1; /* one phase: each unit computes its own H (above) */
     /* one phase: the unit's H, GEMM2's token operand, one MP x 64 swizzled tile per K step of its split */
-    static constexpr int H_BYTES = ONE ? KS2 * X_BYTES : 0;
+    static constexpr int H_BYTES = ONE ? KS2 * TOK : 0;
     static_assert(C::PHASES == 1 || C::PHASES == 2, "PHASES");
+    static_assert(!Q || (SWAP && !ONE && C::PAIR == 0), "a quantized chain: swap-AB, two phases, no pairs");
     static_assert(!ONE || (S1 == 1 && KS2 * SW_COLS % BN == 0 && C::PAIR == 0),
                   "one phase: GEMM1 unsplit, n-tiles tiling each d_ff split, no pairs");
     /* l-tiles per phase-2 unit (one phase only), and the units' groups of l-tiles along d_out */
@@ -158,7 +173,8 @@ struct Stream {
 
     struct Smem {
         alignas(1024) unsigned char stage[STAGES][STAGE_BYTES];
-        alignas(1024) unsigned char hs[H_BYTES > 0 ? H_BYTES : 16]; /* one phase: the unit's H */
+        /* one phase: the unit's H; a quantized chain: each consumer warpgroup's e4m3 X tile (quantize_x) */
+        alignas(1024) unsigned char hs[H_BYTES > 0 ? H_BYTES : Q ? 2 * TOK : 16];
         Ring<STAGES> ring;
         float4 red[ROWSUM ? 256 : 1]; /* sum_partials: each thread's run of splits */
         int unit[STAGES]; /* the unit whose first K step a slot holds (-1: no more units), set by the producer */
@@ -262,10 +278,10 @@ struct Stream {
     /* ---------------- producer ---------------- */
 
     /* The n-tiles whose columns overlap phase-2 split sp's d_ff range (that split's ready count). */
-    static FUSER_DEVICE int first_tile(int sp) { return sp * KS2 * SW_COLS / BN; }
+    static FUSER_DEVICE int first_tile(int sp) { return sp * KS2 * KCOLS / BN; }
     static FUSER_DEVICE int tiles_in(int sp)
     {
-        return (cmin(KT2, (sp + 1) * KS2) * SW_COLS - 1) / BN - first_tile(sp) + 1;
+        return (cmin(KT2, (sp + 1) * KS2) * KCOLS - 1) / BN - first_tile(sp) + 1;
     }
 
     /* Fill the ring with one unit's K steps [k0, k1): each slot gets the unit's weight tiles
@@ -323,7 +339,12 @@ struct Stream {
     }
     FUSER_DEVICE void load_x(unsigned char *st, uint64_t *bar, int kb, int m0) const
     {
-        load_rows(st, &p.x, bar, kb, m0, BM, PAIR == PAIR_TILES);
+        if constexpr (Q) { /* bfloat16 X: the K step's 128 columns as two 64-column boxes */
+            tma_load_2d(st, &p.x, bar, 2 * kb * SW_COLS, m0);
+            tma_load_2d(st + TOK, &p.x, bar, (2 * kb + 1) * SW_COLS, m0);
+        } else {
+            load_rows(st, &p.x, bar, kb, m0, BM, PAIR == PAIR_TILES);
+        }
     }
 
     /* The next entry of the claim order. In a pair, block 0 takes it from the counter and hands it to
@@ -384,7 +405,7 @@ struct Stream {
             const bool now = ld_acquire_gpu(ready) >= 1;
             if (now)
                 fence_proxy_async_global();
-            fill(c, PIECE | piece, sp * KS2, cmin(KT2, (sp + 1) * KS2), X_BYTES + BL * SW_ROW_BYTES, now,
+            fill(c, PIECE | piece, sp * KS2, cmin(KT2, (sp + 1) * KS2), TOK + BL * SW_ROW_BYTES, now,
                  [&](unsigned char *st, uint64_t *bar, int kb) {
                      load_rows(st + X_BYTES, &p.w_down, bar, kb, k * BL, BL, false);
                  },
@@ -474,7 +495,7 @@ struct Stream {
                 bool now = ONE || !own_t || ld_acquire_gpu(ready) >= tiles_in(sp);
                 if (now && own_t && !ONE)
                     h_ready();
-                const uint32_t bytes = (own_t && !ONE ? X_BYTES : 0) + (own_w ? BL * SW_ROW_BYTES : 0);
+                const uint32_t bytes = (own_t && !ONE ? TOK : 0) + (own_w ? BL * SW_ROW_BYTES : 0);
                 if constexpr (STEAL) { /* the slice's l-tiles, as long as the helpers leave some */
                     int *take = sync_of(t.row, TAKE + sp);
                     int k = atomic_add_relaxed_gpu(take, 1);
@@ -524,7 +545,7 @@ struct Stream {
      * slots' (X or H by TMA) or, at own_tokens, tiles in shared memory the consumers wrote. */
     template <int NW, bool TWO, int R>
     FUSER_DEVICE void mainloop(Cursor<STAGES> &c, int k0, int k1, int b_rows, float (&acc)[R], float (&acc2)[R],
-                               uint64_t *trace, uint32_t own_tokens = 0) const
+                               uint64_t *trace, uint32_t own_tokens = 0, bool x_tokens = false) const
     {
         uint64_t waited = 0; /* traced: ns this thread waited for full slots after the unit's first */
         if (k0 >= k1) {
@@ -534,6 +555,11 @@ struct Stream {
             return;
         }
         int prev = -1;
+        if constexpr (Q) {
+#pragma unroll
+            for (int i = 0; i < R; i++)
+                acc[i] = acc2[i] = 0.f;
+        }
         /* not unrolled: an unrolled copy puts the (one-thread) slot release between wgmma groups, where
          * ptxas serialises the MMAs (C7520) */
 #pragma unroll 1
@@ -549,10 +575,39 @@ struct Stream {
             /* A: this consumer's 64 token rows (or, swap-AB, 64 weight rows); B: its columns (or the tokens) */
             const uint32_t w_rows = st + X_BYTES + (SWAP ? w * 64 : MT == 2 ? 0 : w * NW) * SW_ROW_BYTES;
             /* (own_tokens: the token tiles are the unit's H in shared memory, one per K step) */
-            const uint32_t tokens = (own_tokens ? own_tokens + (kb - k0) * X_BYTES : st) + (MT == 2 ? w * 64 * SW_ROW_BYTES : 0);
-            const uint32_t a = SWAP ? w_rows : tokens, b = SWAP ? tokens : w_rows;
+            uint32_t tokens = (own_tokens ? own_tokens + (kb - k0) * TOK : st) + (MT == 2 ? w * 64 * SW_ROW_BYTES : 0);
+            if constexpr (Q) {
+                if (x_tokens)
+                    tokens = quantize_x(s.stage[c.stage]);
+            }
+            const uint32_t a = SWAP ? w_rows : tokens, b = SWAP ? tokens : w_rows; /* (swap-AB: b the tokens) */
             const uint32_t second = b_rows * SW_ROW_BYTES; /* the gate tile, after the up tile */
             wgmma_fence();
+            if constexpr (Q) {
+                /* e4m3 MMAs keep their sums in fewer bits than fp32 (DeepGEMM's "promotion"): each K step (4 MMAs
+                 * of k32) starts its own sum, added to the fp32 accumulator once the step's MMAs are done. A
+                 * decode step waits for its data far longer than for its MMAs, so waiting for them costs nothing. */
+                float t[R], t2[R];
+#pragma unroll
+                for (int i = 0; i < R; i++)
+                    t[i] = t2[i] = 0.f;
+                mma_k64<DT, NW>(t, a, b, 0);
+                if constexpr (TWO)
+                    mma_k64<DT, NW>(t2, SWAP ? a + second : a, SWAP ? b : b + second, 0);
+                wgmma_commit();
+                wgmma_wait<0>();
+                fence_operands(t);
+                if constexpr (TWO)
+                    fence_operands(t2);
+#pragma unroll
+                for (int i = 0; i < R; i++) {
+                    acc[i] += t[i];
+                    if constexpr (TWO)
+                        acc2[i] += t2[i];
+                }
+                release(c.stage);
+                continue;
+            }
             mma_k64<DT, NW>(acc, a, b, kb > k0);
             if constexpr (TWO)
                 mma_k64<DT, NW>(acc2, SWAP ? a + second : a, SWAP ? b : b + second, kb > k0);
@@ -566,7 +621,8 @@ struct Stream {
         fence_operands(acc);
         if constexpr (TWO)
             fence_operands(acc2);
-        release(prev);
+        if constexpr (!Q) /* (a quantized chain's steps release their slots as they go) */
+            release(prev);
         if (trace) {
             trace[6] = global_ns();
             trace[7] = waited;
@@ -574,6 +630,39 @@ struct Stream {
     }
 
     FUSER_DEVICE void consumers_sync() const { named_sync(1, 256); }
+
+    /* Quantized chains: the slot's X K step (bfloat16, two 64-column boxes, 128-byte swizzled) as e4m3
+     * x (1 / s_x) into this warpgroup's own tile, in the layout TMA gives an e4m3 tile (row r's 16-byte chunk
+     * q at chunk q ^ (r % 8)): each thread converts 16 columns of a row (two source chunks) per pass. Its
+     * shared-memory address, once the warpgroup's stores are visible to wgmma. The previous K step's MMAs,
+     * which read the same tile, are done (the main loop waits for each step's). */
+    FUSER_DEVICE uint32_t quantize_x(const unsigned char *slot) const
+    {
+        unsigned char *dst = s.hs + w * TOK;
+        const float inv = fast_rcp(__ldg(p.scale[0]));
+        const int tw = lt % 128;
+#pragma unroll
+        for (int i = tw; i < MP * 8; i += 128) {
+            const int r = i / 8, q = i % 8;
+            const unsigned char *src = slot + (q / 4) * TOK + r * SW_ROW_BYTES;
+            const uint4 lo = *(const uint4 *)(src + ((2 * (q % 4)) ^ (r % 8)) * 16);
+            const uint4 hi = *(const uint4 *)(src + ((2 * (q % 4) + 1) ^ (r % 8)) * 16);
+            const uint32_t in[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            uint32_t out[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) { /* four bf16 pairs -> four e4m3 bytes */
+                const uint32_t a = e4m3x2(to_float<DT_BF16>((uint16_t)(in[2 * k] & 0xffff)) * inv,
+                                          to_float<DT_BF16>((uint16_t)(in[2 * k] >> 16)) * inv);
+                const uint32_t b = e4m3x2(to_float<DT_BF16>((uint16_t)(in[2 * k + 1] & 0xffff)) * inv,
+                                          to_float<DT_BF16>((uint16_t)(in[2 * k + 1] >> 16)) * inv);
+                out[k] = a | b << 16;
+            }
+            *(uint4 *)(dst + r * SW_ROW_BYTES + (q ^ (r % 8)) * 16) = make_uint4(out[0], out[1], out[2], out[3]);
+        }
+        fence_proxy_async_smem(); /* the stores, before wgmma (the async proxy) reads them */
+        named_sync(2 + w, 128);
+        return smem_addr(dst);
+    }
 
     /* This warp no longer reads the slot: its tiles (wgmma) or its unit id. Every consumer warp arrives
      * (the warp's reads ordered before its lanes' arrives), in pairs in both blocks, so a producer
@@ -670,7 +759,7 @@ struct Stream {
     {
 #pragma unroll
         for (int e = 0; e < E; e++)
-            v[e] = HAS ? to_float<DT>(__ldg(b + n + e)) : 0.f;
+            v[e] = HAS ? to_float<DTO>(__ldg(b + n + e)) : 0.f;
     }
 
     /* The biases of columns n and n + 1 (n even), as they are stored (zero without the bias). */
@@ -681,8 +770,8 @@ struct Stream {
     }
     static FUSER_DEVICE void unpack2(uint32_t v, float (&f)[2])
     {
-        f[0] = to_float<DT>((uint16_t)(v & 0xffff));
-        f[1] = to_float<DT>((uint16_t)(v >> 16));
+        f[0] = to_float<DTO>((uint16_t)(v & 0xffff));
+        f[1] = to_float<DTO>((uint16_t)(v >> 16));
     }
 
     /* v + b where the bias exists (adding a zero bias is not free: x + 0 is an instruction, -0 + 0 = +0) */
@@ -701,15 +790,18 @@ struct Stream {
         }
     }
 
-    /* H[row][n] = h_values, rounded; stored only where `ok` (the row and column in the output), computed
-     * everywhere (st_global_if). */
-    FUSER_DEVICE void store_h(bool ok, uint16_t *dst, float up, float gate, float bu, float bg) const
+    /* H[row][n] = h_values, rounded (quantized: h_values x inv_h to e4m3); stored only where `ok` (the row
+     * and column in the output), computed everywhere (st_global_if). */
+    FUSER_DEVICE void store_h(bool ok, HT *dst, float up, float gate, float bu, float bg, float inv_h = 1.f) const
     {
         float v[1];
         h_values<1>({up}, {gate}, {bu}, {bg}, v);
-        store16(ok, dst, v[0]);
+        if constexpr (Q)
+            st_global_if(ok, dst, to_e4m3(v[0] * inv_h));
+        else
+            store16(ok, dst, v[0]);
     }
-    FUSER_DEVICE uint16_t *h_at(int row, int n) const { return p.hbuf + (int64_t)row * C::N + n; }
+    FUSER_DEVICE HT *h_at(int row, int n) const { return (HT *)p.hbuf + (int64_t)row * C::N + n; }
 
     /* Y[row][l] = v + bd, rounded; stored only where `ok`. */
     FUSER_DEVICE void store_y(bool ok, uint16_t *dst, float v, float bd) const
@@ -740,8 +832,8 @@ struct Stream {
             for (int k = 0; k < 4; k++) {
                 float f[4];
                 value(4 * g + k, f);
-                v[0][k] = pack2<DT>(f[0], f[1]);
-                v[1][k] = pack2<DT>(f[2], f[3]);
+                v[0][k] = pack2<DTO>(f[0], f[1]);
+                v[1][k] = pack2<DTO>(f[2], f[3]);
             }
 #pragma unroll
             for (int h = 0; h < 2; h++) {
@@ -772,7 +864,7 @@ struct Stream {
     /* One fp32 value rounded to 16 bits, stored where `ok` (swap-AB's epilogues: a value per element). */
     static FUSER_DEVICE void store16(bool ok, uint16_t *dst, float v)
     {
-        st_global_if(ok, dst, (uint16_t)(pack2<DT>(v, 0.f) & 0xffff));
+        st_global_if(ok, dst, (uint16_t)(pack2<DTO>(v, 0.f) & 0xffff));
     }
 
     /* where consumer thread 0 records its unit's mainloop (null: no trace, or another thread) */
@@ -783,7 +875,7 @@ struct Stream {
         const Unit t = unit1(u);
         const int nt = t.tile, sp = t.split;
         float up[NW1 / 2], gate[NW1 / 2];
-        mainloop<NW1, C::GATED>(c, sp * KS1, cmin(KT1, (sp + 1) * KS1), BN, up, gate, unit_trace(u));
+        mainloop<NW1, C::GATED>(c, sp * KS1, cmin(KT1, (sp + 1) * KS1), BN, up, gate, unit_trace(u), 0u, true);
         const int n0 = nt * BN;
         if constexpr (S1 > 1) {
             /* this split's partials; the last split sums them all into up (and gate), then stores H */
@@ -798,7 +890,7 @@ struct Stream {
                 store_relaxed_gpu(sync_of(t.row, TICKETS1 + nt), 0);
             if constexpr (!SWAP) { /* H straight from the summed partials, chunk by chunk */
                 const float *sums = launder(tile);
-                store_tile<NW1>(p.hbuf, C::N, n0, C::N, [&](int j, float (&f)[4]) {
+                store_tile<NW1>((uint16_t *)p.hbuf, C::N, n0, C::N, [&](int j, float (&f)[4]) {
                     const float4 u = frag_sum<S1>(sums, PARTS * TILE, j);
                     const float4 g = C::GATED ? frag_sum<S1>(sums + TILE, PARTS * TILE, j) : u;
                     const int n = cmin(n0 + col_of<NW1>(j), C::N - 2);
@@ -817,7 +909,7 @@ struct Stream {
         }
         if constexpr (SWAP) {
             /* a thread's features: feature_of(i) for i % 4 < 2 and for i % 4 >= 2 */
-            float bu[2], bg[2];
+            float bu[2], bg[2], su[2] = {1.f, 1.f}, sg[2] = {1.f, 1.f}, inv_h = 1.f;
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int n = cmin(n0 + feature_of(2 * h), C::N - 1);
@@ -825,11 +917,22 @@ struct Stream {
                 bias<C::BIAS_UP>(p.b_up, n, u);
                 bias<C::BIAS_GATE>(p.b_gate, n, g);
                 bu[h] = u[0], bg[h] = g[0];
+                if constexpr (Q) {
+                    const float sx = __ldg(p.scale[0]);
+                    su[h] = sx * __ldg(p.scale[1] + n);
+                    if constexpr (C::GATED)
+                        sg[h] = sx * __ldg(p.scale[2] + n);
+                }
             }
+            if constexpr (Q)
+                inv_h = fast_rcp(__ldg(p.scale[4]));
 #pragma unroll
             for (int i = 0; i < NW1 / 2; i++) {
                 const int t = token_of(i), n = n0 + feature_of(i), h = (i >> 1) & 1;
-                store_h(t < p.m && n < C::N, h_at(t, n), up[i], gate[i], bu[h], bg[h]);
+                if constexpr (Q)
+                    store_h(t < p.m && n < C::N, h_at(t, n), up[i] * su[h], gate[i] * sg[h], bu[h], bg[h], inv_h);
+                else
+                    store_h(t < p.m && n < C::N, h_at(t, n), up[i], gate[i], bu[h], bg[h]);
             }
         } else {
             /* the biases of the thread's column pairs first (16-bit pairs, every load before the first store) */
@@ -840,7 +943,7 @@ struct Stream {
                 bu[j] = bias2<C::BIAS_UP>(p.b_up, n);
                 bg[j] = bias2<C::BIAS_GATE>(p.b_gate, n);
             }
-            store_tile<NW1>(p.hbuf, C::N, n0, C::N, [&](int j, float (&f)[4]) {
+            store_tile<NW1>((uint16_t *)p.hbuf, C::N, n0, C::N, [&](int j, float (&f)[4]) {
                 float bu2[2], bg2[2];
                 unpack2(bu[j], bu2);
                 unpack2(bg[j], bg2);
@@ -859,8 +962,8 @@ struct Stream {
     {
         consumers_sync();
         if (lt == 0) {
-            const int last_step = (cmin(C::N, n0 + BN) - 1) / SW_COLS;
-            for (int sp2 = n0 / SW_COLS / KS2; sp2 <= last_step / KS2; sp2++)
+            const int last_step = (cmin(C::N, n0 + BN) - 1) / KCOLS;
+            for (int sp2 = n0 / KCOLS / KS2; sp2 <= last_step / KS2; sp2++)
                 red_release_gpu_add(sync_of(row, READY + sp2), 1);
         }
     }
@@ -879,7 +982,7 @@ struct Stream {
             /* 2 consecutive d_ff columns (n even) of token row r (of the tile) */
             auto put = [&](int r, int n, const float (&f)[2]) {
                 const int rel = n - n_lo, col = rel % SW_COLS;
-                const uint32_t off = rel / SW_COLS * X_BYTES + r * SW_ROW_BYTES +
+                const uint32_t off = rel / SW_COLS * TOK + r * SW_ROW_BYTES +
                                      (((col / 8) ^ (r % 8)) * 16 + col % 8 * 2);
                 const uint32_t v = n < C::N ? pack2<DT>(f[0], f[1]) : 0u;
                 *(uint32_t *)(s.hs + off) = v;
@@ -1013,17 +1116,20 @@ struct Stream {
             sum_frags<S2>(acc, tile, TILE);
         }
         if constexpr (SWAP) {
-            float bd[2];
+            float bd[2], sd[2] = {1.f, 1.f};
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 float b[1];
-                bias<C::BIAS_DOWN>(p.b_down, cmin(l0 + feature_of(2 * h), C::L - 1), b);
+                const int l = cmin(l0 + feature_of(2 * h), C::L - 1);
+                bias<C::BIAS_DOWN>(p.b_down, l, b);
                 bd[h] = b[0];
+                if constexpr (Q)
+                    sd[h] = __ldg(p.scale[4]) * __ldg(p.scale[3] + l);
             }
 #pragma unroll
             for (int i = 0; i < NW2 / 2; i++) {
                 const int t = token_of(i), l = l0 + feature_of(i);
-                store_y(t < p.m && l < C::L, y_at(t, l), acc[i], bd[(i >> 1) & 1]);
+                store_y(t < p.m && l < C::L, y_at(t, l), Q ? acc[i] * sd[(i >> 1) & 1] : acc[i], bd[(i >> 1) & 1]);
             }
         } else {
             uint32_t bd[NW2 / 8];
@@ -1085,8 +1191,8 @@ struct Stream {
                 float b[4];
                 bias<C::BIAS_DOWN, 4>(p.b_down, l, b);
                 *(uint2 *)y_at(token, l) =
-                    make_uint2(pack2<DT>(plus<C::BIAS_DOWN>(t.x, b[0]), plus<C::BIAS_DOWN>(t.y, b[1])),
-                               pack2<DT>(plus<C::BIAS_DOWN>(t.z, b[2]), plus<C::BIAS_DOWN>(t.w, b[3])));
+                    make_uint2(pack2<DTO>(plus<C::BIAS_DOWN>(t.x, b[0]), plus<C::BIAS_DOWN>(t.y, b[1])),
+                               pack2<DTO>(plus<C::BIAS_DOWN>(t.z, b[2]), plus<C::BIAS_DOWN>(t.w, b[3])));
             }
         }
     }
