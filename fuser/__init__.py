@@ -16,12 +16,13 @@ and why; ``fuser.warmup(model)`` compiles its fused kernels ahead of time. ``tor
 backend="fuser")`` fuses FFNs in the compiled graph instead. A ``fuser.Plan`` explains itself
 (``plan.explain()``) and draws itself (``plan.to_svg()``, shown by notebooks).
 ``fuser.env()`` says what was found on this machine and, when the fused path is unavailable, why.
+``fuser.fp8`` quantizes an FFN to e4m3 (W8A8, static activation scales) for ``fuser.ffn(..., scales=)``.
 """
 import importlib
 
 from fuser._C import CacheError, CompileError, CudaError, FuserError, UnsupportedError
 from fuser._env import Env, __version__, env  # noqa: F401
-from fuser import jit
+from fuser import fp8, jit
 from fuser.planner import DATAFLOWS, Plan, plan, plans, simulate
 from fuser.reference import ACTIVATIONS, ffn_reference
 from fuser.runtime import Kernel, compile
@@ -32,6 +33,7 @@ from fuser.optimize import Report, optimize, report, revert
 
 __all__ = [
     "ffn", "ffn_reference", "env", "Env", "ACTIVATIONS", "plan", "plans", "Plan", "simulate", "DATAFLOWS", "jit", "compile", "Kernel",
+    "fp8",
     "optimize", "report", "revert", "Report", "FusedFFN", "warmup", "tune",
     "FuserError", "CudaError", "CompileError", "CacheError", "UnsupportedError",
 ]

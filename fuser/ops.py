@@ -56,10 +56,10 @@ def kept(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation):
     return None if r is None or r.stale else r
 
 
-def _check(tensors, activation, out=None):
+def _check(tensors, activation, out=None, scales=None):
     """Validate a call in C; returns the chain dict (``_C.ffn_check``). A torch tensor that torch cannot
     export (sparse, quantized, meta, nested, a wrapper without storage) is a TypeError naming it, as C
-    reports for other producers."""
+    reports for other producers. `scales`: a quantized chain's (x, up, gate, down, h)."""
     _, stream, guard = interop.placement(tensors[0])
     objs, mask = [], 0
     for i, t in enumerate((*tensors, out)):
@@ -72,7 +72,8 @@ def _check(tensors, activation, out=None):
             mask |= (1 << i) if interop.to_capsule is not None else 0
         objs.append(t)
     with guard:
-        return _C.ffn_check(*objs[:7], activation=activation, out=objs[7], stream=stream, capsules=mask)
+        return _C.ffn_check(*objs[:7], activation=activation, out=objs[7], stream=stream, capsules=mask,
+                            scales=scales)
 
 
 def route(x, w_up, w_down, w_gate=None, b_up=None, b_gate=None, b_down=None, activation="gelu"):
@@ -137,7 +138,7 @@ def _check_plan(plan, chain):
 
 
 def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, activation="gelu", out=None,
-        plan=None):
+        plan=None, scales=None):
     """A transformer feed-forward block in one call.
 
     Computes ``act(x @ w_up.T + b_up) @ w_down.T + b_down``, or with ``w_gate`` the gated form
@@ -155,6 +156,10 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
             plan runs where the fused path is available; see ``fuser.env()``). It is checked first
             against the GPU of x and these tokens (:meth:`fuser.Plan.check`): a ValueError names the
             limit a plan breaks, before any code is generated.
+        scales: a quantized FFN's :class:`fuser.fp8.Scales` (FP8, W8A8): then ``x`` and the weights are
+            ``torch.float8_e4m3fn`` (``fuser.fp8.quantize`` and ``fuser.fp8.quantize_weight`` make them),
+            the biases and the result bfloat16, and the result is ``fuser.fp8.reference``'s: H crosses
+            between the GEMMs in e4m3 with the static scale ``scales.h``.
 
     All tensors share one dtype (bfloat16, float16 or float32) and one device, are contiguous and
     16-byte aligned. Bad arguments raise ``TypeError``/``ValueError`` naming the argument, what was
@@ -175,6 +180,8 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
         torch.Size([2, 5, 64])
     """
     key = None
+    if scales is not None:   # a quantized chain: the general path, validated in C with its scales
+        return _quantized(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out, plan, scales)
     if out is None and plan is None and _keyed:
         try:   # _key, inline: this is every call's path
             key = _ffn_key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
@@ -196,3 +203,19 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
     r = _remember(key, tensors, route_for(chain, plan))
     args = [_as_torch(t, name) for t, name in zip((*tensors, out), _NAMES)]
     return r.run(*args[:7], activation, args[7])
+
+
+def _quantized(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out, plan, scales):
+    """``ffn`` for a quantized chain: validated in C with its scales at every call, the route kept per chain."""
+    tensors = (x, w_up, w_down, w_gate, b_up, b_gate, b_down)
+    try:   # C's order (include/fuser/chain.h)
+        scales = (scales.x, scales.up, scales.gate, scales.down, scales.h)
+    except AttributeError:
+        raise TypeError(f"scales: expected a fuser.fp8.Scales (x, up, down, h, gate), got {type(scales).__name__}") \
+            from None
+    chain = _check(tensors, activation, out, scales)
+    if plan is not None:
+        _check_plan(plan, chain)
+    r = route_for(chain, plan)
+    args = [_as_torch(t, name) for t, name in zip((*tensors, out), _NAMES)]
+    return r.run(*args[:7], activation, args[7], tuple(_as_torch(t, "scales") for t in scales))

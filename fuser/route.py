@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import torch
 
-from fuser import _C, interop, runtime
+from fuser import _C, fp8, interop, runtime
 from fuser.planner import CHAIN_FIELDS
 from fuser.reference import ACTIVATIONS, eager
 
 __all__ = ["Route", "FusedRoute", "HostBoundRoute", "route_for", "forget"]
 
-_FUSED_DTYPES = ("bfloat16", "float16")
+_FUSED_DTYPES = ("bfloat16", "float16", "float8_e4m3fn")
 _grad_enabled = torch.is_grad_enabled
 _any_requires_grad = torch._C._any_requires_grad
 _export = interop.export
@@ -38,9 +38,10 @@ _MAX_PREPARED = 64                 # prepared launches a route keeps (one per la
 
 
 class Route:
-    """The eager route: the FFN in PyTorch ops (``fuser.reference.eager``). Taken where the tensors are
-    not on a CUDA device, not 16-bit, hold no tokens, where the device has no fused path, and where the
-    planner's plan (``plan``; None where nothing was planned) is unfused."""
+    """The eager route: the FFN in PyTorch ops (``fuser.reference.eager``; a quantized chain's, with
+    `scales`: ``fuser.fp8.eager``). Taken where the tensors are not on a CUDA device, not 16-bit (or
+    e4m3), hold no tokens, where the device has no fused path, and where the planner's plan (``plan``;
+    None where nothing was planned) is unfused."""
 
     fused = False
     graphs_eager = False   # True: the eager ops while a CUDA graph is captured, the plan's launch otherwise
@@ -49,7 +50,7 @@ class Route:
     def __init__(self, plan=None):
         self.plan, self.stale = plan, False
 
-    def run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out=None):
+    def run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out=None, scales=None):
         """The output for these (validated) tensors; written into `out` when given.
 
         Example:
@@ -59,7 +60,12 @@ class Route:
             >>> Route().run(x, w1, w2, None, None, None, None, "relu").shape
             torch.Size([3, 8])
         """
-        y = eager(x, w_up, w_down, w_gate, b_up, b_gate, b_down, ACTIVATIONS[activation])
+        if scales is not None:   # (x, up, gate, down, h): C's order
+            s_x, s_up, s_gate, s_down, s_h = scales
+            y = fp8.eager(x, w_up, w_down, fp8.Scales(x=s_x, up=s_up, down=s_down, h=s_h, gate=s_gate),
+                          w_gate=w_gate, b_up=b_up, b_gate=b_gate, b_down=b_down, activation=activation)
+        else:
+            y = eager(x, w_up, w_down, w_gate, b_up, b_gate, b_down, ACTIVATIONS[activation])
         if out is None:
             return y
         if y.requires_grad:
@@ -91,39 +97,47 @@ class FusedRoute(Route):
         self.launch = runtime.launch_for(plan, device)
         self.prepared = {}   # (stream, tokens, w_up, w_down, w_gate addresses) -> (scratch, prepared launch)
 
-    def run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out=None):
+    def run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out=None, scales=None):
         if interop.disabled() or (_grad_enabled() and _any_requires_grad(x, w_up, w_down, w_gate, b_up, b_gate, b_down)):
-            return Route.run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out)
-        y = x.new_empty((*x.shape[:-1], w_down.shape[0])) if out is None else out
+            return Route.run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out, scales)
+        if out is not None:
+            y = out
+        elif scales is not None:   # a quantized chain's output: bfloat16
+            y = x.new_empty((*x.shape[:-1], w_down.shape[0]), dtype=torch.bfloat16)
+        else:
+            y = x.new_empty((*x.shape[:-1], w_down.shape[0]))
         if self.device == _current_device():
-            self._launch(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, y)
+            self._launch(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, y, scales)
         else:
             with torch.cuda.device(self.device):   # preparing may allocate scratch, launching needs the context
-                self._launch(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, y)
+                self._launch(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, y, scales)
         return y
 
-    def _launch(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, y):
-        """Run the prepared launch for these tensors' stream, token count and weight addresses (prepared
-        now if there is none, or if the stream's scratch was replaced)."""
+    def _launch(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, y, scales=None):
+        """Run the prepared launch for these tensors' stream, token count and weight addresses (and a
+        quantized chain's scales, which a launch reads where prepared), prepared now if there is none, or
+        if the stream's scratch was replaced."""
         device = self.device
         stream = _raw_stream(device)
         m = x.numel() // x.shape[-1]
         up, down, gate = w_up.data_ptr(), w_down.data_ptr(), None if w_gate is None else w_gate.data_ptr()
-        key = (stream, m, up, down, gate)
+        key = (stream, m, up, down, gate) if scales is None else (
+            stream, m, up, down, gate, *(None if t is None else t.data_ptr() for t in scales))
         e = self.prepared.get(key)
         if e is None or _kept_scratch(device, stream) is not e[0]:
-            e = self._prepare(key, x, (w_up, w_down, w_gate, b_up, b_gate, b_down), activation, y)
+            e = self._prepare(key, x, (w_up, w_down, w_gate, b_up, b_gate, b_down), activation, y, scales)
         # the other addresses C reads itself (torch's DLPack C exchange API: no data_ptr() calls here)
         _ffn_run(e[1], x, y, up, down, gate, b_up, b_gate, b_down)
 
-    def _prepare(self, key, x, weights, activation, y):
+    def _prepare(self, key, x, weights, activation, y, scales=None):
         stream, m = key[0], key[1]
         scratch = self.launch.scratch(m, stream)
         if len(self.prepared) >= _MAX_PREPARED:
             self.prepared.clear()
+        kw = {} if scales is None else {"scales": tuple(scales)}   # (a quantized chain's)
         e = self.prepared[key] = (scratch, self.launch.prepare(
             _export(x), tuple(None if t is None else _export(t) for t in weights), activation, _export(y), scratch,
-            stream, keep=False))
+            stream, keep=False, **kw))
         return e
 
 
@@ -139,10 +153,10 @@ class HostBoundRoute(FusedRoute):
         super().__init__(plan, device)
         self.graph_plan = graph_plan
 
-    def run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out=None):
+    def run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out=None, scales=None):
         if _capturing():
-            return Route.run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out)
-        return FusedRoute.run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out)
+            return Route.run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out, scales)
+        return FusedRoute.run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out, scales)
 
     def __repr__(self):
         return f"<fuser route: {self.plan.summary()} outside CUDA graphs, eager ops in them>"
@@ -180,6 +194,8 @@ def route_for(chain, plan=None):
             p = runtime.plan_for(chain, device)
             if p.fused:
                 r = FusedRoute(p, device)
+            elif chain["dtype"] == "float8_e4m3fn":   # (its eager route is not PyTorch's launches)
+                r = Route(p)
             else:
                 host = runtime.host_op_us(device)
                 if host is None:

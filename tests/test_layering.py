@@ -18,7 +18,8 @@ PACKAGE = pathlib.Path(fuser.__file__).resolve().parent
 #: Layer of every module of the package, lowest first; a module may import its own layer and those below.
 LAYERS = {
     "core": {"fuser._C", "fuser._env", "fuser.interop", "fuser.jit", "fuser.ops", "fuser.planner",
-             "fuser.reference", "fuser.route", "fuser.runtime", "fuser.store", "fuser.svg", "fuser.target"},
+             "fuser.reference", "fuser.route", "fuser.runtime", "fuser.store", "fuser.svg", "fuser.target",
+             "fuser.fp8"},
     "torch integration": {"fuser", "fuser.backend", "fuser.custom_op", "fuser.ffn_spec", "fuser.module",
                           "fuser.optimize", "fuser.recognize", "fuser.structure"},
     "tools": {"fuser.__main__", "fuser.tools"},   # and every module under fuser/tools/

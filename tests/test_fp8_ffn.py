@@ -1,0 +1,101 @@
+"""Quantized (FP8) FFNs through fuser.ffn on any machine: the call validated in C with its scales, the
+eager route's result (``fuser.fp8.reference``) on CPU, the planner's plans for float8_e4m3fn chains
+(swap-AB stream plans in two phases, or PyTorch's ops; never the cluster kernel), half the weight bytes
+in the cost model, and every quantized stream variant compiling clean through NVRTC (no spills, no stack
+frame, no math subroutine)."""
+import concurrent.futures
+import os
+
+import pytest
+import torch
+
+import fuser
+from fuser import fp8, runtime
+
+
+def _ffn(m=5, d=32, f=96, l=48, gated=True, seed=0):
+    """x (bfloat16: the kernel quantizes it) and the quantized FFN."""
+    g = torch.Generator().manual_seed(seed)
+    w_up, w_down = torch.randn(f, d, generator=g) * 0.2, torch.randn(l, f, generator=g) * 0.1
+    w_gate = torch.randn(f, d, generator=g) * 0.2 if gated else None
+    x = torch.randn(m, d, generator=g)
+    q = fp8.quantize_ffn(w_up, w_down, w_gate=w_gate, x_samples=x, activation="silu")
+    return x.bfloat16(), q
+
+
+def test_cpu_call_is_the_reference():
+    x_q, q = _ffn()
+    b_down = torch.randn(48).bfloat16()
+    y = fuser.ffn(x_q, q.w_up, q.w_down, w_gate=q.w_gate, b_down=b_down, activation="silu", scales=q.scales)
+    ref = fp8.reference(x_q, q.w_up, q.w_down, q.scales, w_gate=q.w_gate, b_down=b_down, activation="silu")
+    assert y.dtype == torch.bfloat16 and torch.equal(y, ref)
+    assert torch.equal(ref, fp8.reference(fp8.quantize(x_q, q.scales.x), q.w_up, q.w_down, q.scales, w_gate=q.w_gate,
+                                          b_down=b_down, activation="silu"))
+    out = torch.full((5, 48), float("nan"), dtype=torch.bfloat16)
+    assert fuser.ffn(x_q, q.w_up, q.w_down, w_gate=q.w_gate, b_down=b_down, activation="silu", scales=q.scales,
+                     out=out) is out
+    assert torch.equal(out, ref)
+
+
+def test_bad_calls_say_what_to_pass():
+    x_q, q = _ffn()
+    with pytest.raises(ValueError, match=r"x_scale: missing; .*pass scales=fuser.fp8.Scales"):
+        fuser.ffn(x_q, q.w_up, q.w_down, w_gate=q.w_gate, activation="silu")
+    with pytest.raises(TypeError, match="x: dtype float32; a quantized FFN .* takes x in bfloat16"):
+        fuser.ffn(x_q.float(), q.w_up, q.w_down, w_gate=q.w_gate, activation="silu", scales=q.scales)
+    with pytest.raises(TypeError, match="a quantized FFN takes w_up in float8_e4m3fn too"):
+        fuser.ffn(x_q, q.w_up.bfloat16(), q.w_down, w_gate=q.w_gate, activation="silu", scales=q.scales)
+    with pytest.raises(TypeError, match="scales: expected a fuser.fp8.Scales"):
+        fuser.ffn(x_q, q.w_up, q.w_down, w_gate=q.w_gate, activation="silu", scales=(1, 2))
+    with pytest.raises(ValueError, match=r"up_scale: expected shape \[96\]"):
+        fuser.ffn(x_q, q.w_up, q.w_down, w_gate=q.w_gate, activation="silu",
+                  scales=q.scales._replace(up=q.scales.up[:10]))
+    with pytest.raises(ValueError, match="gate_scale: given for an FFN without w_gate"):
+        fuser.ffn(x_q, q.w_up, q.w_down, activation="silu", scales=q.scales)
+    with pytest.raises(TypeError, match="takes x, the biases and the output in bfloat16"):
+        fuser.ffn(x_q, q.w_up, q.w_down, w_gate=q.w_gate, activation="silu", scales=q.scales,
+                  b_down=torch.zeros(48))
+    with pytest.raises(ValueError, match="x_scale: given for bfloat16"):
+        x = torch.randn(5, 32).bfloat16()
+        fuser.ffn(x, x.new_zeros(96, 32), x.new_zeros(48, 96), activation="silu", scales=q.scales._replace(gate=None))
+
+
+LLAMA3 = dict(d_model=4096, d_ff=14336, gated=True, activation="silu")
+
+
+@pytest.mark.parametrize("m", [1, 16, 32])
+def test_decode_plans_are_swap_ab_stream_plans_at_half_the_bytes(m):
+    p = fuser.plan(m, dtype="float8_e4m3fn", target="h200", **LLAMA3)
+    b = fuser.plan(m, dtype="bfloat16", target="h200", fused=True, **LLAMA3)
+    assert p.fused and p.kind == "stream" and p.raw["params"]["bm"] in (16, 32) and p.raw["params"]["phases"] == 2
+    weights = 3 * 4096 * 14336
+    assert weights <= p.raw["traffic"]["hbm"] < weights * 1.01
+    assert p.predicted_us < 0.6 * b.predicted_us
+
+
+def test_quantized_chains_never_run_the_cluster_kernel():
+    ps = fuser.plans(8, 512, 2048, dtype="float8_e4m3fn", target="h200", k=50, fused=True)
+    assert ps and all(p.kind == "stream" and p.raw["params"]["bm"] < 64 for p in ps)
+    with pytest.raises(ValueError, match="float8_e4m3fn: stream plans"):
+        fuser.plan(8, 512, 2048, dtype="float8_e4m3fn", target="h200", fused=True, kind="cluster")
+
+
+def test_every_quantized_variant_compiles_clean():
+    if not fuser.env().nvrtc_found:
+        pytest.skip("needs NVRTC (pip install nvidia-cuda-nvrtc)")
+    plans = [fuser.plan(m, d, f, gated=g, activation=a, bias=b, dtype="float8_e4m3fn", target="h200", fused=True,
+                        kind="stream", bm=bm, s1=s1, s2=s2)
+             for (m, d, f, g, a, b, bm, s1, s2) in [
+                 (1, 4096, 14336, True, "silu", (), 16, 1, 4),
+                 (16, 4096, 14336, True, "silu", (), 16, 2, 4),
+                 (32, 1024, 4096, False, "gelu", ("up", "down"), 32, 1, 1),
+                 (20, 768, 3072, False, "gelu_tanh", ("up",), 32, 3, 2),
+                 (5, 512, 1536, True, "relu", ("up", "gate", "down"), 16, 2, 3)]]
+    with concurrent.futures.ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as ex:
+        kernels = list(ex.map(runtime.compile, plans))
+    for p, k in zip(plans, kernels):
+        what = p.summary()
+        assert "DTYPE = 2;" in fuser._C.codegen(p._d, p.target), what
+        assert k.spill_bytes == 0, what
+        assert "0 bytes stack frame" in k.log, what
+        assert not any(tag in k.cubin for tag in runtime.MATH_SUBROUTINES), what
