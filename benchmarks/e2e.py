@@ -14,6 +14,12 @@ model is held to what the unoptimized one achieves, not to a fixed tolerance.
     python benchmarks/e2e.py                              # H200: 4 layers, default phases
     python benchmarks/e2e.py --layers 2 --prefill 1x512 --decode 1,32
     python benchmarks/e2e.py --tiny                       # any machine: a small config on this device
+    python benchmarks/e2e.py --fp8 --decode 1,32 --prefill ""   # FFNs in FP8 (fuser.quantize)
+
+With --fp8 the optimized model's FFNs run in FP8 (``fuser.quantize``: e4m3 weights, static activation
+scales calibrated on one forward of 256 sample tokens): its logits then differ from the bfloat16 model's
+by the quantization itself, which is reported (against the reference and the unoptimized model), not held
+to the 1.5x rule.
 
 Without a CUDA GPU it runs the tiny configuration on the CPU in eager mode (CPU timer), as a smoke test.
 """
@@ -165,6 +171,7 @@ def main(argv=None):
     ap.add_argument("--context", type=int, default=512, help="tokens already in the KV cache when decoding")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--tiny", action="store_true", help="a small config (the default without a CUDA GPU)")
+    ap.add_argument("--fp8", action="store_true", help="the optimized model's FFNs in FP8 (fuser.quantize)")
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
@@ -172,14 +179,18 @@ def main(argv=None):
         print("no CUDA GPU: the tiny configuration on the CPU, eager only, CPU timer", file=sys.stderr)
     if args.tiny and args.prefill == ap.get_default("prefill"):
         args.prefill, args.context = "1x16,2x16", 16
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    dtype = torch.bfloat16 if device == "cuda" or args.fp8 else torch.float32
     base = build(args, device, dtype)
-    opt = fuser.optimize(copy.deepcopy(base))
+    if args.fp8:   # calibrated on one forward of 256 sample tokens
+        calib = torch.randint(base.config.vocab_size, (1, 256), generator=torch.Generator().manual_seed(2)).to(device)
+        opt = fuser.quantize(copy.deepcopy(base), input_ids=calib, use_cache=False)
+    else:
+        opt = fuser.optimize(copy.deepcopy(base))
     ref = copy.deepcopy(base).to(torch.float32 if device == "cuda" else torch.float64)
     rep = fuser.report(opt)
     print(f"model: {type(base).__name__}, {base.config.num_hidden_layers} layers, hidden {base.config.hidden_size}, "
           f"intermediate {base.config.intermediate_size}, vocab {base.config.vocab_size}, {dtype}, {device}; "
-          f"fuser: {len(rep.fused)} FFN(s) swapped")
+          f"fuser: {len(rep.fused)} FFN(s) swapped" + (", in FP8" if args.fp8 else ""))
     cases = [("prefill", b, t) for b, t in parse_pairs(args.prefill)]
     cases += [("decode", int(b), 1) for b in args.decode.split(",") if b]
     rows = []
@@ -191,7 +202,7 @@ def main(argv=None):
               f"{r['base_ref_error']:.1e}, fuser {r['fuser_ref_error']:.1e})", flush=True)
     print(table(rows))
     bad = [r for r in rows if not r["fuser_ref_error"] <= 1.5 * r["base_ref_error"] + 1e-3]
-    if bad:
+    if bad and not args.fp8:
         print(f"the optimized model's logits are further from the reference than 1.5x the unoptimized model's "
               f"(+1e-3) in {len(bad)} case(s)", file=sys.stderr)
         return 1

@@ -16,7 +16,8 @@ and why; ``fuser.warmup(model)`` compiles its fused kernels ahead of time. ``tor
 backend="fuser")`` fuses FFNs in the compiled graph instead. A ``fuser.Plan`` explains itself
 (``plan.explain()``) and draws itself (``plan.to_svg()``, shown by notebooks).
 ``fuser.env()`` says what was found on this machine and, when the fused path is unavailable, why.
-``fuser.fp8`` quantizes an FFN to e4m3 (W8A8, static activation scales) for ``fuser.ffn(..., scales=)``.
+``fuser.fp8`` quantizes an FFN to e4m3 (W8A8, static activation scales) for ``fuser.ffn(..., scales=)``;
+``fuser.quantize(model, *samples)`` runs a model's FFNs that way, calibrated on one forward of samples.
 """
 import importlib
 
@@ -29,12 +30,12 @@ from fuser.runtime import Kernel, compile
 from fuser.ops import ffn
 from fuser import custom_op  # noqa: F401  (registers torch.ops.fuser.ffn)
 from fuser.module import FusedFFN
-from fuser.optimize import Report, optimize, report, revert
+from fuser.optimize import Report, optimize, quantize, report, revert
 
 __all__ = [
     "ffn", "ffn_reference", "env", "Env", "ACTIVATIONS", "plan", "plans", "Plan", "simulate", "DATAFLOWS", "jit", "compile", "Kernel",
     "fp8",
-    "optimize", "report", "revert", "Report", "FusedFFN", "warmup", "tune",
+    "optimize", "quantize", "report", "revert", "Report", "FusedFFN", "warmup", "tune",
     "FuserError", "CudaError", "CompileError", "CacheError", "UnsupportedError",
 ]
 

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 import fuser.custom_op  # noqa: F401  (registers torch.ops.fuser.ffn)
-from fuser import _C, interop, ops, planner, runtime
+from fuser import _C, fp8, interop, ops, planner, runtime
 from fuser.recognize import FFNSpec, NearMiss, Unsupported, recognise
 from fuser.reference import ACTIVATIONS, eager
 from fuser.structure import DROPOUTS
@@ -279,7 +279,13 @@ class FusedFFN(nn.Module):
             source.training = True
             return source(x)
         y = None
-        if not (_is_compiling() or _is_tracing()):   # compiled and traced graphs keep the op
+        q = self.__dict__.get("_fp8")
+        if q is not None and x.dtype == torch.bfloat16 and not (_grad_enabled() and x.requires_grad):
+            w = self.weights()   # (the quantized FFN: x quantized by the kernel, the biases as they are)
+            b_up, b_gate, b_down = (None if b is None else b.detach() for b in (w["b_up"], w["b_gate"], w["b_down"]))
+            y = ops.ffn(x, q.w_up, q.w_down, w_gate=q.w_gate, b_up=b_up, b_gate=b_gate, b_down=b_down,
+                        activation=self.spec.activation, scales=q.scales)
+        elif not (_is_compiling() or _is_tracing()):   # compiled and traced graphs keep the op
             kept = self.__dict__.get("_kept")
             if kept is not None:
                 y = kept.run(self, x)
@@ -307,8 +313,9 @@ class FusedFFN(nn.Module):
         xr = interop.ready(x)
         route = ops.route(xr, *args)
         y = route.run(xr, *args)
-        if route.fused and ((_grad_enabled() and _any_requires_grad(x, *args[:6]))
-                            or (route.graphs_eager and _capturing())):   # (a capture ran the eager ops)
+        if (route.fused and ((_grad_enabled() and _any_requires_grad(x, *args[:6]))
+                             or (route.graphs_eager and _capturing()))   # (a capture ran the eager ops)
+                or self.__dict__.get("_fp8") is not None):   # (quantized: only the calls fp8 cannot take)
             return y
         self.__dict__["_kept"] = (_KeptLaunch.bind(self, route, xr, w, y) if route.fused
                                   else _KeptEager.bind(self, route, x, w))
@@ -395,6 +402,8 @@ class FusedFFN(nn.Module):
         """
         w = self.weights()["up"]
         dtype = str(w.dtype).replace("torch.", "")
+        if self.__dict__.get("_fp8") is not None:
+            return "FP8 (e4m3 weights, static x and H scales): " + self._running_fp8(w, tokens)
         if self.training and self.spec.train_source:
             now = "runs the module's own forward (training mode, where it differs from the FFN)"
         elif dtype not in ("bfloat16", "float16"):
@@ -422,6 +431,50 @@ class FusedFFN(nn.Module):
             m = math.prod(kept.shape[:-1])
             now += f"; last call ({m} tokens): {'the fused kernel' if kept.route.fused else 'PyTorch ops'}"
         return now
+
+    def quantize(self, x_samples):
+        """Run this FFN in FP8 from now on (``fuser.fp8``): its weights quantized to e4m3 per output channel
+        and the static scales of x and of the hidden activation calibrated on ``x_samples`` (``[..., d_model]``
+        inputs of this FFN), kept beside the original Parameters, which stay (``state_dict`` unchanged) and
+        which ``dequantize()`` returns to. A call of a bfloat16 x without autograd to record then runs
+        ``fuser.ffn(..., scales=)``; any other call the FFN as before. Refreshes after the weights change are
+        the caller's: call ``quantize`` again. Returns ``self``.
+
+        Example:
+            >>> import torch, fuser
+            >>> from torch import nn
+            >>> f = fuser.FusedFFN.from_module(nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)).bfloat16())
+            >>> x = torch.randn(8, 64).bfloat16()
+            >>> y = f.quantize(x)(x)
+            >>> y.dtype, f.running().startswith("FP8")
+            (torch.bfloat16, True)
+        """
+        w = self.weights()
+        if w["up"].dtype != torch.bfloat16:
+            raise ValueError(f"quantize: FP8 FFNs take bfloat16 activations and biases; this FFN is {w['up'].dtype}: "
+                             "convert the model first (model.bfloat16())")
+        with torch.no_grad():
+            gate = None if w["gate"] is None else w["gate"].detach()
+            q = fp8.quantize_ffn(w["up"].detach(), w["down"].detach(), w_gate=gate, b_up=w["b_up"], b_gate=w["b_gate"],
+                                 x_samples=x_samples.detach(), activation=self.spec.activation)
+        self.__dict__["_fp8"] = q
+        self.__dict__.pop("_kept", None)   # the kept 16-bit route would bypass forward
+        return self
+
+    def dequantize(self):
+        """Run this FFN from its Parameters again (undoes ``quantize``). Returns ``self``."""
+        self.__dict__.pop("_fp8", None)
+        return self
+
+    def _running_fp8(self, w, tokens):
+        """What runs the quantized FFN (``quantize``) at `tokens` tokens here."""
+        if w.device.type != "cuda":
+            return f"runs fuser.fp8.reference here (weights on {w.device.type})"
+        ok, why = runtime.fused_available(w.device.index)
+        if not ok:
+            return f"runs PyTorch's FP8 ops here (no fused path on {w.device}: {why})"
+        p = runtime.plan_for({**self.plan(tokens).chain, "dtype": "float8_e4m3fn"}, w.device.index)
+        return f"runs the fused kernel @{tokens} tokens" if p.fused else f"runs PyTorch's FP8 ops @{tokens} tokens"
 
     def extra_repr(self):
         return self.plan_summary()

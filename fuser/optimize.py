@@ -11,12 +11,13 @@ from __future__ import annotations
 import dataclasses
 import weakref
 
+import torch
 from torch import nn
 
 from fuser.module import FusedFFN, FusedInto
 from fuser.recognize import NearMiss, Unsupported, recognise
 
-__all__ = ["optimize", "report", "revert", "Report", "Entry"]
+__all__ = ["optimize", "quantize", "report", "revert", "Report", "Entry"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,6 +187,50 @@ def optimize(model):
     if out is not model:
         _replaced[model] = weakref.ref(out)
     return out
+
+
+def quantize(model, *args, **kwargs):
+    """``optimize(model)``, then its bfloat16 FFNs in FP8 (``FusedFFN.quantize``: e4m3 weights per output
+    channel, static scales of x and of the hidden activation) calibrated on one forward ``model(*args,
+    **kwargs)`` of sample inputs, run under ``torch.no_grad()`` with every FFN still in bfloat16. An FFN the
+    forward does not reach stays in bfloat16. Returns the model to use (``optimize``'s return value);
+    ``fuser.report`` says which FFNs run in FP8, ``FusedFFN.dequantize`` undoes one.
+
+    Inference only: a call that autograd must record through x runs the bfloat16 FFN. The quantized
+    weights are kept beside the Parameters (half their bytes more), which stay as they are.
+
+    Example:
+        >>> import torch, fuser
+        >>> from torch import nn
+        >>> model = nn.Sequential(nn.LayerNorm(64), nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)))
+        >>> model = fuser.quantize(model.bfloat16(), torch.randn(16, 64).bfloat16())
+        >>> model[1].running().split(":")[0]
+        'FP8 (e4m3 weights, static x and H scales)'
+    """
+    model = optimize(model)
+    found = [m for m in model.modules() if isinstance(m, FusedFFN)]
+    ffns = [m for m in found if m.weights()["up"].dtype == torch.bfloat16]
+    if found and not ffns:
+        raise ValueError(f"quantize: FP8 FFNs take bfloat16 activations; this model's FFNs are "
+                         f"{found[0].weights()['up'].dtype}: convert it first (model.bfloat16())")
+    samples = {}
+
+    def keep(module, inputs):
+        x = inputs[0]
+        samples.setdefault(module, []).append(x.detach().reshape(-1, x.shape[-1]))
+    hooks = [f.register_forward_pre_hook(keep) for f in ffns]
+    try:
+        for f in ffns:
+            f.dequantize()   # (calibrated in bfloat16, as the model was)
+        with torch.no_grad():
+            model(*args, **kwargs)
+    finally:
+        for h in hooks:
+            h.remove()
+    for f in ffns:
+        if f in samples:
+            f.quantize(torch.cat(samples[f]))
+    return model
 
 
 def report(model):

@@ -99,3 +99,41 @@ def test_every_quantized_variant_compiles_clean():
         assert k.spill_bytes == 0, what
         assert "0 bytes stack frame" in k.log, what
         assert not any(tag in k.cubin for tag in runtime.MATH_SUBROUTINES), what
+
+
+class _TwoFFNs(torch.nn.Module):
+    """Two FFNs, of which a forward with `use_second` False reaches only the first."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(64)
+        self.a = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+        self.b = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64))
+
+    def forward(self, x, use_second=True):
+        x = x + self.a(self.norm(x))
+        return x + self.b(x) if use_second else x
+
+
+def test_quantize_a_model_calibrated_on_samples():
+    torch.manual_seed(0)
+    model = _TwoFFNs().bfloat16()
+    x = torch.randn(4, 16, 64).bfloat16()
+    with torch.no_grad():
+        before = model(x)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    model = fuser.quantize(model, x, use_second=False)   # calibration reaches model.a only
+    assert type(model.a).__name__ == "FusedFFN" and model.a.running().startswith("FP8")
+    assert not model.b.running().startswith("FP8")
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    with torch.no_grad():
+        after = model(x)
+    err = float((after.float() - before.float()).norm() / before.float().norm())
+    assert 0 < err < 0.05   # quantized (not the same bits), close (the residual carries most of the output)
+    report = str(fuser.report(model))
+    assert report.count("FP8 (e4m3 weights") == 1
+    # autograd through x takes the bfloat16 FFN
+    xg = x.clone().requires_grad_()
+    assert torch.equal(model.a(xg), model.a.dequantize()(xg))
+    with pytest.raises(ValueError, match=r"FP8 FFNs take bfloat16 activations; .* torch.float32"):
+        fuser.quantize(_TwoFFNs(), torch.randn(2, 64))
