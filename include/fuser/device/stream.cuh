@@ -634,11 +634,13 @@ struct Stream {
     /* Quantized chains: the slot's X K step (bfloat16, two 64-column boxes, 128-byte swizzled) as e4m3
      * x (1 / s_x) into this warpgroup's own tile, in the layout TMA gives an e4m3 tile (row r's 16-byte chunk
      * q at chunk q ^ (r % 8)): each thread converts 16 columns of a row (two source chunks) per pass. Its
-     * shared-memory address, once the warpgroup's stores are visible to wgmma. The previous K step's MMAs,
-     * which read the same tile, are done (the main loop waits for each step's). */
+     * shared-memory address, once the warpgroup's stores are visible to wgmma. The tile is rewritten only
+     * once every warp of the warpgroup is past the previous step's MMAs, which read it: a warp's wait for
+     * its MMAs says nothing of the other warps' parts of the same wgmma. */
     FUSER_DEVICE uint32_t quantize_x(const unsigned char *slot) const
     {
         unsigned char *dst = s.hs + w * TOK;
+        named_sync(2 + w, 128); /* the previous step's MMAs are done in all four warps */
         const float inv = fast_rcp(__ldg(p.scale[0]));
         const int tw = lt % 128;
 #pragma unroll
