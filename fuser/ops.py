@@ -26,6 +26,7 @@ _eager = _C.eager
 _linear = torch.nn.functional.linear
 _keyed = interop.keyed             # whether _C.ffn_key takes torch tensors in this torch
 _NAMES = ("x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down", "out")
+_SCALE_NAMES = ("x_scale", "up_scale", "gate_scale", "down_scale", "h_scale")   # (C's order)
 _NOT_EXPORTABLE = (BufferError, RuntimeError, AssertionError)   # what torch raises for tensors it cannot share
 _PLAN_KEYS = ("d_model", "d_ff", "d_out", "gated", "activation", "bias_up", "bias_gate", "bias_down", "dtype")
 
@@ -62,6 +63,18 @@ def _check(tensors, activation, out=None, scales=None):
     reports for other producers. `scales`: a quantized chain's (x, up, gate, down, h)."""
     _, stream, guard = interop.placement(tensors[0])
     objs, mask = [], 0
+    if scales is not None:   # (bits 8-12: scales this call exported itself)
+        exported = []
+        for j, t in enumerate(scales):
+            if isinstance(t, _Tensor) and interop.to_capsule is not None:
+                try:
+                    t = interop.export(t)
+                except _NOT_EXPORTABLE as e:
+                    raise TypeError(f"{_SCALE_NAMES[j]}: cannot be taken through DLPack ({type(e).__name__}: {e}); "
+                                    "pass a dense float32 tensor") from e
+                mask |= 1 << (8 + j)
+            exported.append(t)
+        scales = tuple(exported)
     for i, t in enumerate((*tensors, out)):
         if isinstance(t, _Tensor):
             try:

@@ -93,11 +93,12 @@ int fuser_exchange_describe(fuser_state *st, PyObject *obj, DLTensor *out, fuser
 void fuser_release(fuser_held *h);
 
 /* A quantized FFN's scales argument: None (none), or a sequence of FUSER_NUM_SCALES entries (x, up, gate,
- * down, h: include/fuser/chain.h), each a tensor or None, taken like fuser_take's tensors into held[] with
- * their views in t[] (NULL where absent). 0, or -1 with an exception set; the caller releases held[]
+ * down, h: include/fuser/chain.h), each a tensor or None, taken like fuser_take's tensors (with `opts`, and
+ * FUSER_TAKE_BORROW for entry i where bit i of `borrow` is set: a capsule the caller exported) into held[]
+ * with their views in t[] (NULL where absent). 0, or -1 with an exception set; the caller releases held[]
  * either way. */
-int fuser_take_scales(fuser_state *st, PyObject *scales, PyObject *stream, int opts, fuser_held *held,
-                      const fuser_tensor **t);
+int fuser_take_scales(fuser_state *st, PyObject *scales, PyObject *stream, int opts, unsigned borrow,
+                      fuser_held *held, const fuser_tensor **t);
 
 /* Convert a sequence of str (argument `what`) into a NULL-terminated C array whose strings are borrowed
  * from *keep (a new list). Returns 0, or -1 with an exception set. Either way the caller releases

@@ -37,7 +37,7 @@ static const char *activation_name(PyObject *act_obj)
  * in *c, 0; or an exception set, -1. The caller releases held[0 .. n) either way. */
 static int take_and_validate(fuser_state *st, PyObject *const *obj, int n, PyObject *stream, const int *opts,
                              const char *activation, fuser_held *held, const fuser_tensor **t, fuser_chain *c,
-                             PyObject *scales, fuser_held *sheld)
+                             PyObject *scales, unsigned scale_capsules, fuser_held *sheld)
 {
     for (int i = 0; i < n; i++) {
         if (!obj[i] || obj[i] == Py_None)
@@ -48,7 +48,7 @@ static int take_and_validate(fuser_state *st, PyObject *const *obj, int n, PyObj
     }
     fuser_ffn_args a = {t[A_X], t[A_W_UP], t[A_W_DOWN], t[A_W_GATE], t[A_B_UP], t[A_B_GATE], t[A_B_DOWN],
                         n > A_OUT ? t[A_OUT] : NULL, activation, {NULL}};
-    if (sheld && fuser_take_scales(st, scales, stream, FUSER_TAKE_NO_CAPSULE, sheld, a.scale))
+    if (sheld && fuser_take_scales(st, scales, stream, FUSER_TAKE_NO_CAPSULE, scale_capsules, sheld, a.scale))
         return -1;
     fuser_err err;
     fuser_err_clear(&err);
@@ -65,7 +65,8 @@ PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs)
                              "activation", "out", "stream", "capsules", "scales", NULL};
     PyObject *obj[N_TENSOR_ARGS] = {NULL};
     PyObject *act_obj = NULL, *stream = Py_None, *scales = Py_None;
-    unsigned int capsules = 0; /* bit i: argument i may be a raw capsule (one fuser.ffn exported itself) */
+    unsigned int capsules = 0; /* bit i: argument i may be a raw capsule (one fuser.ffn exported itself); bit
+                                  8 + j: scale j likewise */
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOOOOOOIO:ffn_check", kwlist, &obj[A_X], &obj[A_W_UP],
                                      &obj[A_W_DOWN], &obj[A_W_GATE], &obj[A_B_UP], &obj[A_B_GATE],
                                      &obj[A_B_DOWN], &act_obj, &obj[A_OUT], &stream, &capsules, &scales))
@@ -89,7 +90,8 @@ PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs)
     fuser_chain chain;
     fuser_held sheld[FUSER_NUM_SCALES];
     memset(sheld, 0, sizeof sheld);
-    PyObject *res = take_and_validate(st, obj, N_TENSOR_ARGS, stream, opts, activation, held, t, &chain, scales, sheld)
+    PyObject *res = take_and_validate(st, obj, N_TENSOR_ARGS, stream, opts, activation, held, t, &chain, scales,
+                                      capsules >> 8, sheld)
                         ? NULL
                         : chain_dict(&chain, t[A_X]);
     for (int i = 0; i < N_TENSOR_ARGS; i++)
@@ -127,7 +129,7 @@ PyObject *fuser_py_ffn_key(PyObject *module, PyObject *const *args, Py_ssize_t n
         return PyErr_Format(PyExc_TypeError, "ffn_key: x, w_up and w_down are required");
     fuser_chain c;
     PyObject *res = NULL;
-    if (!take_and_validate(st, args, A_OUT, Py_None, opts, activation, held, t, &c, NULL, NULL)) {
+    if (!take_and_validate(st, args, A_OUT, Py_None, opts, activation, held, t, &c, NULL, 0, NULL)) {
         /* bytes, not a tuple of ints: no object for the garbage collector to count, one cheap hash */
         const int64_t key[7] = {c.m, c.k, c.n, c.l,
                                 c.gated | c.bias_up << 1 | c.bias_gate << 2 | c.bias_down << 3 |

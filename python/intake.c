@@ -286,8 +286,8 @@ PyObject *fuser_py_dlpack_info(PyObject *module, PyObject *args, PyObject *kwarg
     return res;
 }
 
-int fuser_take_scales(fuser_state *st, PyObject *scales, PyObject *stream, int opts, fuser_held *held,
-                      const fuser_tensor **t)
+int fuser_take_scales(fuser_state *st, PyObject *scales, PyObject *stream, int opts, unsigned borrow,
+                      fuser_held *held, const fuser_tensor **t)
 {
     for (int i = 0; i < FUSER_NUM_SCALES; i++)
         t[i] = NULL;
@@ -307,7 +307,8 @@ int fuser_take_scales(fuser_state *st, PyObject *scales, PyObject *stream, int o
         PyObject *o = PySequence_Fast_GET_ITEM(seq, i);
         if (o == Py_None)
             continue;
-        rc = fuser_take(st, o, fuser_scale_name(i), stream, opts, &held[i]);
+        const int o_i = (borrow >> i) & 1 ? (opts & ~FUSER_TAKE_NO_CAPSULE) | FUSER_TAKE_BORROW : opts;
+        rc = fuser_take(st, o, fuser_scale_name(i), stream, o_i, &held[i]);
         if (!rc)
             t[i] = &held[i].t;
     }

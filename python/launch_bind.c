@@ -215,7 +215,7 @@ static int take_all(PyObject *module, taken *tk, PyObject *kobj, PyObject *const
     if (tobj != Py_None && fuser_take(st, tobj, "trace", tk->stream_obj, FUSER_TAKE_WRITABLE, &tk->th))
         return -1;
     tk->a = (fuser_ffn_args){t[X], t[WU], t[WD], t[WG], t[BU], t[BG], t[BD], t[Y], activation, {NULL}};
-    if (fuser_take_scales(st, scales, tk->stream_obj, 0, tk->sh, tk->a.scale))
+    if (fuser_take_scales(st, scales, tk->stream_obj, 0, 0, tk->sh, tk->a.scale))
         return -1;
     fuser_err err;
     fuser_err_clear(&err);
