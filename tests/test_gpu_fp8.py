@@ -12,12 +12,13 @@ from conftest import rel_error
 
 pytestmark = pytest.mark.gpu
 
-# The kernel's e4m3 MMAs sum each K step of 128 products in fewer bits than fp32 before the step's sum is
-# added to the fp32 accumulator, and x and H round to e4m3 (steps of 2^-3 relative), where a value that
-# close sums move across a rounding boundary lands one step away: measured 2.9-5.0e-3 on the 7B-70B decode
-# shapes (H200), against the recipe's own 5-7e-2 from the bf16 FFN. A wrong scale, a missing bias, a lost
-# split or a misplaced tile costs 5e-2 and more.
-BOUND = 1e-2
+# The kernel's e4m3 MMAs sum each K step of 128 products in fewer bits than fp32 (about 14) before the
+# step's sum is added to the fp32 accumulator; H then rounds to e4m3 (steps of 2^-3 relative), where a
+# value whose sum moved across a rounding boundary lands one step away, and a few such steps in a small H
+# weigh more than many in a large one: measured 2.9-5.0e-3 on the 7B-70B decode shapes and 2.7e-3 to
+# 1.05e-2 on the small ones below (H200), against the recipe's own 5-7e-2 from the bf16 FFN. A wrong scale,
+# a missing bias, a lost split or a misplaced tile costs 5e-2 and more.
+BOUND = 2e-2
 
 
 def quantized(gen, m, d, f, l, *, gated, bias, activation):
