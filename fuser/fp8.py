@@ -509,8 +509,8 @@ def torch_path(x, w_up_q, w_down_q, scales, *, w_gate=None, activation="silu", r
     - ``"rowwise"``: ``scale_a`` [M, 1] filled with the activation scale, ``scale_b`` [1, N] the per-row
       weight scales, both applied inside the GEMM.
 
-    On an H200 (torch 2.11, CUDA 13) tensorwise GEMMs stream FP8 weights near the memory floor at 1-16
-    tokens, where rowwise ones ran 1.5-2x slower; so ``recipe=None`` tries tensorwise first, then rowwise.
+    At decode sizes tensorwise GEMMs stream FP8 weights faster than rowwise ones (1.5-2x on the H200 with
+    torch 2.11, benchmarks/RESULTS.md), so ``recipe=None`` tries tensorwise first, then rowwise.
     Whether the tokens must be padded to a multiple of 16 rows (older cuBLASLt FP8 kernels require it) is
     found the same way: unpadded first. What the first call on a device (and the first with a token count
     that is not a multiple of 16) settled on is kept in ``SCALED_MM_RECIPES`` and used from then on; make
