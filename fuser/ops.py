@@ -57,36 +57,35 @@ def kept(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation):
     return None if r is None or r.stale else r
 
 
+def _exported(objs, names, bit0):
+    """`objs` as ``_C.ffn_check`` takes them: torch tensors exported (``interop.export``), the rest as they
+    are; and the mask of the capsules among them, bit ``bit0 + i`` for entry i. A torch tensor that torch
+    cannot export (sparse, quantized, meta, nested, a wrapper without storage) is a TypeError naming it."""
+    out, mask = [], 0
+    for i, t in enumerate(objs):
+        if isinstance(t, _Tensor):
+            try:
+                t = interop.export(t)
+            except _NOT_EXPORTABLE as e:
+                raise TypeError(f"{names[i]}: cannot be taken through DLPack ({type(e).__name__}: {e}); "
+                                "pass a dense tensor") from e
+            mask |= (1 << (bit0 + i)) if interop.to_capsule is not None else 0
+        out.append(t)
+    return out, mask
+
+
 def _check(tensors, activation, out=None, scales=None):
     """Validate a call in C; returns the chain dict (``_C.ffn_check``). A torch tensor that torch cannot
     export (sparse, quantized, meta, nested, a wrapper without storage) is a TypeError naming it, as C
     reports for other producers. `scales`: a quantized chain's (x, up, gate, down, h)."""
     _, stream, guard = interop.placement(tensors[0])
-    objs, mask = [], 0
-    if scales is not None:   # (bits 8-12: scales this call exported itself)
-        exported = []
-        for j, t in enumerate(scales):
-            if isinstance(t, _Tensor) and interop.to_capsule is not None:
-                try:
-                    t = interop.export(t)
-                except _NOT_EXPORTABLE as e:
-                    raise TypeError(f"{_SCALE_NAMES[j]}: cannot be taken through DLPack ({type(e).__name__}: {e}); "
-                                    "pass a dense float32 tensor") from e
-                mask |= 1 << (8 + j)
-            exported.append(t)
-        scales = tuple(exported)
-    for i, t in enumerate((*tensors, out)):
-        if isinstance(t, _Tensor):
-            try:
-                t = interop.export(t)
-            except _NOT_EXPORTABLE as e:
-                raise TypeError(f"{_NAMES[i]}: cannot be taken through DLPack ({type(e).__name__}: {e}); "
-                                "pass a dense tensor") from e
-            mask |= (1 << i) if interop.to_capsule is not None else 0
-        objs.append(t)
+    objs, mask = _exported((*tensors, out), _NAMES, 0)
+    if scales is not None:   # (bits 8-12 of the mask: the scales)
+        scales, smask = _exported(scales, _SCALE_NAMES, 8)
+        mask |= smask
     with guard:
         return _C.ffn_check(*objs[:7], activation=activation, out=objs[7], stream=stream, capsules=mask,
-                            scales=scales)
+                            scales=None if scales is None else tuple(scales))
 
 
 def route(x, w_up, w_down, w_gate=None, b_up=None, b_gate=None, b_down=None, activation="gelu"):
