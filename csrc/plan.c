@@ -88,9 +88,11 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
     const fuser_chain *c = &p->chain;
     if (p->bm != 16 && p->bm != 32 && p->bm != 64 && p->bm != 128)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: bm = %d token rows: must be 16, 32, 64 or 128", p->bm);
-    if (p->bm < 64 && (p->bn != 128 || p->bl != 128))
-        return fuser_fail(err, FUSER_E_VALUE, "stream plan: bm = %d puts the weights on wgmma's M side (64 rows per "
-                          "consumer warpgroup): bn and bl must be 128, got %d and %d", p->bm, p->bn, p->bl);
+    const int swap = fuser_stream_swap(p);
+    if (swap && (p->bn != 128 || p->bl != 128))
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: bm = %d%s puts the weights on wgmma's M side (64 rows per "
+                          "consumer warpgroup): bn and bl must be 128, got %d and %d", p->bm,
+                          c->dtype == FUSER_E4M3 ? " in a quantized chain" : "", p->bn, p->bl);
     const int row16 = 16 / fuser_dtype_size(c->dtype); /* elements of 16 bytes */
     if (c->k % row16 || c->n % row16 || c->l % 8)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: d_model and d_ff must be multiples of %d and d_out of 8 "
@@ -114,11 +116,11 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
                           "n_outer; got (%d, %d, %d, %d)", p->cls_m, p->cls_n, p->cls_k, p->cls_l);
     if (p->gate_mode != (c->gated ? FUSER_GATE_SEQUENTIAL : FUSER_GATE_NONE))
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: gate mode must be %s", c->gated ? "sequential" : "none");
-    /* a quantized chain: swap-AB (decode) units through the H buffer, unpaired */
-    if (c->dtype == FUSER_E4M3 && (p->bm >= 64 || p->phases == 1 || pair_rows || pair_tiles))
-        return fuser_fail(err, FUSER_E_VALUE, "stream plan: a quantized (float8_e4m3fn) chain runs swap-AB plans (bm 16 "
-                          "or 32) in two phases without cluster pairs; got bm = %d, phases = %d, cluster (%d, %d, %d, "
-                          "%d)", p->bm, p->phases, p->cls_m, p->cls_n, p->cls_k, p->cls_l);
+    /* a quantized chain: swap-AB units through the H buffer, unpaired */
+    if (c->dtype == FUSER_E4M3 && (p->phases == 1 || pair_rows || pair_tiles))
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: a quantized (float8_e4m3fn) chain runs swap-AB plans in two "
+                          "phases without cluster pairs; got phases = %d, cluster (%d, %d, %d, %d)", p->phases,
+                          p->cls_m, p->cls_n, p->cls_k, p->cls_l);
     const int kc = fuser_kstep_cols(c->dtype); /* columns of a K step: 128 bytes of a row */
     p->kt = fuser_ceil_div(c->k, kc);
     const int64_t kt2 = fuser_ceil_div(c->n, kc);
@@ -132,11 +134,15 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
     /* consumer registers: ptxas keeps both phases' accumulators within the 232 a consumer thread gets only
      * up to 192 of them (above, it spills or serialises wgmma) */
     const int per_wg = p->bm == 128 ? 1 : 2; /* bm 64: the two consumer warpgroups split the columns */
-    const int acc_regs = p->bm < 64 ? (p->parts + 1) * p->bm / 2 /* swap-AB: 64 x bm per part */
-                                    : p->parts * p->bn / per_wg / 2 + p->bl / per_wg / 2;
+    /* (a quantized chain: both phases' and a K step's fresh sums of GEMM1's parts) */
+    const int acc_regs = c->dtype == FUSER_E4M3 ? (2 * p->parts + 1) * p->bm / 2
+                         : swap ? (p->parts + 1) * p->bm / 2 /* swap-AB: 64 x bm per part */
+                                : p->parts * p->bn / per_wg / 2 + p->bl / per_wg / 2;
     if (acc_regs > 192)
-        return fuser_fail(err, FUSER_E_VALUE, "stream plan: bn = %d and bl = %d need %d accumulator registers per "
-                          "consumer thread; at most 192 compile without spills", p->bn, p->bl, acc_regs);
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: bm = %d, bn = %d and bl = %d need %d accumulator registers "
+                          "per consumer thread%s; at most 192 compile without spills", p->bm, p->bn, p->bl, acc_regs,
+                          c->dtype == FUSER_E4M3 ? " (a quantized chain's K steps add fresh sums: a gated one takes at "
+                                                   "most bm 64)" : "");
     /* a pair's producer needs 56 registers (it maps claims to units and hands them over), which leaves the
      * consumers 224: tiles of 128 rows at most 192 wide compile without spills */
     if ((pair_rows || pair_tiles) && p->bm == 128 && (p->bn > 192 || p->bl > 192))
@@ -240,7 +246,9 @@ fuser_pair fuser_stream_pair(const fuser_plan *p)
     return p->cls_m == 2 ? FUSER_PAIR_ROWS : FUSER_PAIR_TILES;
 }
 
-int fuser_stream_row_partials(const fuser_plan *p) { return p->phases == 1 && p->bm < 64; }
+int fuser_stream_swap(const fuser_plan *p) { return p->bm < 64 || p->chain.dtype == FUSER_E4M3; }
+
+int fuser_stream_row_partials(const fuser_plan *p) { return p->phases == 1 && fuser_stream_swap(p); }
 
 int64_t fuser_stream_lgroups(const fuser_plan *p)
 {

@@ -111,9 +111,10 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
     const int cheap = g.one && (g.rt == 1 || (g.rt * g.bm <= 256 && (double)g.rt * g.u2 <= G &&
                                               unit_w <= t->stream_unit_one_kb * 1024));
     const double unit = (cheap ? t->stream_unit_one_us : t->stream_unit_us) * 1e-6;
-    /* wgmma N of the consumers' MMAs (swap-AB below bm 64: the tokens) */
-    const int nw1 = p->bm < 64 ? p->bm : p->bm == 128 ? p->bn : p->bn / 2;
-    const int nw2 = p->bm < 64 ? p->bm : p->bm == 128 ? p->bl : p->bl / 2;
+    /* wgmma N of the consumers' MMAs (swap-AB: the tokens) */
+    const int swap = fuser_stream_swap(p);
+    const int nw1 = swap ? p->bm : p->bm == 128 ? p->bn : p->bn / 2;
+    const int nw2 = swap ? p->bm : p->bm == 128 ? p->bl : p->bl / 2;
     /* H through HBM once it outgrows L2: phase 1 writes it, phase 2 reads it */
     const double h_hbm = e * g.m * g.N > FUSER_STREAM_L2_BYTES ? e * g.m * g.N : 0;
     /* One phase: `units` equal units (every row tile's), each `w` weight bytes, `x` operand bytes (X or H,

@@ -63,22 +63,22 @@ CASES = [  # (d_model, d_ff, d_out, gated, bias, activation)
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}-{'gated' if c[3] else 'plain'}"
                          f"-{'bias' if c[4] else 'nobias'}-{c[5]}")
-@pytest.mark.parametrize("m", [1, 3, 16, 17, 45, 77])
+@pytest.mark.parametrize("m", [1, 3, 16, 17, 45, 77, 130])
 def test_planner_choice_matches_the_reference(case, m):
     d, f, l, gated, bias, act = case
     x, t = quantized(torch.Generator(device="cuda").manual_seed(m * 31 + d), m, d, f, l, gated=gated, bias=bias,
                        activation=act)
     plan = fuser.plan(m, d, f, d_out=l, gated=gated, activation=act, dtype="float8_e4m3fn", fused=True,
                       bias=tuple(r for r in ("up", "gate", "down") if t.get("b_" + r) is not None))
-    assert plan.fused and plan.raw["params"]["bm"] in (16, 32)
+    assert plan.fused and plan.raw["params"]["bm"] in (16, 32, 64)
     assert check(x, t, plan) < BOUND
 
 
-@pytest.mark.parametrize("bm,s1,s2", [(16, 1, 1), (16, 2, 3), (32, 3, 2), (32, 1, 4)])
+@pytest.mark.parametrize("bm,s1,s2", [(16, 1, 1), (16, 2, 3), (32, 3, 2), (32, 1, 4), (64, 1, 1), (64, 2, 3)])
 def test_splits_and_row_tiles(bm, s1, s2):
     """K splits in phase 1 (their summed partials scaled after the sum) and d_ff splits in phase 2, in one
-    row tile and in several (m = 70 over bm 16: five)."""
-    for m in (5, 70):
+    row tile and in several (m = 70 over bm 16: five; m = 130 over bm 64: three, the last of two tokens)."""
+    for m in (5, 70, 130):
         x, t = quantized(torch.Generator(device="cuda").manual_seed(m + s1 + s2), m, 1024, 2048, 512, gated=True,
                            bias=True, activation="silu")
         plan = fuser.plan(m, 1024, 2048, d_out=512, gated=True, activation="silu", dtype="float8_e4m3fn", fused=True,
@@ -86,11 +86,24 @@ def test_splits_and_row_tiles(bm, s1, s2):
         assert check(x, t, plan) < BOUND, (m, plan.summary())
 
 
-def test_long_sums_are_promoted_to_fp32():
-    """A LLaMA-3-8B FFN at one token: sums over K = 4096 and d_ff = 14336 left in the e4m3 MMAs' own
-    accumulators drift to 1.2-1.4e-2 from the reference; promoted to fp32 every K step, they stay at 3-5e-3
-    (docs/kernels.md, step 31)."""
-    x, t = quantized(torch.Generator(device="cuda").manual_seed(11), 1, 4096, 14336, 4096, gated=True, bias=False,
+@pytest.mark.parametrize("s1,s2", [(1, 1), (2, 3), (1, 4)])
+def test_plain_128_token_tiles(s1, s2):
+    """A plain FFN's quantized tiles of 128 tokens (wgmma n128): one row tile, several (the last ragged), and
+    fewer tokens than a tile, with K splits in both phases."""
+    for m in (5, 130, 257):
+        x, t = quantized(torch.Generator(device="cuda").manual_seed(m + 7 * s2), m, 512, 1536, 384, gated=False,
+                         bias=True, activation="gelu")
+        plan = fuser.plan(m, 512, 1536, d_out=384, activation="gelu", dtype="float8_e4m3fn", fused=True,
+                          bias=("up", "down"), kind="stream", bm=128, s1=s1, s2=s2)
+        assert check(x, t, plan) < BOUND, (m, plan.summary())
+
+
+@pytest.mark.parametrize("m", [1, 128])
+def test_long_sums_are_promoted_to_fp32(m):
+    """A LLaMA-3-8B FFN at one token (and at 128, in 64-token tiles): sums over K = 4096 and d_ff = 14336 left
+    in the e4m3 MMAs' own accumulators drift to 1.2-1.4e-2 from the reference; promoted to fp32 every K step,
+    they stay at 3-5e-3 (docs/kernels.md, step 31)."""
+    x, t = quantized(torch.Generator(device="cuda").manual_seed(11), m, 4096, 14336, 4096, gated=True, bias=False,
                      activation="silu")
     assert check(x, t, runs=2) < 7e-3
 

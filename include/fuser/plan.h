@@ -47,7 +47,8 @@ typedef enum { FUSER_ORDER_N_OUTER = 0, FUSER_ORDER_L_OUTER = 1 } fuser_order;
  * columns, split s2 ways over d_ff) as soon as the H columns it needs are ready; split partials are
  * summed deterministically by the last split to finish. bm is the token rows of a row tile (the tokens
  * are cut into ceil(m / bm) of them, each with its own units): 64 or 128 with tokens on wgmma's M side,
- * 16 or 32 with the weights there instead (swap-AB, for decode; bn = bl = 128). A stream plan's cluster
+ * 16 or 32 with the weights there instead (swap-AB, for decode; bn = bl = 128), as a quantized chain's
+ * plans (bm 16, 32 or 64) always have them. A stream plan's cluster
  * is (1, 1, 1, 1), or a pair of blocks sharing one operand by TMA multicast: (2, 1, 1, 1) runs units of two
  * consecutive row tiles side by side (they share the weight tiles), (1, 2, 1, 2) units of two consecutive
  * n-tiles or l-tiles (they share the token tile: X or H). */
@@ -152,6 +153,11 @@ void fuser_plan_scratch(const fuser_plan *p, int64_t m, int64_t *zeroed_words, i
 /** The pairs of a stream plan: FUSER_PAIR_ROWS for cluster (2, 1, 1, 1), FUSER_PAIR_TILES for (1, 2, 1, 2),
  * else FUSER_PAIR_NONE. */
 fuser_pair fuser_stream_pair(const fuser_plan *p);
+
+/** Whether a stream plan puts the weights on wgmma's M side and the tokens on its N side (swap-AB: each
+ * consumer warpgroup 64 weight rows of a 128-row tile, the bm tokens as wgmma's N): plans of bm 16 or 32,
+ * and every quantized (e4m3) plan, whose bm 64 tiles thus need no register tile of 64 x 128 per operand. */
+int fuser_stream_swap(const fuser_plan *p);
 
 /** Whether a stream plan's split partials are the real token rows only, summed by every block after the
  * last unit: one phase with swap-AB (bm 16 or 32); any number of d_ff splits. */

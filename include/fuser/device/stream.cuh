@@ -37,7 +37,8 @@
  *   BM = 128: tokens on wgmma's M side, each consumer its 64 token rows, all the tile's columns;
  *   BM = 64: tokens on the M side, both consumers the 64 rows, each half of the columns;
  *   BM = 16 or 32 (swap-AB, decode): weights on the M side (each consumer 64 of the tile's 128 weight
- *     rows), tokens on the N side (wgmma n16 / n32), so a few tokens do not pay for 64 rows of MMA.
+ *     rows), tokens on the N side (wgmma n16 / n32), so a few tokens do not pay for 64 rows of MMA;
+ *     a quantized chain's tiles all run swap-AB (up to n128 at BM = 128).
  * Tokens beyond M are zero-filled by TMA and never stored.
  *
  * Cluster pairs (C::PAIR): the claim order is a list of pairs of units, run by the two blocks of a
@@ -115,7 +116,9 @@ struct Stream {
     static constexpr int KCOLS = Q ? 2 * SW_COLS : SW_COLS;
     using HT = typename pick<Q, uint8_t, uint16_t>::type; /* an element of H */
     static constexpr int BM = C::BM, BN = C::BN, BL = C::BL, S1 = C::S1, S2 = C::S2, STAGES = C::STAGES;
-    static constexpr bool SWAP = BM < 64;                           /* weights on wgmma's M side */
+    /* weights on wgmma's M side (fuser_stream_swap): few tokens, or a quantized chain, whose K step's fresh
+     * sums would double a 64 x 128 accumulator tile per operand (and whose X tile the consumers share) */
+    static constexpr bool SWAP = BM < 64 || Q;
     static constexpr int MT = SWAP ? 0 : BM / 64;
     static constexpr int PARTS = C::GATED ? 2 : 1;
     static constexpr int MP = BM;                                   /* token rows of every tile */
@@ -141,7 +144,8 @@ struct Stream {
     /* one phase: the unit's H, GEMM2's token operand, one MP x 64 swizzled tile per K step of its split */
     static constexpr int H_BYTES = ONE ? KS2 * TOK : 0;
     static_assert(C::PHASES == 1 || C::PHASES == 2, "PHASES");
-    static_assert(!Q || (SWAP && !ONE && C::PAIR == 0), "a quantized chain: swap-AB, two phases, no pairs");
+    static_assert(!Q || (!ONE && C::PAIR == 0 && (BM <= 64 || !C::GATED)), "a quantized chain: two phases, no pairs, "
+                  "gated tiles of 64 tokens at most (two fresh sums)");
     static_assert(!ONE || (S1 == 1 && KS2 * SW_COLS % BN == 0 && C::PAIR == 0),
                   "one phase: GEMM1 unsplit, n-tiles tiling each d_ff split, no pairs");
     /* l-tiles per phase-2 unit (one phase only), and the units' groups of l-tiles along d_out */
@@ -173,8 +177,8 @@ struct Stream {
 
     struct Smem {
         alignas(1024) unsigned char stage[STAGES][STAGE_BYTES];
-        /* one phase: the unit's H; a quantized chain: each consumer warpgroup's e4m3 X tile (quantize_x) */
-        alignas(1024) unsigned char hs[H_BYTES > 0 ? H_BYTES : Q ? 2 * TOK : 16];
+        /* one phase: the unit's H; a quantized chain: the consumers' e4m3 X tile (quantize_x) */
+        alignas(1024) unsigned char hs[H_BYTES > 0 ? H_BYTES : Q ? TOK : 16];
         Ring<STAGES> ring;
         float4 red[ROWSUM ? 256 : 1]; /* sum_partials: each thread's run of splits */
         int unit[STAGES]; /* the unit whose first K step a slot holds (-1: no more units), set by the producer */
@@ -587,13 +591,17 @@ struct Stream {
                 /* e4m3 MMAs keep their sums in fewer bits than fp32 (DeepGEMM's "promotion"): each K step (4 MMAs
                  * of k32) starts its own sum, added to the fp32 accumulator once the step's MMAs are done. A
                  * decode step waits for its data far longer than for its MMAs, so waiting for them costs nothing. */
-                float t[R], t2[R];
+                float t[R], t2[TWO ? R : 1];
 #pragma unroll
                 for (int i = 0; i < R; i++)
-                    t[i] = t2[i] = 0.f;
+                    t[i] = 0.f;
                 mma_k64<DT, NW>(t, a, b, 0);
-                if constexpr (TWO)
+                if constexpr (TWO) {
+#pragma unroll
+                    for (int i = 0; i < R; i++)
+                        t2[i] = 0.f;
                     mma_k64<DT, NW>(t2, SWAP ? a + second : a, SWAP ? b : b + second, 0);
+                }
                 wgmma_commit();
                 wgmma_wait<0>();
                 fence_operands(t);
@@ -632,19 +640,18 @@ struct Stream {
     FUSER_DEVICE void consumers_sync() const { named_sync(1, 256); }
 
     /* Quantized chains: the slot's X K step (bfloat16, two 64-column boxes, 128-byte swizzled) as e4m3
-     * x (1 / s_x) into this warpgroup's own tile, in the layout TMA gives an e4m3 tile (row r's 16-byte chunk
-     * q at chunk q ^ (r % 8)): each thread converts 16 columns of a row (two source chunks) per pass. Its
-     * shared-memory address, once the warpgroup's stores are visible to wgmma. The tile is rewritten only
-     * once every warp of the warpgroup is past the previous step's MMAs, which read it: a warp's wait for
-     * its MMAs says nothing of the other warps' parts of the same wgmma. */
+     * x (1 / s_x) into the consumers' tile (s.hs), in the layout TMA gives an e4m3 tile (row r's 16-byte chunk
+     * q at chunk q ^ (r % 8)): each consumer thread converts 16 columns of a row (two source chunks) per pass,
+     * both warpgroups sharing the work. Its shared-memory address, once every consumer's stores are visible
+     * to wgmma. The tile is rewritten only once every consumer warp is past the previous step's MMAs, which
+     * read it: a warp's wait for its MMAs says nothing of the other warps' parts of the same wgmma. */
     FUSER_DEVICE uint32_t quantize_x(const unsigned char *slot) const
     {
-        unsigned char *dst = s.hs + w * TOK;
-        named_sync(2 + w, 128); /* the previous step's MMAs are done in all four warps */
+        unsigned char *dst = s.hs;
+        consumers_sync(); /* the previous step's MMAs are done in every consumer warp */
         const float inv = fast_rcp(__ldg(p.scale[0]));
-        const int tw = lt % 128;
 #pragma unroll
-        for (int i = tw; i < MP * 8; i += 128) {
+        for (int i = lt; i < MP * 8; i += 256) {
             const int r = i / 8, q = i % 8;
             const unsigned char *src = slot + (q / 4) * TOK + r * SW_ROW_BYTES;
             const uint4 lo = *(const uint4 *)(src + ((2 * (q % 4)) ^ (r % 8)) * 16);
@@ -662,7 +669,7 @@ struct Stream {
             *(uint4 *)(dst + r * SW_ROW_BYTES + (q ^ (r % 8)) * 16) = make_uint4(out[0], out[1], out[2], out[3]);
         }
         fence_proxy_async_smem(); /* the stores, before wgmma (the async proxy) reads them */
-        named_sync(2 + w, 128);
+        consumers_sync();
         return smem_addr(dst);
     }
 
@@ -731,19 +738,21 @@ struct Stream {
     FUSER_DEVICE void sum_frags(float (&acc)[R], const float *tile, int64_t stride) const
     {
         const float *sums = launder(tile);
-        if constexpr (SPLITS * R / 4 <= 32) { /* every load in flight at once */
+        if constexpr (SPLITS * R / 4 <= 32 && R < 64) { /* every load in flight at once (not beside 64 sums) */
 #pragma unroll
             for (int j = 0; j < R / 4; j++) {
                 const float4 t = frag_sum<SPLITS>(sums, stride, j);
                 acc[4 * j] = t.x, acc[4 * j + 1] = t.y, acc[4 * j + 2] = t.z, acc[4 * j + 3] = t.w;
             }
-        } else { /* that many would spill: four splits' loads in flight at a time, the same sums in the same order */
+        } else { /* that many would spill: a few splits' loads in flight at a time (one beside 64 sums), the same
+                  * sums in the same order */
+            constexpr int AHEAD = R < 64 ? 4 : 1;
 #pragma unroll
             for (int j = 0; j < R / 4; j++) {
                 const float4 t = ld_cg_f4_relaxed(sums + ((int64_t)j * 256 + lt) * 4);
                 acc[4 * j] = t.x, acc[4 * j + 1] = t.y, acc[4 * j + 2] = t.z, acc[4 * j + 3] = t.w;
             }
-#pragma unroll 4
+#pragma unroll AHEAD
             for (int sp = 1; sp < SPLITS; sp++)
 #pragma unroll
                 for (int j = 0; j < R / 4; j++) {
