@@ -26,6 +26,8 @@ typedef struct {
     int *sync;
     void *trace;
     const float *scale[FUSER_NUM_SCALES]; /* a quantized chain's (fuser_ffn_args' order), else null */
+    const void *xin; /* a quantized chain's x (bfloat16), which the kernel quantizes into xbuf */
+    void *xbuf;
     int m;
     int group;
 } stream_params;
@@ -96,9 +98,9 @@ static void prepare_cluster(fuser_ffn_kernel *k, const fuser_chain *c, const fus
     out->flags = 0;
 }
 
-/* The maps of a quantized chain's e4m3 matrices (weights, H) are 16-bit views of half the columns: a K
- * step is a 128-byte row of a box either way, so the boxes, the swizzle and the kernel's loads stay those
- * of 16-bit chains. Its x is bfloat16 (the kernel quantizes it), mapped as it is. */
+/* The maps of a quantized chain's e4m3 matrices (weights, H, and x as the kernel quantizes it into the
+ * workspace) are 16-bit views of half the columns: a K step is a 128-byte row of a box either way, so the
+ * boxes, the swizzle and the kernel's loads stay those of 16-bit chains. */
 static fuser_dtype map_dtype(const fuser_chain *c) { return c->dtype == FUSER_E4M3 ? FUSER_BF16 : c->dtype; }
 static uint64_t map_cols(const fuser_chain *c, int64_t cols)
 {
@@ -160,6 +162,8 @@ static int prepare_stream(const fuser_driver *drv, fuser_ffn_kernel *k, const fu
     stream_params *prm = (stream_params *)out->params;
     float *ws = (float *)(uintptr_t)s->ptr + s->zeroed_words;
     const void *h = ws;
+    const int quantized = pc->dtype == FUSER_E4M3;
+    void *xq = quantized ? ws + c->m * pc->n / 2 : NULL; /* the workspace's layout: fuser_plan_scratch */
     static const int cache_slot[P_N] = {[P_WU] = FUSER_MAP_W_UP, [P_WG] = FUSER_MAP_W_GATE, [P_WD] = FUSER_MAP_W_DOWN};
     int rc = FUSER_OK;
     for (size_t i = 0; i < sizeof stream_maps / sizeof *stream_maps && !rc; i++) {
@@ -170,9 +174,12 @@ static int prepare_stream(const fuser_driver *drv, fuser_ffn_kernel *k, const fu
         stream_map_shape(p, c->m, slot, &rows, &cols, &box);
         if (!out->ptr[slot])
             continue;
-        rc = slot == P_X
-                 ? fuser_tmap_2d(drv, map, fuser_chain_out_dtype(pc), out->ptr[slot], rows, cols, cols, box, err)
-                 : cached_map(drv, k, cache_slot[slot], out->ptr[slot], rows, cols, box, map, err);
+        if (slot == P_X && quantized) /* X tiles come from the kernel's e4m3 copy of x */
+            rc = cached_map(drv, k, FUSER_MAP_XQ, xq, rows, map_cols(pc, pc->k), box, map, err);
+        else if (slot == P_X)
+            rc = fuser_tmap_2d(drv, map, fuser_chain_out_dtype(pc), out->ptr[slot], rows, cols, cols, box, err);
+        else
+            rc = cached_map(drv, k, cache_slot[slot], out->ptr[slot], rows, cols, box, map, err);
     }
     if (!rc)
         rc = cached_map(drv, k, FUSER_MAP_H, h, (uint64_t)c->m, map_cols(pc, pc->n), token_box(p), &prm->h, err);
@@ -183,7 +190,9 @@ static int prepare_stream(const fuser_driver *drv, fuser_ffn_kernel *k, const fu
     prm->b_down = out->ptr[P_BD];
     prm->hbuf = (void *)h;
     prm->y = (void *)out->ptr[P_Y];
-    prm->ws = ws + c->m * pc->n / 2;
+    prm->xin = quantized ? out->ptr[P_X] : NULL;
+    prm->xbuf = xq;
+    prm->ws = ws + c->m * pc->n / 2 + (quantized ? c->m * pc->k / 4 : 0);
     prm->sync = (int *)(uintptr_t)s->ptr;
     prm->trace = trace;
     for (int i = 0; i < FUSER_NUM_SCALES; i++)
@@ -206,7 +215,7 @@ static int place_stream(const fuser_driver *drv, const fuser_ffn_prepared *p, st
     const fuser_plan *plan = &p->k->plan;
     for (size_t i = 0; i < sizeof stream_maps / sizeof *stream_maps; i++) {
         const int slot = stream_maps[i].slot;
-        if (ptr[slot] == p->ptr[slot])
+        if (ptr[slot] == p->ptr[slot] || (slot == P_X && prm->xin)) /* (a quantized x: xin, below) */
             continue;
         uint64_t rows, cols;
         unsigned box;
@@ -221,6 +230,8 @@ static int place_stream(const fuser_driver *drv, const fuser_ffn_prepared *p, st
     prm->b_gate = ptr[P_BG];
     prm->b_down = ptr[P_BD];
     prm->y = (void *)ptr[P_Y];
+    if (prm->xin)
+        prm->xin = ptr[P_X];
     return FUSER_OK;
 }
 

@@ -72,13 +72,11 @@ static int count_barriers(const fuser_plan *p)
 
 static int align128(int64_t v) { return (int)((v + 127) / 128 * 128); }
 
-/* The stream kernel's shared memory per pipeline stage (include/fuser/device/stream.cuh: an X or H
- * tile of bm rows and the weight tiles, 128 bytes a row, rounded to the 1024-byte swizzle alignment). */
-/* One ring slot: the token region (X's K step: 128-byte rows, two boxes of bfloat16 in a quantized chain,
- * whose consumers quantize it), then the weight tiles (include/fuser/device/stream.cuh, STAGE_BYTES). */
+/* The stream kernel's shared memory per pipeline stage (include/fuser/device/stream.cuh, STAGE_BYTES): an X
+ * or H tile of bm rows and the weight tiles, 128 bytes a row, rounded to the 1024-byte swizzle alignment. */
 static int64_t stream_stage_bytes(const fuser_plan *p)
 {
-    const int64_t x = (int64_t)p->bm * 128 * (p->chain.dtype == FUSER_E4M3 ? 2 : 1);
+    const int64_t x = (int64_t)p->bm * 128;
     const int64_t b1 = x + (int64_t)p->parts * p->bn * 128, b2 = x + (int64_t)p->bl * 128;
     return (fuser_max64(b1, b2) + 1023) / 1024 * 1024;
 }
@@ -201,9 +199,7 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
     p->smem_xbuf = 0;
     p->smem_hg = p->phases == 1 ? (int)(range / kc * p->bm * 128) : 0; /* one phase: the unit's H */
     /* barriers and flag (and, summing rows, 4 KB of group sums); slack to align the ring to 1024 bytes */
-    /* (a quantized chain: each consumer warpgroup's e4m3 X tile) */
-    const int xq = c->dtype == FUSER_E4M3 ? 2 * p->bm * 128 : 0;
-    p->smem_bytes = p->smem_pipe + p->smem_hg + xq + (rowsum ? 4096 : 0) + 2048;
+    p->smem_bytes = p->smem_pipe + p->smem_hg + (rowsum ? 4096 : 0) + 2048;
     p->regs_est = 0;                     /* fixed by setmaxnreg: 40 producer, 232 consumer */
     int64_t zw, wf;
     fuser_plan_scratch(p, c->m, &zw, &wf);
@@ -221,14 +217,16 @@ void fuser_plan_scratch(const fuser_plan *p, int64_t m, int64_t *zeroed_words, i
         return;
     const fuser_chain *c = &p->chain;
     if (p->kind == FUSER_KIND_STREAM) {
-        /* five counters (claim, done, summed, help, taken), then per row tile its tickets and ready counters
-         * (and, units sharing their l-tiles, a counter of each slice's l-tiles taken) */
+        /* seven counters (claim, done, summed, help, taken, x slices claimed and stored), then per row tile its
+         * tickets and ready counters (and, units sharing their l-tiles, a counter of each slice's l-tiles taken) */
         const int64_t slices = (int64_t)p->s2 * (fuser_stream_steals(p) ? 2 : 1);
-        *zeroed_words = 5 + fuser_ceil_div(m, p->bm) * ((int64_t)p->nt1 + p->lt2 + slices);
-        /* H [m][N] in 16 bits (a multiple of 4 floats: N % 8 == 0), then the split partials: whole tiles
-         * (bm rows, bn or bl columns) of every row tile and n- or l-tile, in the accumulators' order */
+        *zeroed_words = 7 + fuser_ceil_div(m, p->bm) * ((int64_t)p->nt1 + p->lt2 + slices);
+        /* H [m][N] in 16 bits (a multiple of 4 floats: N % 8 == 0); a quantized chain's x in e4m3 [m][K] (K % 16
+         * == 0); then the split partials: whole tiles (bm rows, bn or bl columns) of every row tile and n- or
+         * l-tile, in the accumulators' order */
         const int64_t rows = fuser_ceil_div(m, p->bm) * p->bm;
-        *ws_floats = m * c->n / 2 + (p->s1 > 1 ? (int64_t)p->s1 * p->parts * rows * p->nt1 * p->bn : 0) +
+        *ws_floats = m * c->n / 2 + (c->dtype == FUSER_E4M3 ? m * c->k / 4 : 0) +
+                     (p->s1 > 1 ? (int64_t)p->s1 * p->parts * rows * p->nt1 * p->bn : 0) +
                      (p->s2 > 1 ? (int64_t)p->s2 * rows * p->lt2 * p->bl : 0);
         return;
     }

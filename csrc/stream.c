@@ -61,9 +61,12 @@ void fuser_stream_traffic(const fuser_plan *p, fuser_traffic *out)
     const int64_t nx = pair == FUSER_PAIR_TILES ? (g.nt1 + 1) / 2 : g.nt1;
     const int64_t nh = pair == FUSER_PAIR_TILES ? (g.lt2 + 1) / 2 : g.lt2;
     /* phase 1 (one phase: in every unit, once per group of l-tiles): x by every n-tile, the weights by every row tile,
-     * biases once, H stored once (one phase: kept in shared memory) */
-    l2 += g.reps * (eo * g.m * g.K * nx + e * g.parts * g.N * g.K * wr + eo * (c->bias_up + c->bias_gate) * g.N) +
-          (g.one ? 0 : e * g.m * g.N);
+     * biases once, H stored once (one phase: kept in shared memory). A quantized chain's x is read in e4m3,
+     * quantized from bfloat16 first (read and written once). */
+    const int q = c->dtype == FUSER_E4M3;
+    const int64_t ex = q ? e : eo;
+    l2 += g.reps * (ex * g.m * g.K * nx + e * g.parts * g.N * g.K * wr + eo * (c->bias_up + c->bias_gate) * g.N) +
+          (g.one ? 0 : e * g.m * g.N) + (q ? (eo + e) * g.m * g.K : 0);
     if (g.s1 > 1)
         l2 += 2 * 4 * g.s1 * g.parts * g.rt * g.bm * g.nt1 * g.bn; /* whole partial tiles written, read back */
     /* phase 2: H by every l-tile (not in one phase), W_down by every row tile, b_down once, y */

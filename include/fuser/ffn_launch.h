@@ -19,7 +19,7 @@ extern "C" {
 #endif
 
 /* the tensor maps a loaded kernel keeps, re-encoded only when the address (or, for H, the token count) changes */
-enum { FUSER_MAP_W_UP, FUSER_MAP_W_GATE, FUSER_MAP_W_DOWN, FUSER_MAP_H, FUSER_NUM_CACHED_MAPS };
+enum { FUSER_MAP_W_UP, FUSER_MAP_W_GATE, FUSER_MAP_W_DOWN, FUSER_MAP_H, FUSER_MAP_XQ, FUSER_NUM_CACHED_MAPS };
 
 /** A fused plan's kernel, loaded on one device. Shared by threads once loaded; not copied or moved. */
 typedef struct fuser_ffn_kernel {

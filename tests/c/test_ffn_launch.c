@@ -153,7 +153,7 @@ void test_ffn_prepared_launch(void)
     CHECK_ERR(&err, FUSER_E_VALUE, "scratch: this launch needs");
     int64_t zw17, wf17;
     fuser_plan_scratch(p, c17.m, &zw17, &wf17);
-    CHECK(zw17 == 5 + 2 * (p->nt1 + p->lt2 + p->s2) && wf17 > wf); /* five counters, then per row tile */
+    CHECK(zw17 == 7 + 2 * (p->nt1 + p->lt2 + p->s2) && wf17 > wf); /* seven counters, then per row tile */
     CHECK(fuser_stream_units(p, 17) == 2 * p->units && p->units == 4 * 1 + 1 * 2);
     fuser_scratch_view s17 = {0x800000, 0, (zw17 + 3) / 4 * 4, wf17};
     CHECK(fuser_ffn_prepare(&d, &k, &a17, &c17, &s17, NULL, FUSER_OVERLAP_DEFAULT, stream, &pr, &err) == FUSER_OK);

@@ -77,7 +77,7 @@
 namespace fuser {
 
 struct StreamParams {
-    TensorMap x;      /* X [M, K], box 64 x BM */
+    TensorMap x;      /* X [M, K], box 64 x BM (a quantized chain: its e4m3 copy in xbuf) */
     TensorMap w_up;   /* [N, K], box 64 x BN */
     TensorMap w_gate; /* [N, K], box 64 x BN (gated only) */
     TensorMap h;      /* H [M, N] in the workspace, box 64 x BM */
@@ -91,6 +91,8 @@ struct StreamParams {
                          zero between launches */
     uint64_t *trace;  /* optional (null: off): per unit TRACE_WORDS words, see Stream::trace_unit */
     const float *scale[5]; /* a quantized chain's fp32 scales: x, up, gate, down, h (include/fuser/chain.h) */
+    const uint16_t *xin;   /* a quantized chain's x, bfloat16 [M, K], which the consumers quantize into xbuf */
+    void *xbuf;            /* there: x in e4m3 [M][K], the memory the x map reads */
     int m;
     int group;        /* row tiles per group of the unit order (>= 1) */
 };
@@ -104,13 +106,13 @@ constexpr int TRACE_WORDS = 9;
 template <class C>
 struct Stream {
     static constexpr int DT = C::DTYPE;
-    /* A quantized chain (DT_E4M3): e4m3 weights and H, fp32 scales, bfloat16 x, biases and y. The weights'
-     * and H's TMA maps are 16-bit views of half the columns, so their tiles, boxes and swizzle are a 16-bit
-     * chain's; a K step is then 128 columns (KCOLS), four k32 MMAs. X arrives in bfloat16, a K step as two
-     * 64-column boxes, and each consumer warpgroup quantizes it (x (1 / s_x) to e4m3) into a tile of its own
-     * before its MMAs (quantize_x). The scales apply in the epilogues: phase 1 scales the summed partials by
-     * s_x s_w[feature] before the biases and rounds H x (1 / s_h) to e4m3; phase 2 scales by s_h
-     * s_down[feature]. */
+    /* A quantized chain (DT_E4M3): e4m3 weights and H, fp32 scales, bfloat16 x, biases and y. The weights',
+     * H's and X's TMA maps are 16-bit views of half the columns, so their tiles, boxes and swizzle are a 16-bit
+     * chain's; a K step is then 128 columns (KCOLS), four k32 MMAs. X arrives in bfloat16: first thing, the
+     * consumers of every block quantize it (x (1 / s_x) to e4m3) into xbuf slice by slice (quantize_x), and
+     * phase 1 loads X from there once every slice is stored. The scales apply in the epilogues: phase 1 scales
+     * the summed partials by s_x s_w[feature] before the biases and rounds H x (1 / s_h) to e4m3; phase 2
+     * scales by s_h s_down[feature]. */
     static constexpr bool Q = DT == DT_E4M3;
     static constexpr int DTO = Q ? DT_BF16 : DT; /* y's and the biases' type */
     static constexpr int KCOLS = Q ? 2 * SW_COLS : SW_COLS;
@@ -130,7 +132,7 @@ struct Stream {
     static constexpr int NW1 = SWAP ? BM : MT == 2 ? BN : BN / 2;
     static constexpr int NW2 = SWAP ? BM : MT == 2 ? BL : BL / 2;
     static constexpr int TOK = MP * SW_ROW_BYTES;           /* a token tile of one K step: X or H */
-    static constexpr int X_BYTES = Q ? 2 * TOK : TOK;        /* a slot's token region, before its weight tiles */
+    static constexpr int X_BYTES = TOK;                      /* a slot's token region, before its weight tiles */
     static constexpr int BYTES1 = X_BYTES + PARTS * BN * SW_ROW_BYTES; /* a slot's bytes: phase 1, phase 2 */
     static constexpr int BYTES2 = TOK + BL * SW_ROW_BYTES;
     static constexpr int STAGE_BYTES =
@@ -170,20 +172,23 @@ struct Stream {
     /* sync words: three per launch, then each row tile's (offsets within its group of ROW_WORDS) */
     /* SUMMED: phase-2 units (STEAL: l-tiles) whose partials are stored; HELP: helpers' slice claims; TAKEN:
      * l-tiles taken (STEAL) */
-    static constexpr int CLAIM = 0, DONE = 1, SUMMED = 2, HELP = 3, TAKEN = 4, ROWS0 = 5;
+    /* XCLAIM, XDONE: a quantized chain's slices of x claimed, and stored (quantize_x) */
+    static constexpr int CLAIM = 0, DONE = 1, SUMMED = 2, HELP = 3, TAKEN = 4, XCLAIM = 5, XDONE = 6, ROWS0 = 7;
+    static constexpr int XSLICE = 256; /* 16-element chunks of x per slice: one per consumer thread */
     /* (TAKE: STEAL, each slice's l-tiles taken; READY: STEAL, each slice's H stored) */
     static constexpr int TICKETS1 = 0, TICKETS2 = NT1, READY = NT1 + LT, TAKE = READY + S2,
                          ROW_WORDS = TAKE + (STEAL ? S2 : 0);
 
     struct Smem {
         alignas(1024) unsigned char stage[STAGES][STAGE_BYTES];
-        /* one phase: the unit's H; a quantized chain: the consumers' e4m3 X tile (quantize_x) */
-        alignas(1024) unsigned char hs[H_BYTES > 0 ? H_BYTES : Q ? TOK : 16];
+        /* one phase: the unit's H */
+        alignas(1024) unsigned char hs[H_BYTES > 0 ? H_BYTES : 16];
         Ring<STAGES> ring;
         float4 red[ROWSUM ? 256 : 1]; /* sum_partials: each thread's run of splits */
         int unit[STAGES]; /* the unit whose first K step a slot holds (-1: no more units), set by the producer */
         int last;
         int box;                    /* pairs: the claimed pair block 0 hands to block 1 */
+        int xslice;                 /* quantize_x: the slice of x the consumers claimed */
         uint64_t box_full, box_empty;
     };
 
@@ -200,6 +205,8 @@ struct Stream {
     FUSER_DEVICE int u1() const { return ONE ? 0 : rt() * NT1 * S1; }
     FUSER_DEVICE int u2() const { return rt() * LG * S2; }
     FUSER_DEVICE int pieces() const { return rt() * S2 * LT; } /* STEAL: every slice's l-tiles */
+    FUSER_DEVICE int64_t xchunks() const { return (int64_t)p.m * C::K / 16; } /* quantized: x in 16-element chunks */
+    FUSER_DEVICE int xslices() const { return Q ? (int)ceil_div(xchunks(), (int64_t)XSLICE) : 0; }
 
     /* Entries of each phase in the claim order (units, or pairs of units) and the block's rank in its
      * cluster, likewise computed where used */
@@ -343,12 +350,7 @@ struct Stream {
     }
     FUSER_DEVICE void load_x(unsigned char *st, uint64_t *bar, int kb, int m0) const
     {
-        if constexpr (Q) { /* bfloat16 X: the K step's 128 columns as two 64-column boxes */
-            tma_load_2d(st, &p.x, bar, 2 * kb * SW_COLS, m0);
-            tma_load_2d(st + TOK, &p.x, bar, (2 * kb + 1) * SW_COLS, m0);
-        } else {
-            load_rows(st, &p.x, bar, kb, m0, BM, PAIR == PAIR_TILES);
-        }
+        load_rows(st, &p.x, bar, kb, m0, BM, PAIR == PAIR_TILES);
     }
 
     /* The next entry of the claim order. In a pair, block 0 takes it from the counter and hands it to
@@ -434,6 +436,7 @@ struct Stream {
         /* (one phase: no unit waits for another, so every block's first unit can be fixed) */
         const int cid = (int)blockIdx.x / CS, fixed = cmin((int)gridDim.x / CS, ONE ? q2() : q1());
         bool after_prev = false; /* griddepcontrol.wait done: the previous kernel's writes are visible */
+        bool x_ok = !Q;          /* a quantized chain: every slice of x is stored in xbuf (and after_prev) */
         uint32_t handoffs = 0;
         int q = cid < fixed ? cid : -1;
         for (;;) {
@@ -464,7 +467,7 @@ struct Stream {
                 const Unit t = unit1(u);
                 const int nt = t.tile, sp = t.split, m0 = t.row * BM;
                 const uint32_t bytes = (own_t ? X_BYTES : 0) + (own_w ? PARTS * BN * SW_ROW_BYTES : 0);
-                fill(c, tagged, sp * KS1, cmin(KT1, (sp + 1) * KS1), bytes, after_prev || !own_t,
+                fill(c, tagged, sp * KS1, cmin(KT1, (sp + 1) * KS1), bytes, (after_prev && x_ok) || !own_t,
                      [&](unsigned char *st, uint64_t *bar, int kb) {
                          if (own_w)
                              load_w1(st, bar, kb, nt * BN);
@@ -473,8 +476,15 @@ struct Stream {
                          if (own_t)
                              load_x(st, bar, kb, m0);
                      },
-                     [&] { griddep_wait(); });
+                     [&] {
+                         griddep_wait();
+                         if constexpr (Q) { /* the consumers' e4m3 x, visible to TMA */
+                             wait_flag(p.sync + XDONE, xslices());
+                             fence_proxy_async_global();
+                         }
+                     });
                 after_prev = after_prev || own_t;
+                x_ok = x_ok || own_t;
                 if (p.trace && !ghost)
                     p.trace[u * TRACE_WORDS + 8] = global_ns();
             } else {
@@ -549,7 +559,7 @@ struct Stream {
      * slots' (X or H by TMA) or, at own_tokens, tiles in shared memory the consumers wrote. */
     template <int NW, bool TWO, int R>
     FUSER_DEVICE void mainloop(Cursor<STAGES> &c, int k0, int k1, int b_rows, float (&acc)[R], float (&acc2)[R],
-                               uint64_t *trace, uint32_t own_tokens = 0, bool x_tokens = false) const
+                               uint64_t *trace, uint32_t own_tokens = 0) const
     {
         uint64_t waited = 0; /* traced: ns this thread waited for full slots after the unit's first */
         if (k0 >= k1) {
@@ -579,11 +589,7 @@ struct Stream {
             /* A: this consumer's 64 token rows (or, swap-AB, 64 weight rows); B: its columns (or the tokens) */
             const uint32_t w_rows = st + X_BYTES + (SWAP ? w * 64 : MT == 2 ? 0 : w * NW) * SW_ROW_BYTES;
             /* (own_tokens: the token tiles are the unit's H in shared memory, one per K step) */
-            uint32_t tokens = (own_tokens ? own_tokens + (kb - k0) * TOK : st) + (MT == 2 ? w * 64 * SW_ROW_BYTES : 0);
-            if constexpr (Q) {
-                if (x_tokens)
-                    tokens = quantize_x(s.stage[c.stage]);
-            }
+            const uint32_t tokens = (own_tokens ? own_tokens + (kb - k0) * TOK : st) + (MT == 2 ? w * 64 * SW_ROW_BYTES : 0);
             const uint32_t a = SWAP ? w_rows : tokens, b = SWAP ? tokens : w_rows; /* (swap-AB: b the tokens) */
             const uint32_t second = b_rows * SW_ROW_BYTES; /* the gate tile, after the up tile */
             wgmma_fence();
@@ -639,38 +645,42 @@ struct Stream {
 
     FUSER_DEVICE void consumers_sync() const { named_sync(1, 256); }
 
-    /* Quantized chains: the slot's X K step (bfloat16, two 64-column boxes, 128-byte swizzled) as e4m3
-     * x (1 / s_x) into the consumers' tile (s.hs), in the layout TMA gives an e4m3 tile (row r's 16-byte chunk
-     * q at chunk q ^ (r % 8)): each consumer thread converts 16 columns of a row (two source chunks) per pass,
-     * both warpgroups sharing the work. Its shared-memory address, once every consumer's stores are visible
-     * to wgmma. The tile is rewritten only once every consumer warp is past the previous step's MMAs, which
-     * read it: a warp's wait for its MMAs says nothing of the other warps' parts of the same wgmma. */
-    FUSER_DEVICE uint32_t quantize_x(const unsigned char *slot) const
+    /* A quantized chain, before any unit: x (bfloat16) as e4m3 x (1 / s_x) into xbuf, by the consumers of
+     * every block, a slice of XSLICE 16-element chunks at a time, claimed from a counter (so it needs no block
+     * but the running ones); each stored slice counted with a release (XDONE), which phase 1's producers
+     * acquire before their X tiles. Each thread converts 16 consecutive elements (32 bytes in, 16 out). */
+    FUSER_DEVICE void quantize_x() const
     {
-        unsigned char *dst = s.hs;
-        consumers_sync(); /* the previous step's MMAs are done in every consumer warp */
+        griddep_wait(); /* x is the previous kernel's */
+        const int64_t chunks = xchunks();
+        const int slices = xslices();
         const float inv = fast_rcp(__ldg(p.scale[0]));
+        for (;;) {
+            if (lt == 0)
+                s.xslice = atomic_add_relaxed_gpu(p.sync + XCLAIM, 1);
+            consumers_sync();
+            const int j = s.xslice;
+            if (j >= slices)
+                break;
+            const int64_t end = cmin((int64_t)(j + 1) * XSLICE, chunks);
+            for (int64_t i = (int64_t)j * XSLICE + lt; i < end; i += 256) {
+                const uint4 lo = __ldg((const uint4 *)(p.xin + 16 * i)), hi = __ldg((const uint4 *)(p.xin + 16 * i + 8));
+                const uint32_t in[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+                uint32_t out[4];
 #pragma unroll
-        for (int i = lt; i < MP * 8; i += 256) {
-            const int r = i / 8, q = i % 8;
-            const unsigned char *src = slot + (q / 4) * TOK + r * SW_ROW_BYTES;
-            const uint4 lo = *(const uint4 *)(src + ((2 * (q % 4)) ^ (r % 8)) * 16);
-            const uint4 hi = *(const uint4 *)(src + ((2 * (q % 4) + 1) ^ (r % 8)) * 16);
-            const uint32_t in[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-            uint32_t out[4];
-#pragma unroll
-            for (int k = 0; k < 4; k++) { /* four bf16 pairs -> four e4m3 bytes */
-                const uint32_t a = e4m3x2(to_float<DT_BF16>((uint16_t)(in[2 * k] & 0xffff)) * inv,
-                                          to_float<DT_BF16>((uint16_t)(in[2 * k] >> 16)) * inv);
-                const uint32_t b = e4m3x2(to_float<DT_BF16>((uint16_t)(in[2 * k + 1] & 0xffff)) * inv,
-                                          to_float<DT_BF16>((uint16_t)(in[2 * k + 1] >> 16)) * inv);
-                out[k] = a | b << 16;
+                for (int k = 0; k < 4; k++) { /* four bf16 pairs -> four e4m3 bytes */
+                    const uint32_t a = e4m3x2(to_float<DT_BF16>((uint16_t)(in[2 * k] & 0xffff)) * inv,
+                                              to_float<DT_BF16>((uint16_t)(in[2 * k] >> 16)) * inv);
+                    const uint32_t b = e4m3x2(to_float<DT_BF16>((uint16_t)(in[2 * k + 1] & 0xffff)) * inv,
+                                              to_float<DT_BF16>((uint16_t)(in[2 * k + 1] >> 16)) * inv);
+                    out[k] = a | b << 16;
+                }
+                *(uint4 *)((uint8_t *)p.xbuf + 16 * i) = make_uint4(out[0], out[1], out[2], out[3]);
             }
-            *(uint4 *)(dst + r * SW_ROW_BYTES + (q ^ (r % 8)) * 16) = make_uint4(out[0], out[1], out[2], out[3]);
+            consumers_sync(); /* every store of the slice, and every read of s.xslice, before the count */
+            if (lt == 0)
+                red_release_gpu_add(p.sync + XDONE, 1);
         }
-        fence_proxy_async_smem(); /* the stores, before wgmma (the async proxy) reads them */
-        consumers_sync();
-        return smem_addr(dst);
     }
 
     /* This warp no longer reads the slot: its tiles (wgmma) or its unit id. Every consumer warp arrives
@@ -886,7 +896,7 @@ struct Stream {
         const Unit t = unit1(u);
         const int nt = t.tile, sp = t.split;
         float up[NW1 / 2], gate[NW1 / 2];
-        mainloop<NW1, C::GATED>(c, sp * KS1, cmin(KT1, (sp + 1) * KS1), BN, up, gate, unit_trace(u), 0u, true);
+        mainloop<NW1, C::GATED>(c, sp * KS1, cmin(KT1, (sp + 1) * KS1), BN, up, gate, unit_trace(u));
         const int n0 = nt * BN;
         if constexpr (S1 > 1) {
             /* this split's partials; the last split sums them all into up (and gate), then stores H */
@@ -1216,6 +1226,8 @@ struct Stream {
         lane = lt % 32;
         Cursor<STAGES> c;
         int helped = 0; /* STEAL: pieces this block computed as a helper */
+        if constexpr (Q)
+            quantize_x();
         for (;;) {
             consume_wait(s.ring, c); /* the unit's first slot says which unit it is */
             const int u = s.unit[c.stage];
@@ -1271,6 +1283,8 @@ struct Stream {
                 store_relaxed_gpu(p.sync + TAKEN, 0);
                 store_relaxed_gpu(p.sync + CLAIM, 0);
                 store_relaxed_gpu(p.sync + SUMMED, 0);
+                store_relaxed_gpu(p.sync + XCLAIM, 0);
+                store_relaxed_gpu(p.sync + XDONE, 0);
                 store_relaxed_gpu(p.sync + DONE, 0);
             }
         }
