@@ -168,10 +168,10 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
             plan runs where the fused path is available; see ``fuser.env()``). It is checked first
             against the GPU of x and these tokens (:meth:`fuser.Plan.check`): a ValueError names the
             limit a plan breaks, before any code is generated.
-        scales: a quantized FFN's :class:`fuser.fp8.Scales` (FP8, W8A8): then ``x`` and the weights are
-            ``torch.float8_e4m3fn`` (``fuser.fp8.quantize`` and ``fuser.fp8.quantize_weight`` make them),
-            the biases and the result bfloat16, and the result is ``fuser.fp8.reference``'s: H crosses
-            between the GEMMs in e4m3 with the static scale ``scales.h``.
+        scales: a quantized FFN's :class:`fuser.fp8.Scales` (FP8, W8A8): then the weights are
+            ``torch.float8_e4m3fn`` (``fuser.fp8.quantize_weight`` or ``fuser.fp8.quantize_ffn`` make them),
+            ``x``, the biases and the result bfloat16, and the result is ``fuser.fp8.reference``'s: x is
+            quantized with ``scales.x`` and H crosses between the GEMMs in e4m3 with ``scales.h``.
 
     All tensors share one dtype (bfloat16, float16 or float32) and one device, are contiguous and
     16-byte aligned. Bad arguments raise ``TypeError``/``ValueError`` naming the argument, what was
