@@ -104,16 +104,18 @@ static double l2_bw(const fuser_target *t, const fuser_plan *p, double sms, doub
 static double gemm_us(const fuser_target *t, double m, double k, double n, double e)
 {
     const double bytes = e * (m * k + k * n + m * n);
-    /* (e4m3 operands: twice the 16-bit MMA rate) */
-    const double tc = 2 * m * k * n / (t->mma_tflops * (e == 1 ? 2 : 1) * t->eager_mma_eff * 1e6);
+    /* (e4m3 operands at the 16-bit rate: PyTorch's e4m3 GEMMs, tensorwise with bfloat16 results, measured no
+     * faster than its bf16 ones at 1-512 tokens on the H200; benchmarks/RESULTS.md, nineteenth session) */
+    const double tc = 2 * m * k * n / (t->mma_tflops * t->eager_mma_eff * 1e6);
     const double tm = bytes / (t->hbm_gbs * t->small_gemm_eff * 1e3);
     return (tc > tm ? tc : tm) + t->eager_ramp_us * (1 - exp(-bytes / (t->eager_ramp_mb * 1e6)));
 }
 
 /* The unfused path as fuser runs it: PyTorch eager ops (cuBLAS GEMMs with fused bias, separate
  * activation and product kernels, the intermediate through HBM). A quantized chain's: PyTorch's FP8 ops
- * (fuser.fp8.torch_path: scaled GEMMs of e4m3 operands with bfloat16 results, the elementwise kernels in
- * bfloat16, and x and H quantized by three elementwise ops each). */
+ * (fuser.fp8.eager: scaled GEMMs of e4m3 operands with bfloat16 results, each result then scaled per row
+ * by one more elementwise op, the elementwise kernels in bfloat16, and x and H quantized by three
+ * elementwise ops each). */
 static void cost_unfused(fuser_plan *p, const fuser_target *t)
 {
     const fuser_chain *c = &p->chain;
@@ -126,13 +128,14 @@ static void cost_unfused(fuser_plan *p, const fuser_target *t)
      * The gated path also reads x twice. */
     double ew_bytes = c->gated ? e * M * N * 5 : e * M * N * 2; /* the elementwise kernels' share */
     double hbm = compulsory_bytes(c) + e * M * N * (c->gated ? 8 : 4) + (c->gated ? e * M * K : 0);
-    if (q) /* x and H read in bfloat16 and written in e4m3 by the quantizing ops (each pass read and written) */
-        ew_bytes += 3 * 3 * M * (K + N);
+    if (q) /* x and H read in bfloat16 and written in e4m3 by the quantizing ops (each pass read and written),
+            * and each GEMM's bfloat16 result read and written by its per-row scaling */
+        ew_bytes += 3 * 3 * M * (K + N) + 4 * M * ((c->gated ? 2 : 1) * N + L);
     k->compute = gemm_us(t, M, K, N, eg) * (c->gated ? 2 : 1) + gemm_us(t, M, N, L, eg);
     k->hbm = ew_bytes / (t->hbm_gbs * 1e3);
     k->l2 = k->dsm = k->smem = k->sync = k->tail = 0;
-    /* gated: 3 GEMMs, activation, product; else 2 + 1; quantized: and 3 ops each for x and H */
-    k->launch = t->eager_op_us * ((c->gated ? 5 : 3) + (q ? 6 : 0));
+    /* gated: 3 GEMMs, activation, product; else 2 + 1; quantized: and 3 ops each for x and H, one per GEMM */
+    k->launch = t->eager_op_us * ((c->gated ? 5 : 3) + (q ? 6 + (c->gated ? 3 : 2) : 0));
     k->total = k->compute + k->hbm + k->launch;
     k->useful_flops = k->flops = chain_flops(c);
     k->waves = 0;
