@@ -26,6 +26,7 @@ void test_env_flags(void);
 void test_launch_config(void);
 void test_launch_driver(void);
 void test_ffn_prepared_launch(void);
+void test_ffn_quantized_launch(void);
 
 static const struct { const char *name; void (*fn)(void); } tests[] = {
     {"tensor_validation", test_tensor_validation},
@@ -48,6 +49,7 @@ static const struct { const char *name; void (*fn)(void); } tests[] = {
     {"launch_config", test_launch_config},
     {"launch_driver", test_launch_driver},
     {"ffn_prepared_launch", test_ffn_prepared_launch},
+    {"ffn_quantized_launch", test_ffn_quantized_launch},
 };
 
 int main(int argc, char **argv)

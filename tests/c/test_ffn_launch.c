@@ -1,7 +1,8 @@
 /* test_ffn_launch.c: a fused plan's launch against a recording stand-in driver (no GPU): a prepared
  * launch fills the stream kernel's parameters once (tensor maps at the tensors' addresses), a run
  * re-points only what moved and re-encodes only those maps, refuses a tensor the launch was prepared
- * without and misaligned data, and the one-shot launch passes the kernel the same bytes. */
+ * without and misaligned data, and the one-shot launch passes the kernel the same bytes. A quantized
+ * launch maps X on the kernel's e4m3 copy of x in the workspace and hands it x itself (xin). */
 #include "ctest.h"
 #include "fuser/ffn_launch.h"
 
@@ -48,13 +49,18 @@ static const void *field(const unsigned char *params, int i) /* 0 b_up, 1 b_gate
     return v;
 }
 
-static fuser_tensor cuda2d(uintptr_t addr, int64_t rows, int64_t cols)
+static fuser_tensor cuda_nd(uintptr_t addr, fuser_dtype dt, int ndim, int64_t rows, int64_t cols)
 {
     fuser_tensor t;
     memset(&t, 0, sizeof t);
-    t.data = (void *)addr, t.dtype = FUSER_BF16, t.device = FUSER_CUDA, t.device_id = 0, t.ndim = 2;
-    t.shape[0] = rows, t.shape[1] = cols, t.numel = rows * cols, t.nbytes = 2 * t.numel;
+    t.data = (void *)addr, t.dtype = dt, t.device = FUSER_CUDA, t.device_id = 0, t.ndim = ndim;
+    t.shape[0] = rows, t.shape[1] = cols, t.numel = rows * (ndim == 2 ? cols : 1);
+    t.nbytes = fuser_dtype_size(dt) * t.numel;
     return t;
+}
+static fuser_tensor cuda2d(uintptr_t addr, int64_t rows, int64_t cols)
+{
+    return cuda_nd(addr, FUSER_BF16, 2, rows, cols);
 }
 
 void test_ffn_prepared_launch(void)
@@ -164,4 +170,63 @@ void test_ffn_prepared_launch(void)
     fuser_plan big = *p;
     big.chain.k = big.chain.n = 4096;
     CHECK(fuser_stream_row_group(&big, 17) == 2 && fuser_stream_row_group(&big, 1000) == 63);
+}
+
+void test_ffn_quantized_launch(void)
+{
+    fuser_driver d;
+    memset(&d, 0, sizeof d);
+    d.cuCtxGetCurrent = r_get_current;
+    d.cuFuncSetAttribute = r_set_attr;
+    d.cuLaunchKernelEx = r_launch;
+    d.cuTensorMapEncodeTiled = r_encode;
+    memset(&rec, 0, sizeof rec);
+    fuser_err err;
+    fuser_err_clear(&err);
+
+    /* a quantized ungated 256 -> 512 -> 128 chain in one swap-AB tile of 64 tokens, unsplit */
+    static fuser_ffn_kernel k;
+    memset(&k, 0, sizeof k);
+    fuser_plan *p = &k.plan;
+    fuser_plan_unfused(&(fuser_chain){0}, p);
+    p->chain = (fuser_chain){.m = 64, .k = 256, .n = 512, .l = 128, .act = FUSER_ACT_SILU, .dtype = FUSER_E4M3};
+    p->fused = 1, p->kind = FUSER_KIND_STREAM, p->bm = 64, p->bn = 128, p->bl = 128, p->s1 = 1, p->s2 = 1;
+    p->stages = 4, p->cls_m = p->cls_n = p->cls_k = p->cls_l = 1, p->n_iters = 1, p->order = FUSER_ORDER_N_OUTER;
+    p->gate_mode = FUSER_GATE_NONE;
+    CHECK(fuser_plan_derive(p, &err) == FUSER_OK && fuser_stream_swap(p));
+    k.k.ctx = (fuser_cu_context)(uintptr_t)0x10, k.k.func = (fuser_cu_function)(uintptr_t)0x20;
+    atomic_store(&k.k.dyn_smem_limit, 1 << 20);
+    atomic_flag_clear(&k.lock);
+    k.max_active = 132;
+
+    fuser_tensor x = cuda2d(0x100000, 40, 256), y = cuda2d(0x400000, 40, 128);
+    fuser_tensor wu = cuda_nd(0x200000, FUSER_E4M3, 2, 512, 256), wd = cuda_nd(0x300000, FUSER_E4M3, 2, 128, 512);
+    fuser_tensor sx = cuda_nd(0x500000, FUSER_F32, 1, 1, 0), su = cuda_nd(0x500100, FUSER_F32, 1, 512, 0);
+    fuser_tensor sd = cuda_nd(0x501000, FUSER_F32, 1, 128, 0), sh = cuda_nd(0x502000, FUSER_F32, 1, 1, 0);
+    fuser_ffn_args a = {&x, &wu, &wd, NULL, NULL, NULL, NULL, &y, "silu", {&sx, &su, NULL, &sd, &sh}};
+    fuser_chain c;
+    CHECK(fuser_ffn_validate(&a, &c, &err) == FUSER_OK && c.m == 40 && c.dtype == FUSER_E4M3);
+    /* seven counters and one row tile's; H (16-bit room), x in e4m3 (m x d_model bytes), no split partials */
+    int64_t zw, wf;
+    fuser_plan_scratch(p, c.m, &zw, &wf);
+    CHECK(zw == 7 + (p->nt1 + p->lt2 + 1) && wf == 40 * 512 / 2 + 40 * 256 / 4);
+    fuser_scratch_view s = {0x800000, 0, (zw + 3) / 4 * 4, wf};
+    const uintptr_t ws = 0x800000 + 4 * (uintptr_t)s.zeroed_words, xbuf = ws + 2 * 40 * 512;
+
+    fuser_ffn_prepared pr;
+    CHECK(fuser_ffn_prepare(&d, &k, &a, &c, &s, NULL, FUSER_OVERLAP_DEFAULT, (fuser_cu_stream)(uintptr_t)0x77, &pr, &err) ==
+          FUSER_OK);
+    CHECK(fuser_ffn_run(&d, &pr, NULL, &err) == FUSER_OK && rec.launches == 1);
+    /* fields after the maps: b_up, b_gate, b_down, hbuf, y, ws, sync, trace, five scales, xin, xbuf */
+    CHECK(map_base(rec.params, MAP_X) == (const void *)xbuf && map_base(rec.params, MAP_H) == (const void *)ws);
+    CHECK(field(rec.params, 13) == x.data && field(rec.params, 14) == (const void *)xbuf);
+    CHECK(field(rec.params, 5) == (const void *)(xbuf + 40 * 256) && field(rec.params, 3) == (const void *)ws);
+    CHECK(field(rec.params, 8) == sx.data && field(rec.params, 12) == sh.data && field(rec.params, 10) == NULL);
+
+    /* a new x: handed over as xin; X's map stays on the workspace copy, nothing encoded again */
+    const int enc = rec.encodes;
+    const void *next[8] = {(void *)0x110000, NULL, NULL, NULL, NULL, NULL, NULL, (void *)0x410000};
+    CHECK(fuser_ffn_run(&d, &pr, next, &err) == FUSER_OK && rec.encodes == enc && rec.launches == 2);
+    CHECK(field(rec.params, 13) == next[0] && map_base(rec.params, MAP_X) == (const void *)xbuf);
+    CHECK(field(rec.params, 4) == next[7]);
 }
