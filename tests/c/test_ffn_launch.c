@@ -63,7 +63,8 @@ static fuser_tensor cuda2d(uintptr_t addr, int64_t rows, int64_t cols)
     return cuda_nd(addr, FUSER_BF16, 2, rows, cols);
 }
 
-void test_ffn_prepared_launch(void)
+/* The recording driver (its record cleared) */
+static fuser_driver recording_driver(void)
 {
     fuser_driver d;
     memset(&d, 0, sizeof d);
@@ -72,23 +73,37 @@ void test_ffn_prepared_launch(void)
     d.cuLaunchKernelEx = r_launch;
     d.cuTensorMapEncodeTiled = r_encode;
     memset(&rec, 0, sizeof rec);
+    return d;
+}
+
+/* k: an unpaired two-phase stream plan of `chain` (bn = bl = 128, 4 stages), "loaded" on device 0 */
+static int stream_kernel(fuser_ffn_kernel *k, fuser_chain chain, int bm, int s2, fuser_err *err)
+{
+    memset(k, 0, sizeof *k);
+    fuser_plan *p = &k->plan;
+    fuser_plan_unfused(&(fuser_chain){0}, p);
+    p->chain = chain;
+    p->fused = 1, p->kind = FUSER_KIND_STREAM, p->bm = bm, p->bn = 128, p->bl = 128, p->s1 = 1, p->s2 = s2;
+    p->stages = 4, p->cls_m = p->cls_n = p->cls_k = p->cls_l = 1, p->n_iters = 1, p->order = FUSER_ORDER_N_OUTER;
+    p->gate_mode = FUSER_GATE_NONE;
+    k->k.ctx = (fuser_cu_context)(uintptr_t)0x10, k->k.func = (fuser_cu_function)(uintptr_t)0x20;
+    atomic_store(&k->k.dyn_smem_limit, 1 << 20);
+    atomic_flag_clear(&k->lock);
+    k->max_active = 132;
+    return fuser_plan_derive(p, err);
+}
+
+void test_ffn_prepared_launch(void)
+{
+    fuser_driver d = recording_driver();
     fuser_err err;
     fuser_err_clear(&err);
 
     /* a stream plan of an ungated 256 -> 512 -> 128 chain with up to 16 tokens, loaded on device 0 */
     static fuser_ffn_kernel k;
-    memset(&k, 0, sizeof k);
     fuser_plan *p = &k.plan;
-    fuser_plan_unfused(&(fuser_chain){0}, p);
-    p->chain = (fuser_chain){.m = 16, .k = 256, .n = 512, .l = 128, .act = FUSER_ACT_SILU, .dtype = FUSER_BF16};
-    p->fused = 1, p->kind = FUSER_KIND_STREAM, p->bm = 16, p->bn = 128, p->bl = 128, p->s1 = 1, p->s2 = 2;
-    p->stages = 4, p->cls_m = p->cls_n = p->cls_k = p->cls_l = 1, p->n_iters = 1, p->order = FUSER_ORDER_N_OUTER;
-    p->gate_mode = FUSER_GATE_NONE;
-    CHECK(fuser_plan_derive(p, &err) == FUSER_OK);
-    k.k.ctx = (fuser_cu_context)(uintptr_t)0x10, k.k.func = (fuser_cu_function)(uintptr_t)0x20;
-    atomic_store(&k.k.dyn_smem_limit, 1 << 20);
-    atomic_flag_clear(&k.lock);
-    k.max_active = 132;
+    CHECK(stream_kernel(&k, (fuser_chain){.m = 16, .k = 256, .n = 512, .l = 128, .act = FUSER_ACT_SILU,
+                                          .dtype = FUSER_BF16}, 16, 2, &err) == FUSER_OK);
 
     fuser_tensor x = cuda2d(0x100000, 5, 256), wu = cuda2d(0x200000, 512, 256), wd = cuda2d(0x300000, 128, 512);
     fuser_tensor y = cuda2d(0x400000, 5, 128);
@@ -174,30 +189,15 @@ void test_ffn_prepared_launch(void)
 
 void test_ffn_quantized_launch(void)
 {
-    fuser_driver d;
-    memset(&d, 0, sizeof d);
-    d.cuCtxGetCurrent = r_get_current;
-    d.cuFuncSetAttribute = r_set_attr;
-    d.cuLaunchKernelEx = r_launch;
-    d.cuTensorMapEncodeTiled = r_encode;
-    memset(&rec, 0, sizeof rec);
+    fuser_driver d = recording_driver();
     fuser_err err;
     fuser_err_clear(&err);
 
     /* a quantized ungated 256 -> 512 -> 128 chain in one swap-AB tile of 64 tokens, unsplit */
     static fuser_ffn_kernel k;
-    memset(&k, 0, sizeof k);
     fuser_plan *p = &k.plan;
-    fuser_plan_unfused(&(fuser_chain){0}, p);
-    p->chain = (fuser_chain){.m = 64, .k = 256, .n = 512, .l = 128, .act = FUSER_ACT_SILU, .dtype = FUSER_E4M3};
-    p->fused = 1, p->kind = FUSER_KIND_STREAM, p->bm = 64, p->bn = 128, p->bl = 128, p->s1 = 1, p->s2 = 1;
-    p->stages = 4, p->cls_m = p->cls_n = p->cls_k = p->cls_l = 1, p->n_iters = 1, p->order = FUSER_ORDER_N_OUTER;
-    p->gate_mode = FUSER_GATE_NONE;
-    CHECK(fuser_plan_derive(p, &err) == FUSER_OK && fuser_stream_swap(p));
-    k.k.ctx = (fuser_cu_context)(uintptr_t)0x10, k.k.func = (fuser_cu_function)(uintptr_t)0x20;
-    atomic_store(&k.k.dyn_smem_limit, 1 << 20);
-    atomic_flag_clear(&k.lock);
-    k.max_active = 132;
+    CHECK(stream_kernel(&k, (fuser_chain){.m = 64, .k = 256, .n = 512, .l = 128, .act = FUSER_ACT_SILU,
+                                          .dtype = FUSER_E4M3}, 64, 1, &err) == FUSER_OK && fuser_stream_swap(p));
 
     fuser_tensor x = cuda2d(0x100000, 40, 256), y = cuda2d(0x400000, 40, 128);
     fuser_tensor wu = cuda_nd(0x200000, FUSER_E4M3, 2, 512, 256), wd = cuda_nd(0x300000, FUSER_E4M3, 2, 128, 512);
