@@ -169,7 +169,7 @@ struct Stream {
     static constexpr int PRODUCER_REGS = PAIR == PAIR_NONE ? 40 : 56, CONSUMER_REGS = PAIR == PAIR_NONE ? 232 : 224;
     static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 168 * 384, "register budget");
 
-    /* sync words: three per launch, then each row tile's (offsets within its group of ROW_WORDS) */
+    /* sync words: seven per launch, then each row tile's (offsets within its group of ROW_WORDS) */
     /* SUMMED: phase-2 units (STEAL: l-tiles) whose partials are stored; HELP: helpers' slice claims; TAKEN:
      * l-tiles taken (STEAL) */
     /* XCLAIM, XDONE: a quantized chain's slices of x claimed, and stored (quantize_x) */
@@ -589,14 +589,16 @@ struct Stream {
             /* A: this consumer's 64 token rows (or, swap-AB, 64 weight rows); B: its columns (or the tokens) */
             const uint32_t w_rows = st + X_BYTES + (SWAP ? w * 64 : MT == 2 ? 0 : w * NW) * SW_ROW_BYTES;
             /* (own_tokens: the token tiles are the unit's H in shared memory, one per K step) */
-            const uint32_t tokens = (own_tokens ? own_tokens + (kb - k0) * TOK : st) + (MT == 2 ? w * 64 * SW_ROW_BYTES : 0);
+            const uint32_t tokens =
+                (own_tokens ? own_tokens + (kb - k0) * TOK : st) + (MT == 2 ? w * 64 * SW_ROW_BYTES : 0);
             const uint32_t a = SWAP ? w_rows : tokens, b = SWAP ? tokens : w_rows; /* (swap-AB: b the tokens) */
             const uint32_t second = b_rows * SW_ROW_BYTES; /* the gate tile, after the up tile */
             wgmma_fence();
             if constexpr (Q) {
                 /* e4m3 MMAs keep their sums in fewer bits than fp32 (DeepGEMM's "promotion"): each K step (4 MMAs
                  * of k32) starts its own sum, added to the fp32 accumulator once the step's MMAs are done. A
-                 * decode step waits for its data far longer than for its MMAs, so waiting for them costs nothing. */
+                 * decode step waits for its data far longer than for its MMAs; at 64-128 tokens this wait is a
+                 * good part of a step (two sums in flight would serialise the wgmma in ptxas: C7514). */
                 float t[R], t2[TWO ? R : 1];
 #pragma unroll
                 for (int i = 0; i < R; i++)
@@ -664,7 +666,8 @@ struct Stream {
                 break;
             const int64_t end = cmin((int64_t)(j + 1) * XSLICE, chunks);
             for (int64_t i = (int64_t)j * XSLICE + lt; i < end; i += 256) {
-                const uint4 lo = __ldg((const uint4 *)(p.xin + 16 * i)), hi = __ldg((const uint4 *)(p.xin + 16 * i + 8));
+                const uint4 *src = (const uint4 *)(p.xin + 16 * i);
+                const uint4 lo = __ldg(src), hi = __ldg(src + 1);
                 const uint32_t in[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
                 uint32_t out[4];
 #pragma unroll
