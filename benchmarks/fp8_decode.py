@@ -3,7 +3,7 @@ against PyTorch's own FP8 path, at the token counts of decoding.
 
 Shapes (d_model -> d_ff, activation): LLaMA-2-7B 4096 -> 11008 gated silu, LLaMA-3-8B 4096 -> 14336 gated
 silu, LLaMA-70B 8192 -> 28672 gated silu, GPT-3 6.7B 4096 -> 16384 plain gelu; M tokens (default 1, 16,
-128). Random weights (std 0.02), x normal (std 1); the FP8 scales from ``fuser.fp8.quantize_ffn`` on 256
+64, 128). Random weights (std 0.02), x normal (std 1); the FP8 scales from ``fuser.fp8.quantize_ffn`` on 256
 other sample tokens (per-row weight scales, static per-tensor scales for x and the hidden activation H).
 
 Variants, each one call of the FFN on [M, d_model] activations:
@@ -199,7 +199,7 @@ def table(rows):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of: {', '.join(MODELS)}")
-    ap.add_argument("--tokens", default="1,16,128", help="comma-separated token counts M")
+    ap.add_argument("--tokens", default="1,16,64,128", help="comma-separated token counts M")
     ap.add_argument("--rounds", type=int, default=20, help="timed rounds (medians over them)")
     ap.add_argument("--copies", type=int, default=4,
                     help="weight copies walked by each graph (fewer where GPU memory runs short)")
