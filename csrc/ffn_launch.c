@@ -163,7 +163,9 @@ static int prepare_stream(const fuser_driver *drv, fuser_ffn_kernel *k, const fu
     float *ws = (float *)(uintptr_t)s->ptr + s->zeroed_words;
     const void *h = ws;
     const int quantized = pc->dtype == FUSER_E4M3;
-    void *xq = quantized ? ws + c->m * pc->n / 2 : NULL; /* the workspace's layout: fuser_plan_scratch */
+    int64_t xq_at, partials_at;
+    fuser_stream_ws_layout(p, c->m, &xq_at, &partials_at);
+    void *xq = quantized ? ws + xq_at : NULL;
     static const int cache_slot[P_N] = {[P_WU] = FUSER_MAP_W_UP, [P_WG] = FUSER_MAP_W_GATE, [P_WD] = FUSER_MAP_W_DOWN};
     int rc = FUSER_OK;
     for (size_t i = 0; i < sizeof stream_maps / sizeof *stream_maps && !rc; i++) {
@@ -192,7 +194,7 @@ static int prepare_stream(const fuser_driver *drv, fuser_ffn_kernel *k, const fu
     prm->y = (void *)out->ptr[P_Y];
     prm->xin = quantized ? out->ptr[P_X] : NULL;
     prm->xbuf = xq;
-    prm->ws = ws + c->m * pc->n / 2 + (quantized ? c->m * pc->k / 4 : 0);
+    prm->ws = ws + partials_at;
     prm->sync = (int *)(uintptr_t)s->ptr;
     prm->trace = trace;
     for (int i = 0; i < FUSER_NUM_SCALES; i++)
@@ -213,9 +215,10 @@ static int place_stream(const fuser_driver *drv, const fuser_ffn_prepared *p, st
                         const void *const ptr[P_N], fuser_err *err)
 {
     const fuser_plan *plan = &p->k->plan;
+    const int quantized = plan->chain.dtype == FUSER_E4M3;
     for (size_t i = 0; i < sizeof stream_maps / sizeof *stream_maps; i++) {
         const int slot = stream_maps[i].slot;
-        if (ptr[slot] == p->ptr[slot] || (slot == P_X && prm->xin)) /* (a quantized x: xin, below) */
+        if (ptr[slot] == p->ptr[slot] || (slot == P_X && quantized)) /* (a quantized x: xin, below) */
             continue;
         uint64_t rows, cols;
         unsigned box;
@@ -230,7 +233,7 @@ static int place_stream(const fuser_driver *drv, const fuser_ffn_prepared *p, st
     prm->b_gate = ptr[P_BG];
     prm->b_down = ptr[P_BD];
     prm->y = (void *)ptr[P_Y];
-    if (prm->xin)
+    if (quantized)
         prm->xin = ptr[P_X];
     return FUSER_OK;
 }

@@ -215,18 +215,17 @@ void fuser_plan_scratch(const fuser_plan *p, int64_t m, int64_t *zeroed_words, i
     *zeroed_words = *ws_floats = 0;
     if (!p->fused)
         return;
-    const fuser_chain *c = &p->chain;
     if (p->kind == FUSER_KIND_STREAM) {
         /* seven counters (claim, done, summed, help, taken, x slices claimed and stored), then per row tile its
          * tickets and ready counters (and, units sharing their l-tiles, a counter of each slice's l-tiles taken) */
         const int64_t slices = (int64_t)p->s2 * (fuser_stream_steals(p) ? 2 : 1);
         *zeroed_words = 7 + fuser_ceil_div(m, p->bm) * ((int64_t)p->nt1 + p->lt2 + slices);
-        /* H [m][N] in 16 bits (a multiple of 4 floats: N % 8 == 0); a quantized chain's x in e4m3 [m][K] (K % 16
-         * == 0); then the split partials: whole tiles (bm rows, bn or bl columns) of every row tile and n- or
-         * l-tile, in the accumulators' order */
+        /* H, x's copy (fuser_stream_ws_layout), then the split partials: whole tiles (bm rows, bn or bl columns)
+         * of every row tile and n- or l-tile, in the accumulators' order */
         const int64_t rows = fuser_ceil_div(m, p->bm) * p->bm;
-        *ws_floats = m * c->n / 2 + (c->dtype == FUSER_E4M3 ? m * c->k / 4 : 0) +
-                     (p->s1 > 1 ? (int64_t)p->s1 * p->parts * rows * p->nt1 * p->bn : 0) +
+        int64_t xq, partials;
+        fuser_stream_ws_layout(p, m, &xq, &partials);
+        *ws_floats = partials + (p->s1 > 1 ? (int64_t)p->s1 * p->parts * rows * p->nt1 * p->bn : 0) +
                      (p->s2 > 1 ? (int64_t)p->s2 * rows * p->lt2 * p->bl : 0);
         return;
     }
@@ -235,6 +234,14 @@ void fuser_plan_scratch(const fuser_plan *p, int64_t m, int64_t *zeroed_words, i
     const int64_t grid_m = fuser_ceil_div(m, (int64_t)p->cls_m * p->bm);
     *zeroed_words = grid_m * p->cls_m * p->cls_l * p->lc * p->cls_reduce;
     *ws_floats = p->grid_n * grid_m * p->cls_m * p->bm * p->l_pad;
+}
+
+void fuser_stream_ws_layout(const fuser_plan *p, int64_t m, int64_t *xq, int64_t *partials)
+{
+    /* H [m][N] in 16 bits (a multiple of 4 floats: N % 8 == 0), then a quantized chain's x in e4m3 [m][K]
+     * (K % 16 == 0: a multiple of 4 floats) */
+    *xq = m * p->chain.n / 2;
+    *partials = *xq + (p->chain.dtype == FUSER_E4M3 ? m * p->chain.k / 4 : 0);
 }
 
 fuser_pair fuser_stream_pair(const fuser_plan *p)

@@ -150,6 +150,11 @@ int fuser_plan_derive(fuser_plan *p, fuser_err *err);
  * the kernel ends) and fp32 workspace words (partials, and the stream kernel's H buffer). */
 void fuser_plan_scratch(const fuser_plan *p, int64_t m, int64_t *zeroed_words, int64_t *ws_floats);
 
+/** Where a stream launch of m tokens keeps its data in the workspace (fp32 words from its start, after the
+ * zeroed words): H at 0, a quantized chain's e4m3 copy of x at `*xq` (its x map and xbuf), the split
+ * partials at `*partials`. */
+void fuser_stream_ws_layout(const fuser_plan *p, int64_t m, int64_t *xq, int64_t *partials);
+
 /** The pairs of a stream plan: FUSER_PAIR_ROWS for cluster (2, 1, 1, 1), FUSER_PAIR_TILES for (1, 2, 1, 2),
  * else FUSER_PAIR_NONE. */
 fuser_pair fuser_stream_pair(const fuser_plan *p);
