@@ -99,43 +99,50 @@ static double l2_bw(const fuser_target *t, const fuser_plan *p, double sms, doub
 }
 
 /* Time of one library GEMM [m x k] x [k x n] (+ bias) as a separate kernel, without its fixed cost:
- * compute or bandwidth, whichever is longer, plus a ramp that grows with its bytes (a small GEMM's fill
- * and drain are most of it; a large one's saturate). */
-static double gemm_us(const fuser_target *t, double m, double k, double n, double e)
+ * compute (at `eff` of the matmul rate) or bandwidth (the weights read at `w_rate` of the streaming rate),
+ * whichever is longer, plus a ramp that grows with its bytes (a small GEMM's fill and drain are most of it;
+ * a large one's saturate). */
+static double gemm_us(const fuser_target *t, double m, double k, double n, double e, double eff, double w_rate)
 {
     const double bytes = e * (m * k + k * n + m * n);
-    /* (e4m3 operands at the 16-bit rate: PyTorch's e4m3 GEMMs, tensorwise with bfloat16 results, measured no
-     * faster than its bf16 ones at 1-512 tokens on the H200; benchmarks/RESULTS.md, nineteenth session) */
-    const double tc = 2 * m * k * n / (t->mma_tflops * t->eager_mma_eff * 1e6);
-    const double tm = bytes / (t->hbm_gbs * t->small_gemm_eff * 1e3);
+    const double tc = 2 * m * k * n / (t->mma_tflops * eff * 1e6);
+    const double tm = e * (m * k + m * n + k * n / w_rate) / (t->hbm_gbs * t->small_gemm_eff * 1e3);
     return (tc > tm ? tc : tm) + t->eager_ramp_us * (1 - exp(-bytes / (t->eager_ramp_mb * 1e6)));
 }
 
 /* The unfused path as fuser runs it: PyTorch eager ops (cuBLAS GEMMs with fused bias, separate
  * activation and product kernels, the intermediate through HBM). A quantized chain's: PyTorch's FP8 ops
- * (fuser.fp8.eager: scaled GEMMs of e4m3 operands with bfloat16 results, each result then scaled per row
- * by one more elementwise op, the elementwise kernels in bfloat16, and x and H quantized by three
- * elementwise ops each). */
+ * (fuser.fp8.eager: scaled GEMMs of e4m3 operands with bfloat16 results, the elementwise kernels in
+ * bfloat16, and x and H quantized by three elementwise ops each). Below FUSER_FP8_ROWWISE_TOKENS tokens
+ * the GEMMs are tensorwise, at the 16-bit rate (measured no faster than bf16 ones on the H200), each
+ * result then scaled per row by one more op; from there on rowwise, at eager_fp8_mma_eff of the matmul
+ * rate and reading their weights at eager_fp8_hbm_eff of the streaming rate, the scales inside the GEMM
+ * and two ops making the per-token activation scales. */
 static void cost_unfused(fuser_plan *p, const fuser_target *t)
 {
     const fuser_chain *c = &p->chain;
-    const int q = c->dtype == FUSER_E4M3;
+    const int q = c->dtype == FUSER_E4M3, rowwise = q && c->m >= FUSER_FP8_ROWWISE_TOKENS;
+    const int gemms = c->gated ? 3 : 2;
     const double e = c->dtype == FUSER_F32 ? 4 : 2, eg = fuser_dtype_size(c->dtype), M = (double)c->m,
                  K = (double)c->k, N = (double)c->n, L = (double)c->l;
+    const double eff = rowwise ? t->eager_fp8_mma_eff : t->eager_mma_eff,
+                 w_rate = rowwise ? t->eager_fp8_hbm_eff : 1;
     fuser_cost *k = &p->cost;
     /* the intermediate's HBM passes: plain: GEMM1 writes H, act reads and writes it, GEMM2 reads it (4);
      * gated: gate and up written (2), act r+w (2), product reads 2 and writes 1 (3), GEMM2 reads (1): 8.
      * The gated path also reads x twice. */
     double ew_bytes = c->gated ? e * M * N * 5 : e * M * N * 2; /* the elementwise kernels' share */
     double hbm = compulsory_bytes(c) + e * M * N * (c->gated ? 8 : 4) + (c->gated ? e * M * K : 0);
-    if (q) /* x and H read in bfloat16 and written in e4m3 by the quantizing ops (each pass read and written),
-            * and each GEMM's bfloat16 result read and written by its per-row scaling */
-        ew_bytes += 3 * 3 * M * (K + N) + 4 * M * ((c->gated ? 2 : 1) * N + L);
-    k->compute = gemm_us(t, M, K, N, eg) * (c->gated ? 2 : 1) + gemm_us(t, M, N, L, eg);
+    if (q) /* x and H read in bfloat16 and written in e4m3 by the quantizing ops (each pass read and written) */
+        ew_bytes += 3 * 3 * M * (K + N);
+    if (q && !rowwise) /* each GEMM's bfloat16 result read and written by its per-row scaling */
+        ew_bytes += 4 * M * ((c->gated ? 2 : 1) * N + L);
+    k->compute = gemm_us(t, M, K, N, eg, eff, w_rate) * (c->gated ? 2 : 1) + gemm_us(t, M, N, L, eg, eff, w_rate);
     k->hbm = ew_bytes / (t->hbm_gbs * 1e3);
     k->l2 = k->dsm = k->smem = k->sync = k->tail = 0;
-    /* gated: 3 GEMMs, activation, product; else 2 + 1; quantized: and 3 ops each for x and H, one per GEMM */
-    k->launch = t->eager_op_us * ((c->gated ? 5 : 3) + (q ? 6 + (c->gated ? 3 : 2) : 0));
+    /* the GEMMs, the activation and (gated) the product; quantized: and 3 ops each for x and H, and the
+     * per-row scaling ops (tensorwise) or the two scale fills (rowwise) */
+    k->launch = t->eager_op_us * (gemms + (c->gated ? 2 : 1) + (q ? 6 + (rowwise ? 2 : gemms) : 0));
     k->total = k->compute + k->hbm + k->launch;
     k->useful_flops = k->flops = chain_flops(c);
     k->waves = 0;

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+
 int fuser_cluster_size_index(int size)
 {
     for (int i = 0; i < FUSER_NUM_CLUSTER_SIZES; i++)
@@ -82,6 +83,10 @@ static const fuser_target builtin[] = {
          * 7B decode measured again out of sample, eager from 128 tokens on). */
         .small_gemm_eff = 0.972,
         .eager_op_us = 2.182, .eager_mma_eff = 0.959, .eager_ramp_us = 2.807, .eager_ramp_mb = 2.508,
+        /* PyTorch's rowwise e4m3 FFNs at 128-512 tokens of four 7B-70B shapes (2026-12-03, benchmarks/RESULTS.md,
+         * twentieth session; msle 0.009): the GEMMs 1.3x the bf16 rate when compute-bound, their e4m3 weights
+         * read at two thirds of the bf16 byte rate when not */
+        .eager_fp8_mma_eff = 1.3, .eager_fp8_hbm_eff = 0.667,
         /* stream_mma_eff is the wgmma GEMM probe's rate over the matmul rate (0.82 at 8192^3 on the H200,
          * 2026-12-01, benchmarks/RESULTS.md): the kernel's SS wgmma are fed at ~94 of shared memory's 127
          * B/clk (so N <= 32 is operand-bound); ~2 us per unit of epilogue and ring restart; ~1.2 us per
@@ -130,6 +135,7 @@ static const fuser_target builtin[] = {
         .fused_scale_smem = 1, .fused_scale_sync = 1, .fused_scale_tail = 1,
         .small_gemm_eff = 0.972,  /* the H200's, until measured here */
         .eager_op_us = 2.182, .eager_mma_eff = 0.959, .eager_ramp_us = 2.807, .eager_ramp_mb = 2.508,
+        .eager_fp8_mma_eff = 1.3, .eager_fp8_hbm_eff = 0.667, /* the H200's */
         .stream_mma_eff = 0.80, .stream_fixed_us = 1.194, .stream_time_scale = 1.14, /* the H200's */
         .stream_operand_bytes_per_clk = 93.713, .stream_unit_us = 1.985, .stream_sm_gbs = 75.6,
         .stream_unit_one_us = 0.794, .stream_unit_one_kb = 96.0,
@@ -198,13 +204,15 @@ int fuser_target_check(const fuser_target *t, fuser_err *err)
         {"stream_mma_eff", t->stream_mma_eff}, {"stream_fixed_us", t->stream_fixed_us},
         {"stream_time_scale", t->stream_time_scale}, {"stream_operand_bytes_per_clk", t->stream_operand_bytes_per_clk},
         {"stream_sm_gbs", t->stream_sm_gbs}, {"eager_op_us", t->eager_op_us}, {"eager_mma_eff", t->eager_mma_eff},
+        {"eager_fp8_mma_eff", t->eager_fp8_mma_eff}, {"eager_fp8_hbm_eff", t->eager_fp8_hbm_eff},
         {"eager_ramp_mb", t->eager_ramp_mb},
     };
     for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
         if (!(pos[i].v > 0) || !isfinite(pos[i].v))
             return fuser_fail(err, FUSER_E_VALUE, "target %s: %s must be positive, got %g", t->name, pos[i].name,
                               pos[i].v);
-    if (t->fused_mma_eff > 1 || t->small_gemm_eff > 1 || t->stream_mma_eff > 1 || t->eager_mma_eff > 1)
+    if (t->fused_mma_eff > 1 || t->small_gemm_eff > 1 || t->stream_mma_eff > 1 || t->eager_mma_eff > 1 ||
+        t->eager_fp8_hbm_eff > 1)
         return fuser_fail(err, FUSER_E_VALUE, "target %s: efficiencies must be in (0, 1]", t->name);
     if (t->max_cluster != 8 && t->max_cluster != 16)
         return fuser_fail(err, FUSER_E_VALUE, "target %s: max_cluster must be 8 or 16, got %d", t->name,

@@ -32,9 +32,10 @@ import typing
 
 import torch
 
+from fuser import _C
 from fuser.reference import ACTIVATIONS
 
-__all__ = ["E4M3_MAX", "SCALED_MM_RECIPES", "Scales", "QuantizedFFN", "e4m3", "quantize_weight", "quantize",
+__all__ = ["E4M3_MAX", "SCALED_MM_RECIPES", "ROWWISE_TOKENS", "Scales", "QuantizedFFN", "e4m3", "quantize_weight", "quantize",
            "activation_scale", "reference", "eager", "quantize_ffn", "torch_path"]
 
 #: the largest finite float8_e4m3fn value; quantization saturates there
@@ -47,6 +48,9 @@ _BIAS_DTYPES = (torch.bfloat16, torch.float16)
 #: ``torch_path``): (device, whether the token count is a multiple of 16, the recipe asked for: None,
 #: "tensorwise" or "rowwise") -> (the recipe used, "tensorwise" or "rowwise"; the rows padded to, 1 or 16)
 SCALED_MM_RECIPES = {}
+#: From this many tokens on, ``eager`` runs rowwise ``_scaled_mm`` GEMMs (the core's constant, which the
+#: planner's cost model uses too).
+ROWWISE_TOKENS = _C.FP8_ROWWISE_TOKENS
 _ONES = {}   # device -> a 1.0 fp32 scalar there (tensorwise scale_b)
 
 
@@ -446,10 +450,13 @@ def _a_scale(s, rows, recipe):
 def eager(x_q, w_up, w_down, scales, *, w_gate=None, b_up=None, b_gate=None, b_down=None, activation="silu"):
     """A quantized FFN in PyTorch's ops, as ``fuser.ffn`` runs it where the planner prefers them to the fused
     kernel: x quantized with ``scales.x`` (unless it already is, in float8_e4m3fn), then on CUDA
-    ``torch._scaled_mm`` (tensorwise: the e4m3 GEMMs with bfloat16 results, the per-row
-    scales and biases applied by bfloat16 ops, H quantized with ``scales.h``); ``reference`` elsewhere, and
-    where ``_scaled_mm`` refuses the shapes (dimensions not multiples of 16). The intermediates are bfloat16
-    where the kernel keeps fp32, so the result is close to ``reference``'s, not equal.
+    ``torch._scaled_mm`` GEMMs with bfloat16 results, the biases added and the elementwise kernels run in
+    bfloat16, H quantized with ``scales.h``; ``reference`` elsewhere, and where ``_scaled_mm`` refuses the
+    shapes (dimensions not multiples of 16). Below ``ROWWISE_TOKENS`` tokens the GEMMs are tensorwise (the
+    per-row weight scales applied to their results by one more op each), from there on rowwise (the scales
+    inside the GEMM): each the faster on the H200 in its range (benchmarks/RESULTS.md, twentieth session),
+    and how the planner prices them. The intermediates are bfloat16 where the kernel keeps fp32, so the
+    result is close to ``reference``'s, not equal.
 
     Example:
         >>> import torch
@@ -467,15 +474,16 @@ def eager(x_q, w_up, w_down, scales, *, w_gate=None, b_up=None, b_gate=None, b_d
     d_out = _check_ffn("x_q", x_q.shape[-1], x_q.device, w_up, w_down, scales, w_gate, b_up, b_gate, b_down)
     act = _activation(activation)
     lead, a = x_q.shape[:-1], x_q.reshape(-1, x_q.shape[-1])
-    s_x, s_h = scales.x.float().reshape(()), scales.h.float().reshape(())
+    recipe = "rowwise" if a.shape[0] >= ROWWISE_TOKENS else "tensorwise"
+    s_x, s_h = _a_scale(scales.x.float(), a.shape[0], recipe), _a_scale(scales.h.float(), a.shape[0], recipe)
 
     def linear(t, w, s_a, s_w, b):
-        y = _scaled_mm(t, w, s_a, s_w, "tensorwise")
+        y = _scaled_mm(t, w, s_a, s_w, recipe)
         return y if b is None else y.add_(b)
     try:
         u = linear(a, w_up, s_x, scales.up, b_up)
         h = act(linear(a, w_gate, s_x, scales.gate, b_gate)) * u if w_gate is not None else act(u)
-        y = linear(quantize(h, s_h), w_down, s_h, scales.down, b_down)
+        y = linear(quantize(h, scales.h.float().reshape(())), w_down, s_h, scales.down, b_down)
     except RuntimeError:   # shapes or a torch build _scaled_mm does not take
         return reference(x_q, w_up, w_down, scales, **kw)
     return y.reshape(*lead, d_out)

@@ -92,6 +92,23 @@ def test_gated_quantized_plans_stop_at_64_token_tiles_and_128_wide_tiles():
         fuser.plan(128, dtype="float8_e4m3fn", target="h200", fused=True, kind="stream", bm=64, bn=64, **LLAMA3)
 
 
+def test_eager_fp8_ops_are_priced_rowwise_from_their_token_count():
+    """PyTorch's FP8 ops (fuser.fp8.eager) run tensorwise GEMMs below ROWWISE_TOKENS tokens and rowwise ones
+    from there on (no per-row scaling op after each GEMM, e4m3 tensor-core rates at prefill sizes); the
+    model prices the same switch, so one more token there makes the eager path cheaper."""
+    assert fp8.ROWWISE_TOKENS == fuser._C.FP8_ROWWISE_TOKENS == 128
+
+    def eager_us(m, d, f, gated):
+        ps = fuser.plans(m, d, f, gated=gated, activation="silu", dtype="float8_e4m3fn", target="h200", fused=False)
+        return ps[0].predicted_us
+    for d, f, gated in ((4096, 14336, True), (4096, 16384, False), (8192, 28672, True)):
+        assert eager_us(128, d, f, gated) < eager_us(127, d, f, gated)
+        assert eager_us(129, d, f, gated) > eager_us(128, d, f, gated)
+    # at 1024 tokens the e4m3 GEMMs run well above the bf16 ones' rate
+    bf16 = fuser.plans(1024, 8192, 28672, gated=True, activation="silu", target="h200", fused=False)[0]
+    assert eager_us(1024, 8192, 28672, True) < 0.85 * bf16.predicted_us
+
+
 def test_quantized_chains_never_run_the_cluster_kernel():
     ps = fuser.plans(8, 512, 2048, dtype="float8_e4m3fn", target="h200", k=50, fused=True)
     assert ps and all(p.kind == "stream" and p.raw["params"]["bn"] == 128 for p in ps)

@@ -98,6 +98,19 @@ def test_plain_128_token_tiles(s1, s2):
         assert check(x, t, plan) < BOUND, (m, plan.summary())
 
 
+def test_the_eager_route_runs_rowwise_gemms_from_their_token_count():
+    """fuser.fp8.eager (the route the planner may pick) runs the same ops as torch_path's tensorwise recipe
+    below ROWWISE_TOKENS tokens and as its rowwise recipe from there on: bitwise equal results."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for m, recipe in ((fp8.ROWWISE_TOKENS - 16, "tensorwise"), (fp8.ROWWISE_TOKENS, "rowwise")):
+        x, t = quantized(gen, m, 256, 512, 256, gated=True, bias=False, activation="silu")
+        y = fp8.eager(fp8.quantize(x, t["scales"].x), t["w_up"], t["w_down"], t["scales"], w_gate=t["w_gate"],
+                      activation="silu")
+        ref = fp8.torch_path(x, t["w_up"], t["w_down"], t["scales"], w_gate=t["w_gate"], activation="silu",
+                             recipe=recipe)
+        assert torch.equal(y, ref), (m, recipe)
+
+
 @pytest.mark.parametrize("m", [1, 128])
 def test_long_sums_are_promoted_to_fp32(m):
     """A LLaMA-3-8B FFN at one token (and at 128, in 64-token tiles): sums over K = 4096 and d_ff = 14336 left

@@ -16,6 +16,10 @@
  *   H = act(G) * U (gated) or act(U),  Hq = e4m3(H x (1 / s_h)) (round to nearest even, saturating at
  *   +-448),  E = (Hq . D^T) x (s_h s_down[l]) [+ b2], rounded to bfloat16.
  * H crosses between the GEMMs in 8 bits, which is what makes the chain's bytes half of a 16-bit one's.
+ * In PyTorch's ops (fuser.fp8.eager, the planner's alternative to the fused kernel) the GEMMs are
+ * torch._scaled_mm: with a per-tensor scale and the per-row scales applied by one more op below
+ * FUSER_FP8_ROWWISE_TOKENS tokens, with both scales inside the GEMM (rowwise) from there on, each the
+ * faster on the H200 in its range (benchmarks/RESULTS.md, twentieth session).
  */
 #ifndef FUSER_CHAIN_H
 #define FUSER_CHAIN_H
@@ -28,6 +32,8 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+#define FUSER_FP8_ROWWISE_TOKENS 128
 
 /** Activations. Values are stable (used in cache keys, plans and generated code). */
 typedef enum {

@@ -50,6 +50,10 @@ typedef struct fuser_target {
      * mma_tflops its GEMMs reach when compute-bound, and each GEMM's ramp: eager_ramp_us x (1 -
      * exp(-bytes / eager_ramp_mb)) of fill and drain on top of its bandwidth or compute time */
     double eager_op_us, eager_mma_eff, eager_ramp_us, eager_ramp_mb;
+    /* a quantized chain's eager GEMMs from FUSER_FP8_ROWWISE_TOKENS tokens on (torch._scaled_mm, rowwise
+     * scales): their rate over mma_tflops when compute-bound (above 1: e4m3 tensor cores), and the rate
+     * they read their weights at over the 16-bit GEMMs' (small_gemm_eff x hbm_gbs) */
+    double eager_fp8_mma_eff, eager_fp8_hbm_eff;
     /* the stream kernel family (csrc/stream.c): its wgmma main loop's fraction of mma_tflops, its fixed
      * cost per launch beyond launch_us (pipeline fill, the H hand-off, the last reduction), and the
      * measured / modelled ratio of its time */
