@@ -132,15 +132,22 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
     /* consumer registers: ptxas keeps both phases' accumulators within the 232 a consumer thread gets only
      * up to 192 of them (above, it spills or serialises wgmma) */
     const int per_wg = p->bm == 128 ? 1 : 2; /* bm 64: the two consumer warpgroups split the columns */
-    /* (a quantized chain: both phases' and a K step's fresh sums of GEMM1's parts) */
-    const int acc_regs = c->dtype == FUSER_E4M3 ? (2 * p->parts + 1) * p->bm / 2
+    /* (a quantized chain: GEMM1's parts and a K step's fresh sums beside them, two for gated tiles of up to
+     * 64 tokens, else one: include/fuser/device/stream.cuh, promoted_steps; phase 2 needs fewer) */
+    const int sums = c->gated && p->bm <= 64 ? 2 : 1;
+    const int acc_regs = c->dtype == FUSER_E4M3 ? (p->parts + sums) * p->bm / 2
                          : swap ? (p->parts + 1) * p->bm / 2 /* swap-AB: 64 x bm per part */
                                 : p->parts * p->bn / per_wg / 2 + p->bl / per_wg / 2;
+    /* a gated 128-token tile's last K split sums every split's partials of both parts in registers beside
+     * each other: ptxas schedules their loads ahead and spills */
+    if (c->dtype == FUSER_E4M3 && c->gated && p->bm == 128 && p->s1 > 1)
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: a gated quantized chain's tiles of 128 tokens take no K "
+                          "splits in phase 1 (s1 = %d; their sum would spill registers): use s1 = 1, or bm = 64", p->s1);
     if (acc_regs > 192)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: bm = %d, bn = %d and bl = %d need %d accumulator registers "
                           "per consumer thread%s; at most 192 compile without spills", p->bm, p->bn, p->bl, acc_regs,
-                          c->dtype == FUSER_E4M3 ? " (a quantized chain's K steps add fresh sums: a gated one takes at "
-                                                   "most bm 64)" : "");
+                          c->dtype == FUSER_E4M3 ? " (a quantized chain's K steps add fresh sums beside its "
+                                                   "accumulators)" : "");
     /* a pair's producer needs 56 registers (it maps claims to units and hands them over), which leaves the
      * consumers 224: tiles of 128 rows at most 192 wide compile without spills */
     if ((pair_rows || pair_tiles) && p->bm == 128 && (p->bn > 192 || p->bl > 192))

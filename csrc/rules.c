@@ -16,13 +16,11 @@ static int r_dtype(const fuser_plan *p, const fuser_target *t)
     return p->chain.dtype == FUSER_F32 || (p->chain.dtype == FUSER_E4M3 && p->kind != FUSER_KIND_STREAM);
 }
 
-/* FULL: a quantized (e4m3) chain runs the stream kernel's swap-AB units in two phases, unpaired; a gated
- * one in tiles of at most 64 tokens (its K steps' fresh sums double both parts' accumulators). */
+/* FULL: a quantized (e4m3) chain runs the stream kernel's swap-AB units in two phases, unpaired. */
 static int r_quantized_scope(const fuser_plan *p, const fuser_target *t)
 {
     (void)t;
-    return p->chain.dtype == FUSER_E4M3 &&
-           (p->phases == 1 || p->cls_m * p->cls_n > 1 || (p->chain.gated && p->bm > 64));
+    return p->chain.dtype == FUSER_E4M3 && (p->phases == 1 || p->cls_m * p->cls_n > 1);
 }
 
 /* CHAIN: 16-byte loads and cp.async need every row of X, W_up, W_down and Y to start 16-byte
@@ -231,7 +229,7 @@ const fuser_rule fuser_rules[] = {
     {"output_waste", "no output part or chunk entirely padding", FUSER_LEVEL_BL, r_output_waste},
     {"stages", "at least two pipeline stages", FUSER_LEVEL_FULL, r_stages},
     {"quantized_scope",
-     "a float8_e4m3fn chain runs swap-AB stream plans in two phases, unpaired, gated ones of bm 64 at most",
+     "a float8_e4m3fn chain runs swap-AB stream plans in two phases, unpaired",
      FUSER_LEVEL_FULL, r_quantized_scope},
     {"stream_geometry", "stream kernel: wgmma tile widths, accumulators fit, no empty split, int32 units",
      FUSER_LEVEL_FULL, r_stream_geometry},

@@ -73,23 +73,27 @@ def test_decode_plans_are_swap_ab_stream_plans_at_half_the_bytes(m):
     assert p.predicted_us < 0.6 * b.predicted_us
 
 
-@pytest.mark.parametrize("m", [64, 100, 128])
+@pytest.mark.parametrize("m", [64, 100, 128, 512])
 def test_more_tokens_take_wider_token_tiles_with_swap_ab(m):
     """From 64 tokens on, a quantized chain's row tiles hold 64 tokens (wgmma n64, the weights on the M side),
-    or 128 in a plain FFN (n128): each weight tile is read by ceil(m / bm) units, not ceil(m / 32)."""
+    and from ~100 on 128 (n128, gated or plain): each weight tile is read by ceil(m / bm) units, and an MMA
+    reads its weight tile from shared memory once per 128 tokens."""
     p = fuser.plan(m, dtype="float8_e4m3fn", target="h200", fused=True, **LLAMA3)
-    assert p.kind == "stream" and p.raw["params"]["bm"] == 64 and p.raw["params"]["bn"] == 128, p.summary()
+    assert p.kind == "stream" and p.raw["params"]["bm"] == (64 if m == 64 else 128), p.summary()
+    assert p.raw["params"]["bn"] == 128
     small = fuser.plan(m, dtype="float8_e4m3fn", target="h200", fused=True, kind="stream", bm=32, **LLAMA3)
     assert p.predicted_us < small.predicted_us
     plain = fuser.plan(128, 4096, 16384, activation="gelu", dtype="float8_e4m3fn", target="h200", fused=True)
     assert plain.raw["params"]["bm"] == 128, plain.summary()
 
 
-def test_gated_quantized_plans_stop_at_64_token_tiles_and_128_wide_tiles():
-    with pytest.raises(ValueError, match="gated ones of bm 64 at most"):
-        fuser.plan(128, dtype="float8_e4m3fn", target="h200", fused=True, kind="stream", bm=128, **LLAMA3)
+def test_quantized_tiles_are_128_weight_rows_wide_and_gated_128_token_tiles_unsplit():
     with pytest.raises(ValueError, match="in a quantized chain puts the weights on wgmma's M side"):
         fuser.plan(128, dtype="float8_e4m3fn", target="h200", fused=True, kind="stream", bm=64, bn=64, **LLAMA3)
+    with pytest.raises(ValueError, match=r"tiles of 128 tokens take no K splits in phase 1 \(s1 = 2; .*use s1 = 1"):
+        fuser.plan(256, dtype="float8_e4m3fn", target="h200", fused=True, kind="stream", bm=128, s1=2, **LLAMA3)
+    p = fuser.plan(256, dtype="float8_e4m3fn", target="h200", fused=True, kind="stream", bm=128, s2=4, **LLAMA3)
+    assert p.raw["params"]["s1"] == 1 and p.raw["params"]["s2"] == 4
 
 
 def test_eager_fp8_ops_are_priced_rowwise_from_their_token_count():
@@ -128,6 +132,8 @@ def test_every_quantized_variant_compiles_clean():
                  (20, 768, 3072, False, "gelu_tanh", ("up",), 32, 3, 2),
                  (5, 512, 1536, True, "relu", ("up", "gate", "down"), 16, 2, 3),
                  (128, 4096, 14336, True, "silu", (), 64, 1, 2),
+                 (128, 4096, 14336, True, "silu", (), 128, 1, 4),
+                 (150, 512, 1536, True, "relu", ("up", "gate", "down"), 128, 1, 3),
                  (70, 1024, 4096, False, "gelu", ("up", "down"), 64, 2, 1),
                  (128, 4096, 16384, False, "gelu", (), 128, 3, 4),
                  (130, 512, 1536, False, "relu", ("up", "down"), 128, 2, 3)]]

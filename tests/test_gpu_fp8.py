@@ -98,6 +98,18 @@ def test_plain_128_token_tiles(s1, s2):
         assert check(x, t, plan) < BOUND, (m, plan.summary())
 
 
+@pytest.mark.parametrize("s2", [1, 3])
+def test_gated_128_token_tiles(s2):
+    """A gated FFN's quantized tiles of 128 tokens (both parts in turn through one fresh sum): one row tile,
+    several (the last ragged) and fewer tokens than a tile, with d_ff splits in phase 2, every bias."""
+    for m in (5, 130, 257):
+        x, t = quantized(torch.Generator(device="cuda").manual_seed(m + 5 * s2), m, 512, 1536, 384, gated=True,
+                         bias=True, activation="silu")
+        plan = fuser.plan(m, 512, 1536, d_out=384, gated=True, activation="silu", dtype="float8_e4m3fn", fused=True,
+                          bias=("up", "gate", "down"), kind="stream", bm=128, s1=1, s2=s2)
+        assert check(x, t, plan) < BOUND, (m, plan.summary())
+
+
 def test_the_eager_route_runs_rowwise_gemms_from_their_token_count():
     """fuser.fp8.eager (the route the planner may pick) runs the same ops as torch_path's tensorwise recipe
     below ROWWISE_TOKENS tokens and as its rowwise recipe from there on: bitwise equal results."""
@@ -113,7 +125,7 @@ def test_the_eager_route_runs_rowwise_gemms_from_their_token_count():
 
 @pytest.mark.parametrize("m", [1, 128])
 def test_long_sums_are_promoted_to_fp32(m):
-    """A LLaMA-3-8B FFN at one token (and at 128, in 64-token tiles): sums over K = 4096 and d_ff = 14336 left
+    """A LLaMA-3-8B FFN at one token (and at 128, in one 128-token tile): sums over K = 4096 and d_ff = 14336 left
     in the e4m3 MMAs' own accumulators drift to 1.2-1.4e-2 from the reference; promoted to fp32 every K step,
     they stay at 3-5e-3 (docs/kernels.md, step 31)."""
     x, t = quantized(torch.Generator(device="cuda").manual_seed(11), m, 4096, 14336, 4096, gated=True, bias=False,

@@ -146,8 +146,8 @@ struct Stream {
     /* one phase: the unit's H, GEMM2's token operand, one MP x 64 swizzled tile per K step of its split */
     static constexpr int H_BYTES = ONE ? KS2 * TOK : 0;
     static_assert(C::PHASES == 1 || C::PHASES == 2, "PHASES");
-    static_assert(!Q || (!ONE && C::PAIR == 0 && (BM <= 64 || !C::GATED)), "a quantized chain: two phases, no pairs, "
-                  "gated tiles of 64 tokens at most (two fresh sums)");
+    static_assert(!Q || (!ONE && C::PAIR == 0 && (BM <= 64 || !C::GATED || S1 == 1)), "a quantized chain: two "
+                  "phases, no pairs, gated tiles of 128 tokens without K splits in phase 1");
     static_assert(!ONE || (S1 == 1 && KS2 * SW_COLS % BN == 0 && C::PAIR == 0),
                   "one phase: GEMM1 unsplit, n-tiles tiling each d_ff split, no pairs");
     /* l-tiles per phase-2 unit (one phase only), and the units' groups of l-tiles along d_out */
@@ -554,9 +554,35 @@ struct Stream {
     template <int NW>
     FUSER_DEVICE int col_of(int j) const { return (MT == 2 ? 0 : NW * w) + 8 * j + 2 * (lane % 4); }
 
-    /* Run the K steps [k0, k1) of one unit into acc (and acc2 when TWO: the gate tile after the up tile).
-     * A tile rows: this warpgroup's 64 token rows; B tile rows: its columns. The token tiles are the
-     * slots' (X or H by TMA) or, at own_tokens, tiles in shared memory the consumers wrote. */
+    /* The A and B operands of K step kb of a unit whose first step is k0, in slot c.stage: A this consumer's
+     * 64 token rows (or, swap-AB, 64 weight rows), B its columns (or the tokens). The token tiles are the
+     * slots' (X or H by TMA) or, at own_tokens, the unit's H in shared memory, one tile per K step. */
+    template <int NW>
+    FUSER_DEVICE void operands(const Cursor<STAGES> &c, int kb, int k0, uint32_t own_tokens, uint32_t &a,
+                               uint32_t &b) const
+    {
+        const uint32_t st = smem_addr(s.stage[c.stage]);
+        const uint32_t w_rows = st + X_BYTES + (SWAP ? w * 64 : MT == 2 ? 0 : w * NW) * SW_ROW_BYTES;
+        const uint32_t tokens =
+            (own_tokens ? own_tokens + (kb - k0) * TOK : st) + (MT == 2 ? w * 64 * SW_ROW_BYTES : 0);
+        a = SWAP ? w_rows : tokens;
+        b = SWAP ? tokens : w_rows;
+    }
+
+    FUSER_DEVICE void wait_slot(const Cursor<STAGES> &c, bool timed, uint64_t &waited) const
+    {
+        if (timed) {
+            const uint64_t t0 = global_ns();
+            consume_wait(s.ring, c);
+            waited += global_ns() - t0;
+        } else {
+            consume_wait(s.ring, c);
+        }
+    }
+
+    /* Run the K steps [k0, k1) of one unit into acc (and acc2 when TWO: the gate tile after the up tile,
+     * b_rows rows on). The token tiles are the slots' or, at own_tokens, tiles in shared memory the
+     * consumers wrote. */
     template <int NW, bool TWO, int R>
     FUSER_DEVICE void mainloop(Cursor<STAGES> &c, int k0, int k1, int b_rows, float (&acc)[R], float (&acc2)[R],
                                uint64_t *trace, uint32_t own_tokens = 0) const
@@ -568,80 +594,95 @@ struct Stream {
                 acc[i] = acc2[i] = 0.f;
             return;
         }
-        int prev = -1;
         if constexpr (Q) {
-#pragma unroll
-            for (int i = 0; i < R; i++)
-                acc[i] = acc2[i] = 0.f;
-        }
-        /* not unrolled: an unrolled copy puts the (one-thread) slot release between wgmma groups, where
-         * ptxas serialises the MMAs (C7520) */
+            promoted_steps<NW, TWO>(c, k0, k1, b_rows, acc, acc2, trace != nullptr, waited, own_tokens);
+        } else {
+            int prev = -1;
+            /* not unrolled: an unrolled copy puts the (one-thread) slot release between wgmma groups, where
+             * ptxas serialises the MMAs (C7520) */
 #pragma unroll 1
-        for (int kb = k0; kb < k1; kb++, c.next()) {
-            if (trace && kb > k0) {
-                const uint64_t t0 = global_ns();
-                consume_wait(s.ring, c);
-                waited += global_ns() - t0;
-            } else {
-                consume_wait(s.ring, c);
-            }
-            const uint32_t st = smem_addr(s.stage[c.stage]);
-            /* A: this consumer's 64 token rows (or, swap-AB, 64 weight rows); B: its columns (or the tokens) */
-            const uint32_t w_rows = st + X_BYTES + (SWAP ? w * 64 : MT == 2 ? 0 : w * NW) * SW_ROW_BYTES;
-            /* (own_tokens: the token tiles are the unit's H in shared memory, one per K step) */
-            const uint32_t tokens =
-                (own_tokens ? own_tokens + (kb - k0) * TOK : st) + (MT == 2 ? w * 64 * SW_ROW_BYTES : 0);
-            const uint32_t a = SWAP ? w_rows : tokens, b = SWAP ? tokens : w_rows; /* (swap-AB: b the tokens) */
-            const uint32_t second = b_rows * SW_ROW_BYTES; /* the gate tile, after the up tile */
-            wgmma_fence();
-            if constexpr (Q) {
-                /* e4m3 MMAs keep their sums in fewer bits than fp32 (DeepGEMM's "promotion"): each K step (4 MMAs
-                 * of k32) starts its own sum, added to the fp32 accumulator once the step's MMAs are done. A
-                 * decode step waits for its data far longer than for its MMAs; at 64-128 tokens this wait is a
-                 * good part of a step (two sums in flight would serialise the wgmma in ptxas: C7514). */
-                float t[R], t2[TWO ? R : 1];
-#pragma unroll
-                for (int i = 0; i < R; i++)
-                    t[i] = 0.f;
-                mma_k64<DT, NW>(t, a, b, 0);
-                if constexpr (TWO) {
-#pragma unroll
-                    for (int i = 0; i < R; i++)
-                        t2[i] = 0.f;
-                    mma_k64<DT, NW>(t2, SWAP ? a + second : a, SWAP ? b : b + second, 0);
-                }
-                wgmma_commit();
-                wgmma_wait<0>();
-                fence_operands(t);
+            for (int kb = k0; kb < k1; kb++, c.next()) {
+                wait_slot(c, trace && kb > k0, waited);
+                uint32_t a, b;
+                operands<NW>(c, kb, k0, own_tokens, a, b);
+                const uint32_t second = b_rows * SW_ROW_BYTES; /* the gate tile, after the up tile */
+                wgmma_fence();
+                mma_k64<DT, NW>(acc, a, b, kb > k0);
                 if constexpr (TWO)
-                    fence_operands(t2);
-#pragma unroll
-                for (int i = 0; i < R; i++) {
-                    acc[i] += t[i];
-                    if constexpr (TWO)
-                        acc2[i] += t2[i];
-                }
-                release(c.stage);
-                continue;
+                    mma_k64<DT, NW>(acc2, SWAP ? a + second : a, SWAP ? b : b + second, kb > k0);
+                wgmma_commit();
+                wgmma_wait<1>();
+                if (prev >= 0)
+                    release(prev);
+                prev = c.stage;
             }
-            mma_k64<DT, NW>(acc, a, b, kb > k0);
+            wgmma_wait<0>();
+            fence_operands(acc);
             if constexpr (TWO)
-                mma_k64<DT, NW>(acc2, SWAP ? a + second : a, SWAP ? b : b + second, kb > k0);
-            wgmma_commit();
-            wgmma_wait<1>();
-            if (prev >= 0)
-                release(prev);
-            prev = c.stage;
-        }
-        wgmma_wait<0>();
-        fence_operands(acc);
-        if constexpr (TWO)
-            fence_operands(acc2);
-        if constexpr (!Q) /* (a quantized chain's steps release their slots as they go) */
+                fence_operands(acc2);
             release(prev);
+        }
         if (trace) {
             trace[6] = global_ns();
             trace[7] = waited;
+        }
+    }
+
+    /* Fresh sums of a quantized chain's K step (promoted_steps): two for gated tiles of up to 64 tokens, one
+     * for wider gated tiles (whose four would not fit beside both parts' accumulators) and plain ones. */
+    static constexpr int SUMS = C::GATED && BM <= 64 ? 2 : 1;
+
+    /* A quantized chain's K steps (always swap-AB): e4m3 MMAs keep their sums in fewer bits than fp32
+     * (DeepGEMM's "promotion"), so each K step (4 MMAs of k32) starts a sum of its own per part, added to
+     * the part's fp32 accumulators once the step's MMAs are done. With two sums (SUMS) each part is a commit
+     * group of its own and the up part's sum is added while the gate part's MMAs run; with one, the gate
+     * part (if any) reuses the sum after the up part's is added. Nothing is in flight across the loop's back
+     * edge: ptxas serialises MMAs whose sums are read while other groups are in flight there (C7514). */
+    template <int NW, bool TWO, int R>
+    FUSER_DEVICE void promoted_steps(Cursor<STAGES> &c, int k0, int k1, int b_rows, float (&acc)[R],
+                                     float (&acc2)[R], bool timed, uint64_t &waited, uint32_t own_tokens) const
+    {
+        constexpr int NS = TWO ? SUMS : 1;
+        float s0[R], s1[NS == 2 ? R : 1];
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            acc[i] = acc2[i] = 0.f;
+        const uint32_t second = b_rows * SW_ROW_BYTES; /* the gate tile, after the up tile */
+        uint32_t a, b;
+        auto add = [&](float (&s)[R], float (&to)[R]) {
+            fence_operands(s);
+#pragma unroll
+            for (int i = 0; i < R; i++)
+                to[i] += s[i];
+        };
+        /* not unrolled: as the 16-bit loop (C7520) */
+#pragma unroll 1
+        for (int kb = k0; kb < k1; kb++, c.next()) {
+            wait_slot(c, timed && kb > k0, waited);
+            operands<NW>(c, kb, k0, own_tokens, a, b);
+            wgmma_fence();
+            mma_k64<DT, NW>(s0, a, b, 0);
+            wgmma_commit();
+            if constexpr (NS == 2) {
+                wgmma_fence();
+                mma_k64<DT, NW>(s1, a + second, b, 0);
+                wgmma_commit();
+                wgmma_wait<1>();
+                add(s0, acc);
+                wgmma_wait<0>();
+                add(s1, acc2);
+            } else {
+                wgmma_wait<0>();
+                add(s0, acc);
+                if constexpr (TWO) {
+                    wgmma_fence();
+                    mma_k64<DT, NW>(s0, a + second, b, 0);
+                    wgmma_commit();
+                    wgmma_wait<0>();
+                    add(s0, acc2);
+                }
+            }
+            release(c.stage);
         }
     }
 
