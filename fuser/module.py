@@ -281,10 +281,7 @@ class FusedFFN(nn.Module):
         y = None
         q = self.__dict__.get("_fp8")
         if q is not None and x.dtype == torch.bfloat16 and not (_grad_enabled() and x.requires_grad):
-            w = self.weights()   # (the quantized FFN: x quantized by the kernel, the biases as they are)
-            b_up, b_gate, b_down = (None if b is None else b.detach() for b in (w["b_up"], w["b_gate"], w["b_down"]))
-            y = ops.ffn(x, q.w_up, q.w_down, w_gate=q.w_gate, b_up=b_up, b_gate=b_gate, b_down=b_down,
-                        activation=self.spec.activation, scales=q.scales)
+            y = self._quantized(x, q)
         elif not (_is_compiling() or _is_tracing()):   # compiled and traced graphs keep the op
             kept = self.__dict__.get("_kept")
             if kept is not None:
@@ -293,6 +290,32 @@ class FusedFFN(nn.Module):
             y = self._route(x)
         post = self.spec.post_dropout
         return y if post is None else self._modules[post](y)
+
+    def _quantized(self, x, q):
+        """The quantized FFN (``quantize``) of x: x quantized by the kernel, the biases as they are. Through
+        the launch kept for x's shape, else ``fuser.ffn(..., scales=)``, whose fused launch is then kept
+        (as ``_route`` keeps a 16-bit one) where the call is a plain CUDA tensor's outside a compile, a
+        trace or a mode."""
+        kept = self.__dict__.get("_kept")
+        if kept is not None:
+            y = kept.run(self, x)
+            if y is not None:
+                return y
+        w = self.weights()
+        b_up, b_gate, b_down = (None if b is None else b.detach() for b in (w["b_up"], w["b_gate"], w["b_down"]))
+        args = (q.w_up, q.w_down, q.w_gate, b_up, b_gate, b_down, self.spec.activation)
+        if (_is_compiling() or _is_tracing() or type(x) is not _Tensor or x.device.type != "cuda"
+                or _dispatch_modes() or _function_modes()):
+            return ops.ffn(x, *args[:2], w_gate=args[2], b_up=b_up, b_gate=b_gate, b_down=b_down,
+                           activation=args[6], scales=q.scales)
+        xr = interop.ready(x)
+        route = ops.route(xr, *args, scales=q.scales)
+        scales = (q.scales.x, q.scales.up, q.scales.gate, q.scales.down, q.scales.h)
+        y = route.run(xr, *args, None, scales)
+        if route.fused and not (route.graphs_eager and _capturing()):
+            tensors = dict(zip(_ROLES, (q.w_up, q.w_down, q.w_gate, b_up, b_gate, b_down)))
+            self.__dict__["_kept"] = _KeptLaunch.bind(self, route, xr, tensors, y, scales)
+        return y
 
     def _route(self, x):
         """A call the kept route does not serve. PyTorch ops where the fused op does not apply (an active
@@ -464,6 +487,7 @@ class FusedFFN(nn.Module):
     def dequantize(self):
         """Run this FFN from its Parameters again (undoes ``quantize``). Returns ``self``."""
         self.__dict__.pop("_fp8", None)
+        self.__dict__.pop("_kept", None)   # a kept quantized launch
         return self
 
     def _running_fp8(self, w, tokens):
@@ -599,6 +623,10 @@ class _KeptLaunch:
       the stream   the same current stream, whose scratch is still the one kept for it;
       the weights  the same (``_Weights``), contiguous, so the capsules still describe them.
 
+    A quantized FFN's launch (``FusedFFN.quantize``) is kept the same way, prepared with its e4m3 weights and
+    scales, which the module holds until ``quantize`` or ``dequantize`` drops the kept launch; its Parameters
+    are checked as the biases the launch reads, and only x's autograd matters (the weights' is not recorded).
+
     The checks run cheapest and most telling first, and each reads torch once (x's address is read
     once, checked for alignment and launched with). Where C can read the tensors (``_Weights.layout``),
     x and the weights are checked in one call (``_C.kept_match``: x's exact type, device, dtype and shape,
@@ -606,18 +634,20 @@ class _KeptLaunch:
     were contiguous when prepared). Otherwise the general route runs (and validates)."""
 
     __slots__ = ("route", "shape", "dtype", "device", "stream", "scratch", "skey", "out_shape", "same_shape",
-                 "signature", "weights", "prepared", "mid", "post", "train_source", "graphs_eager")
+                 "signature", "weights", "prepared", "mid", "post", "train_source", "graphs_eager", "grad_of")
     fast = None   # (the launch's checks run here, in run)
 
     @classmethod
-    def bind(cls, module, route, x, w, y):
+    def bind(cls, module, route, x, w, y, scales=None):
         """The kept launch of `module` for inputs like `x` (`y`: its output, which the launch is prepared
-        with), or None where the weights cannot be kept."""
+        with; `w`: the tensors it reads by role; `scales`: a quantized FFN's), or None where the weights
+        cannot be kept."""
         weights = _Weights.of(module) if _to_capsule is not None else None
         if weights is None or x.get_device() != route.device or _current_device() != route.device:
             return None
         k = cls()
         k.route, k.weights, k.graphs_eager = route, weights, route.graphs_eager
+        k.grad_of = weights.params if scales is None else ()   # (with x: what autograd would record)
         k.device = route.device
         k.shape, k.dtype, k.stream = x.shape, x.dtype, _raw_stream(k.device)
         k.signature = None if weights.layout is None else _tensor_signature(x)
@@ -629,7 +659,8 @@ class _KeptLaunch:
         # capsules of detached views: they keep the memory they point at alive even if `.data` is replaced
         caps = tuple(None if w[r] is None else _to_capsule(w[r].detach()) for r in _ROLES)
         borrow = sum(1 << (i + 1) for i, c in enumerate(caps) if c is not None)
-        k.prepared = route.launch.prepare(x, caps, module.spec.activation, y, k.scratch, k.stream, borrow)
+        kw = {} if scales is None else {"scales": scales}
+        k.prepared = route.launch.prepare(x, caps, module.spec.activation, y, k.scratch, k.stream, borrow, **kw)
         return k
 
     def run(self, module, x):
@@ -651,7 +682,7 @@ class _KeptLaunch:
         if (_current_device() != device
                 or _dispatch_modes() or _function_modes() or _any_autocast() or _disabled() or self.route.stale
                 or (self.train_source and module.training)
-                or (_grad_enabled() and _any_requires_grad(x, *w.params))
+                or (_grad_enabled() and _any_requires_grad(x, *self.grad_of))
                 or _raw_stream(device) != self.stream or _scratch_of(self.skey) is not self.scratch
                 or (self.mid is not None and module._mid() is not None)
                 or (self.graphs_eager and _capturing())):

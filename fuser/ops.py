@@ -88,10 +88,10 @@ def _check(tensors, activation, out=None, scales=None):
                             scales=None if scales is None else tuple(scales))
 
 
-def route(x, w_up, w_down, w_gate=None, b_up=None, b_gate=None, b_down=None, activation="gelu"):
+def route(x, w_up, w_down, w_gate=None, b_up=None, b_gate=None, b_down=None, activation="gelu", scales=None):
     """The route ``fuser.ffn`` takes for these arguments (a :class:`fuser.route.Route`), validated at
-    every call and decided once per route key and kept. Raises what ``fuser.ffn`` raises for bad
-    arguments.
+    every call and decided once per route key and kept (a quantized chain's, with its `scales`: once per
+    chain). Raises what ``fuser.ffn`` raises for bad arguments.
 
     Example:
         >>> import torch
@@ -101,12 +101,23 @@ def route(x, w_up, w_down, w_gate=None, b_up=None, b_gate=None, b_down=None, act
         >>> r.fused, r is ops.route(x, w1, w2, activation="relu")
         (False, True)
     """
+    tensors = (x, w_up, w_down, w_gate, b_up, b_gate, b_down)
+    if scales is not None:
+        return route_for(_check(tensors, activation, None, _scale_tensors(scales)))
     key = _key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation) if _keyed else None
     r = _routes.get(key) if key is not None else None
     if r is None or r.stale:
-        tensors = (x, w_up, w_down, w_gate, b_up, b_gate, b_down)
         r = _remember(key, tensors, route_for(_check(tensors, activation)))
     return r
+
+
+def _scale_tensors(scales):
+    """A :class:`fuser.fp8.Scales` as C takes them: (x, up, gate, down, h)."""
+    try:
+        return (scales.x, scales.up, scales.gate, scales.down, scales.h)
+    except AttributeError:
+        raise TypeError(f"scales: expected a fuser.fp8.Scales (x, up, down, h, gate), got {type(scales).__name__}") \
+            from None
 
 
 def _remember(key, tensors, r):
@@ -220,11 +231,7 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
 def _quantized(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out, plan, scales):
     """``ffn`` for a quantized chain: validated in C with its scales at every call, the route kept per chain."""
     tensors = (x, w_up, w_down, w_gate, b_up, b_gate, b_down)
-    try:   # C's order (include/fuser/chain.h)
-        scales = (scales.x, scales.up, scales.gate, scales.down, scales.h)
-    except AttributeError:
-        raise TypeError(f"scales: expected a fuser.fp8.Scales (x, up, down, h, gate), got {type(scales).__name__}") \
-            from None
+    scales = _scale_tensors(scales)   # C's order (include/fuser/chain.h)
     chain = _check(tensors, activation, out, scales)
     if plan is not None:
         _check_plan(plan, chain)

@@ -190,3 +190,38 @@ def test_bad_scales_are_clear_errors():
         fuser.ffn(x, **{**t, "scales": s._replace(gate=None)})
     with pytest.raises(TypeError, match="x_scale: dtype bfloat16; scales are float32"):
         fuser.ffn(x, **{**t, "scales": s._replace(x=s.x.bfloat16())})
+
+
+def test_a_quantized_module_keeps_its_launch(monkeypatch):
+    """FusedFFN.quantize: the first call of a shape takes fuser.ffn's general path and keeps its fused launch;
+    later calls of that shape run it without validating again (no route lookup), with the same bits, even with
+    the Parameters requiring grad; a bias Parameter replaced, new scales (quantize again) or dequantize are
+    each seen at the next call."""
+    torch.manual_seed(5)
+    mlp = torch.nn.Sequential(torch.nn.Linear(512, 1536), torch.nn.GELU(), torch.nn.Linear(1536, 512))
+    f = fuser.FusedFFN.from_module(mlp.cuda().bfloat16())
+    x = torch.randn(16, 512, device="cuda").bfloat16()
+    f.quantize(x)
+    routes = []
+    real_route = fuser.ops.route
+    monkeypatch.setattr(fuser.ops, "route", lambda *a, **k: routes.append(1) or real_route(*a, **k))
+
+    def expected(x):
+        q, w = f.__dict__["_fp8"], f.weights()
+        return fuser.ffn(x, q.w_up, q.w_down, b_up=w["b_up"].detach(), b_down=w["b_down"].detach(),
+                         activation="gelu", scales=q.scales)
+
+    y = f(x)
+    assert len(routes) == 1 and f.__dict__.get("_kept") is not None
+    for _ in range(3):
+        x2 = torch.randn(16, 512, device="cuda").bfloat16()
+        assert torch.equal(f(x2), expected(x2))
+    assert len(routes) == 1 and torch.equal(y, expected(x))
+    with torch.no_grad():
+        mlp[0].bias.data = mlp[0].bias.data + 1.0   # new memory: the kept launch must not read the old bias
+    assert torch.equal(f(x), expected(x)) and len(routes) == 2
+    f.quantize(torch.randn(16, 512, device="cuda").bfloat16() * 3)
+    assert torch.equal(f(x), expected(x)) and len(routes) == 3
+    f.dequantize()
+    with torch.no_grad():
+        assert torch.equal(f(x), fuser.FusedFFN.from_module(mlp)(x))
