@@ -138,9 +138,7 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
     const int acc_regs = c->dtype == FUSER_E4M3 ? (p->parts + sums) * p->bm / 2
                          : swap ? (p->parts + 1) * p->bm / 2 /* swap-AB: 64 x bm per part */
                                 : p->parts * p->bn / per_wg / 2 + p->bl / per_wg / 2;
-    /* a gated 128-token tile's last K split sums every split's partials of both parts in registers beside
-     * each other: ptxas schedules their loads ahead and spills */
-    if (c->dtype == FUSER_E4M3 && c->gated && p->bm == 128 && p->s1 > 1)
+    if (p->s1 > 1 && fuser_stream_max_s1(p) == 1)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: a gated quantized chain's tiles of 128 tokens take no K "
                           "splits in phase 1 (s1 = %d; their sum would spill registers): use s1 = 1, or bm = 64", p->s1);
     if (acc_regs > 192)
@@ -259,6 +257,12 @@ fuser_pair fuser_stream_pair(const fuser_plan *p)
 }
 
 int fuser_stream_swap(const fuser_plan *p) { return p->bm < 64 || p->chain.dtype == FUSER_E4M3; }
+
+int fuser_stream_max_s1(const fuser_plan *p)
+{
+    const int parts = p->chain.gated ? 2 : 1;
+    return p->chain.dtype == FUSER_E4M3 && p->chain.gated && p->bm == 128 ? 1 : 16 / parts;
+}
 
 int fuser_stream_row_partials(const fuser_plan *p) { return p->phases == 1 && fuser_stream_swap(p); }
 

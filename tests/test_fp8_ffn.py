@@ -87,6 +87,14 @@ def test_more_tokens_take_wider_token_tiles_with_swap_ab(m):
     assert plain.raw["params"]["bm"] == 128, plain.summary()
 
 
+def test_unsplit_gated_128_token_tiles_may_leave_sms_idle():
+    """LLaMA-2-7B at 128 tokens: a gated 128-token tile takes no phase-1 K split, so its 86 n-tiles are the most
+    phase-1 units such a plan can have; the fill rule counts them so (86 of 132 SMs: 60 us on the H200 against
+    74 for the 64-token tiles' 172 units, twentieth session)."""
+    p = fuser.plan(128, 4096, 11008, gated=True, activation="silu", dtype="float8_e4m3fn", target="h200", fused=True)
+    assert p.raw["params"]["bm"] == 128 and p.raw["params"]["s1"] == 1, p.summary()
+
+
 def test_quantized_tiles_are_128_weight_rows_wide_and_gated_128_token_tiles_unsplit():
     with pytest.raises(ValueError, match="in a quantized chain puts the weights on wgmma's M side"):
         fuser.plan(128, dtype="float8_e4m3fn", target="h200", fused=True, kind="stream", bm=64, bn=64, **LLAMA3)

@@ -164,6 +164,11 @@ fuser_pair fuser_stream_pair(const fuser_plan *p);
  * and every quantized (e4m3) plan, whose bm 64 tiles thus need no register tile of 64 x 128 per operand. */
 int fuser_stream_swap(const fuser_plan *p);
 
+/** The most phase-1 K splits a stream plan may take: 16 over its parts, but 1 for a gated quantized tile of
+ * 128 tokens (the last split's sum of both parts' 64 x 128 partials in registers spills, and such splits
+ * measured 1.2-1.35x slower than none). */
+int fuser_stream_max_s1(const fuser_plan *p);
+
 /** Whether a stream plan's split partials are the real token rows only, summed by every block after the
  * last unit: one phase with swap-AB (bm 16 or 32); any number of d_ff splits. */
 int fuser_stream_row_partials(const fuser_plan *p);
