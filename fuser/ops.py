@@ -203,8 +203,17 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
         torch.Size([2, 5, 64])
     """
     key = None
-    if scales is not None:   # a quantized chain: the general path, validated in C with its scales
-        return _quantized(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out, plan, scales)
+    if scales is not None:   # a quantized chain: validated in C with its scales at every call
+        st = _scale_tensors(scales)
+        if out is None and plan is None and _keyed:
+            try:
+                key = _ffn_key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, st)
+            except Exception:  # noqa: BLE001 (the general path says what is wrong)
+                pass
+            r = _routes.get(key)
+            if r is not None and not r.stale:
+                return r.run(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, None, st)
+        return _quantized(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out, plan, st, key)
     if out is None and plan is None and _keyed:
         try:   # _key, inline: this is every call's path
             key = _ffn_key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
@@ -228,13 +237,13 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
     return r.run(*args[:7], activation, args[7])
 
 
-def _quantized(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out, plan, scales):
-    """``ffn`` for a quantized chain: validated in C with its scales at every call, the route kept per chain."""
+def _quantized(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out, plan, scales, key=None):
+    """``ffn`` for a quantized chain's call that no kept route served (`scales`: C's order, x, up, gate, down,
+    h): validated in C with its scales, its route kept under route key `key` (None: not kept)."""
     tensors = (x, w_up, w_down, w_gate, b_up, b_gate, b_down)
-    scales = _scale_tensors(scales)   # C's order (include/fuser/chain.h)
     chain = _check(tensors, activation, out, scales)
     if plan is not None:
         _check_plan(plan, chain)
-    r = route_for(chain, plan)
+    r = _remember(key, tensors, route_for(chain, plan))
     args = [_as_torch(t, name) for t, name in zip((*tensors, out), _NAMES)]
     return r.run(*args[:7], activation, args[7], tuple(_as_torch(t, "scales") for t in scales))

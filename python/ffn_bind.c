@@ -37,7 +37,7 @@ static const char *activation_name(PyObject *act_obj)
  * in *c, 0; or an exception set, -1. The caller releases held[0 .. n) either way. */
 static int take_and_validate(fuser_state *st, PyObject *const *obj, int n, PyObject *stream, const int *opts,
                              const char *activation, fuser_held *held, const fuser_tensor **t, fuser_chain *c,
-                             PyObject *scales, unsigned scale_capsules, fuser_held *sheld)
+                             PyObject *scales, int scale_opts, unsigned scale_capsules, fuser_held *sheld)
 {
     for (int i = 0; i < n; i++) {
         if (!obj[i] || obj[i] == Py_None)
@@ -48,7 +48,7 @@ static int take_and_validate(fuser_state *st, PyObject *const *obj, int n, PyObj
     }
     fuser_ffn_args a = {t[A_X], t[A_W_UP], t[A_W_DOWN], t[A_W_GATE], t[A_B_UP], t[A_B_GATE], t[A_B_DOWN],
                         n > A_OUT ? t[A_OUT] : NULL, activation, {NULL}};
-    if (sheld && fuser_take_scales(st, scales, stream, FUSER_TAKE_NO_CAPSULE, scale_capsules, sheld, a.scale))
+    if (sheld && fuser_take_scales(st, scales, stream, scale_opts, scale_capsules, sheld, a.scale))
         return -1;
     fuser_err err;
     fuser_err_clear(&err);
@@ -91,7 +91,7 @@ PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs)
     fuser_held sheld[FUSER_NUM_SCALES];
     memset(sheld, 0, sizeof sheld);
     PyObject *res = take_and_validate(st, obj, N_TENSOR_ARGS, stream, opts, activation, held, t, &chain, scales,
-                                      capsules >> 8, sheld)
+                                      FUSER_TAKE_NO_CAPSULE, capsules >> 8, sheld)
                         ? NULL
                         : chain_dict(&chain, t[A_X]);
     for (int i = 0; i < N_TENSOR_ARGS; i++)
@@ -101,20 +101,22 @@ PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs)
     return res;
 }
 
-/* ffn_key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation) -> bytes: the per-call form of
+/* ffn_key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation[, scales]) -> bytes: the per-call form of
  * ffn_check for fuser.ffn's kept routes. Each tensor is an instance of the registered tensor type
  * (torch.Tensor: described through its DLPack C exchange API, or exported by the registered exporter;
  * see exchange.c) or None; anything else, a raw capsule included, is a TypeError (fuser.ffn's general
  * path then judges the call). They are validated exactly as ffn_check validates them (the same
  * errors), and the result is what a call's route depends on, packed into 56 bytes to key a dict with:
  * the chain (m, d_model, d_ff, d_out; gated, the three biases, activation and dtype in one word) and the
- * device (kind, index), each an int64 in native byte order. No keywords and no dict: the cheapest call
- * that validates. */
+ * device (kind, index), each an int64 in native byte order. A quantized chain's `scales` (x, up, gate,
+ * down, h: registered-type tensors, or None for none) are validated with it; they are not in the key,
+ * since a route depends on the chain only. No keywords and no dict: the cheapest call that validates. */
 PyObject *fuser_py_ffn_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != A_OUT + 1)
-        return PyErr_Format(PyExc_TypeError, "ffn_key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation): "
-                            "got %zd arguments", nargs);
+    if (nargs != A_OUT + 1 && nargs != A_OUT + 2)
+        return PyErr_Format(PyExc_TypeError, "ffn_key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation"
+                            "[, scales]): got %zd arguments", nargs);
+    PyObject *scales = nargs == A_OUT + 2 ? args[A_OUT + 1] : Py_None;
     const char *activation = activation_name(args[A_OUT]);
     if (!activation)
         return NULL;
@@ -129,7 +131,10 @@ PyObject *fuser_py_ffn_key(PyObject *module, PyObject *const *args, Py_ssize_t n
         return PyErr_Format(PyExc_TypeError, "ffn_key: x, w_up and w_down are required");
     fuser_chain c;
     PyObject *res = NULL;
-    if (!take_and_validate(st, args, A_OUT, Py_None, opts, activation, held, t, &c, NULL, 0, NULL)) {
+    fuser_held sheld[FUSER_NUM_SCALES];
+    memset(sheld, 0, sizeof sheld);
+    if (!take_and_validate(st, args, A_OUT, Py_None, opts, activation, held, t, &c, scales,
+                           FUSER_TAKE_NO_CAPSULE | FUSER_TAKE_REGISTERED, 0, sheld)) {
         /* bytes, not a tuple of ints: no object for the garbage collector to count, one cheap hash */
         const int64_t key[7] = {c.m, c.k, c.n, c.l,
                                 c.gated | c.bias_up << 1 | c.bias_gate << 2 | c.bias_down << 3 |
@@ -139,5 +144,7 @@ PyObject *fuser_py_ffn_key(PyObject *module, PyObject *const *args, Py_ssize_t n
     }
     for (int i = 0; i < A_OUT; i++)
         fuser_release(&held[i]);
+    for (int i = 0; i < FUSER_NUM_SCALES; i++)
+        fuser_release(&sheld[i]);
     return res;
 }

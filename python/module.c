@@ -85,9 +85,10 @@ static PyMethodDef module_methods[] = {
      dlpack_info_doc},
     {"ffn_check", (PyCFunction)(void (*)(void))fuser_py_ffn_check, METH_VARARGS | METH_KEYWORDS, ffn_check_doc},
     {"ffn_key", (PyCFunction)(void (*)(void))fuser_py_ffn_key, METH_FASTCALL,
-     "ffn_key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation) -> bytes: validate\n"
-     "fuser.ffn's tensors (instances of the registered tensor type, or None) as ffn_check does and return\n"
-     "what the call's route depends on (the chain and the device), to key a dict of routes."},
+     "ffn_key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation[, scales]) -> bytes: validate\n"
+     "fuser.ffn's tensors (instances of the registered tensor type, or None; a quantized chain's scales\n"
+     "(x, up, gate, down, h) likewise) as ffn_check does and return what the call's route depends on (the\n"
+     "chain and the device), to key a dict of routes."},
     {"register_tensor_type", (PyCFunction)(void (*)(void))fuser_py_register_tensor_type,
      METH_VARARGS | METH_KEYWORDS,
      "register_tensor_type(type, exporter=None, exchange=()) -> (major, minor) or None: let ffn_key take\n"

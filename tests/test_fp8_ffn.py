@@ -206,3 +206,28 @@ def test_a_call_takes_its_scales_without_their_dlpack_methods(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "__dlpack__", refuse)
     y = fuser.ffn(x, q.w_up, q.w_down, w_gate=q.w_gate, activation="silu", scales=q.scales)
     assert torch.equal(y, ref)
+
+
+def test_repeated_quantized_calls_keep_their_route(monkeypatch):
+    """fuser.ffn(..., scales=): the first call of a chain validates in C and keeps its route; later calls are
+    validated by the same C checks with their scales (_C.ffn_key) and run the kept route without the general
+    path. Bad scales on a later call raise what a first call's would; another token count is another key."""
+    from fuser import ops
+    x, q = _ffn()
+    kw = dict(w_gate=q.w_gate, activation="silu")
+    y = fuser.ffn(x, q.w_up, q.w_down, scales=q.scales, **kw)
+    checks = []
+    real = ops._check
+    monkeypatch.setattr(ops, "_check", lambda *a, **k: checks.append(1) or real(*a, **k))
+    assert ops._keyed
+    assert torch.equal(fuser.ffn(x, q.w_up, q.w_down, scales=q.scales, **kw), y) and not checks
+    with pytest.raises(ValueError, match=r"up_scale: expected shape \[96\]"):
+        fuser.ffn(x, q.w_up, q.w_down, scales=q.scales._replace(up=q.scales.up[:10]), **kw)
+    with pytest.raises(ValueError, match="gate_scale: missing"):
+        fuser.ffn(x, q.w_up, q.w_down, scales=q.scales._replace(gate=None), **kw)
+    assert len(checks) == 2
+    x2 = torch.randn(7, 32).bfloat16()
+    for _ in range(2):
+        y2 = fuser.ffn(x2, q.w_up, q.w_down, scales=q.scales, **kw)
+    assert len(checks) == 3
+    assert torch.equal(y2, fp8.reference(x2, q.w_up, q.w_down, q.scales, **kw))
