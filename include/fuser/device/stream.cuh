@@ -599,10 +599,17 @@ struct Stream {
         } else {
             int prev = -1;
             /* not unrolled: an unrolled copy puts the (one-thread) slot release between wgmma groups, where
-             * ptxas serialises the MMAs (C7520) */
+             * ptxas serialises the MMAs (C7520); the wait written out, not wait_slot, whose call ptxas
+             * schedules differently here */
 #pragma unroll 1
             for (int kb = k0; kb < k1; kb++, c.next()) {
-                wait_slot(c, trace && kb > k0, waited);
+                if (trace && kb > k0) {
+                    const uint64_t t0 = global_ns();
+                    consume_wait(s.ring, c);
+                    waited += global_ns() - t0;
+                } else {
+                    consume_wait(s.ring, c);
+                }
                 uint32_t a, b;
                 operands<NW>(c, kb, k0, own_tokens, a, b);
                 const uint32_t second = b_rows * SW_ROW_BYTES; /* the gate tile, after the up tile */
