@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <string.h>
 
-
 int fuser_cluster_size_index(int size)
 {
     for (int i = 0; i < FUSER_NUM_CLUSTER_SIZES; i++)

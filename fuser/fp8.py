@@ -35,8 +35,8 @@ import torch
 from fuser import _C
 from fuser.reference import ACTIVATIONS
 
-__all__ = ["E4M3_MAX", "SCALED_MM_RECIPES", "ROWWISE_TOKENS", "Scales", "QuantizedFFN", "e4m3", "quantize_weight", "quantize",
-           "activation_scale", "reference", "eager", "quantize_ffn", "torch_path"]
+__all__ = ["E4M3_MAX", "SCALED_MM_RECIPES", "ROWWISE_TOKENS", "Scales", "QuantizedFFN", "e4m3", "quantize_weight",
+           "quantize", "activation_scale", "reference", "eager", "quantize_ffn", "torch_path"]
 
 #: the largest finite float8_e4m3fn value; quantization saturates there
 E4M3_MAX = 448.0
@@ -475,7 +475,8 @@ def eager(x_q, w_up, w_down, scales, *, w_gate=None, b_up=None, b_gate=None, b_d
     act = _activation(activation)
     lead, a = x_q.shape[:-1], x_q.reshape(-1, x_q.shape[-1])
     recipe = "rowwise" if a.shape[0] >= ROWWISE_TOKENS else "tensorwise"
-    s_x, s_h = _a_scale(scales.x.float(), a.shape[0], recipe), _a_scale(scales.h.float(), a.shape[0], recipe)
+    h_scale = scales.h.float().reshape(())
+    s_x, s_h = _a_scale(scales.x.float(), a.shape[0], recipe), _a_scale(h_scale, a.shape[0], recipe)
 
     def linear(t, w, s_a, s_w, b):
         y = _scaled_mm(t, w, s_a, s_w, recipe)
@@ -483,7 +484,7 @@ def eager(x_q, w_up, w_down, scales, *, w_gate=None, b_up=None, b_gate=None, b_d
     try:
         u = linear(a, w_up, s_x, scales.up, b_up)
         h = act(linear(a, w_gate, s_x, scales.gate, b_gate)) * u if w_gate is not None else act(u)
-        y = linear(quantize(h, scales.h.float().reshape(())), w_down, s_h, scales.down, b_down)
+        y = linear(quantize(h, h_scale), w_down, s_h, scales.down, b_down)
     except RuntimeError:   # shapes or a torch build _scaled_mm does not take
         return reference(x_q, w_up, w_down, scales, **kw)
     return y.reshape(*lead, d_out)

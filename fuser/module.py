@@ -310,7 +310,7 @@ class FusedFFN(nn.Module):
                            activation=args[6], scales=q.scales)
         xr = interop.ready(x)
         route = ops.route(xr, *args, scales=q.scales)
-        scales = (q.scales.x, q.scales.up, q.scales.gate, q.scales.down, q.scales.h)
+        scales = ops.scale_tensors(q.scales)
         y = route.run(xr, *args, None, scales)
         if route.fused and not (route.graphs_eager and _capturing()):
             tensors = dict(zip(_ROLES, (q.w_up, q.w_down, q.w_gate, b_up, b_gate, b_down)))

@@ -103,7 +103,7 @@ def route(x, w_up, w_down, w_gate=None, b_up=None, b_gate=None, b_down=None, act
     """
     tensors = (x, w_up, w_down, w_gate, b_up, b_gate, b_down)
     if scales is not None:
-        return route_for(_check(tensors, activation, None, _scale_tensors(scales)))
+        return route_for(_check(tensors, activation, None, scale_tensors(scales)))
     key = _key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation) if _keyed else None
     r = _routes.get(key) if key is not None else None
     if r is None or r.stale:
@@ -111,8 +111,16 @@ def route(x, w_up, w_down, w_gate=None, b_up=None, b_gate=None, b_down=None, act
     return r
 
 
-def _scale_tensors(scales):
-    """A :class:`fuser.fp8.Scales` as C takes them: (x, up, gate, down, h)."""
+def scale_tensors(scales):
+    """A :class:`fuser.fp8.Scales` as C takes them: (x, up, gate, down, h); anything else is a TypeError.
+
+    Example:
+        >>> import torch
+        >>> from fuser import fp8, ops
+        >>> s = fp8.quantize_ffn(torch.randn(16, 8), torch.randn(8, 16), x_samples=torch.randn(2, 8)).scales
+        >>> ops.scale_tensors(s)[0] is s.x, ops.scale_tensors(s)[2] is None
+        (True, True)
+    """
     try:
         return (scales.x, scales.up, scales.gate, scales.down, scales.h)
     except AttributeError:
@@ -204,7 +212,7 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
     """
     key = None
     if scales is not None:   # a quantized chain: validated in C with its scales at every call
-        st = _scale_tensors(scales)
+        st = scale_tensors(scales)
         if out is None and plan is None and _keyed:
             try:
                 key = _ffn_key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, st)
