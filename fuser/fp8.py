@@ -133,7 +133,8 @@ def quantize_weight(w):
         w: ``[rows, cols]`` floating-point tensor (``nn.Linear`` layout: rows are output channels), finite.
 
     Returns:
-        ``w_q`` (``[rows, cols]`` float8_e4m3fn) and ``scale`` (``[rows]`` float32), on w's device.
+        ``w_q`` (``[rows, cols]`` float8_e4m3fn) and ``scale`` (``[rows]`` float32), on w's device; neither
+        requires grad.
 
     Example:
         >>> import torch
@@ -155,7 +156,7 @@ def _quantize_weight(w, name):
                          "weight matrix separately in the nn.Linear layout [out_features, in_features]")
     if w.numel() == 0:
         raise ValueError(f"{name}: expected a non-empty matrix, got shape {list(w.shape)}")
-    wf = w.float()
+    wf = w.detach().float()   # (a constant: never part of an autograd graph, so it can be taken through DLPack)
     _check_finite(wf, name, "pass a finite weight matrix")
     scale = _safe_scale(wf.abs().amax(dim=1))
     return e4m3(wf / scale[:, None]), scale
@@ -218,7 +219,7 @@ def activation_scale(samples):
     _check_float_tensor(samples, "samples", "sample activations")
     if samples.numel() == 0:
         raise ValueError("samples: expected at least one sample activation, got an empty tensor")
-    amax = samples.float().abs().amax()
+    amax = samples.detach().float().abs().amax()
     if not bool(torch.isfinite(amax)):
         raise ValueError("samples: holds NaN or infinite values; calibrate on finite activations")
     return _safe_scale(amax).reshape(1)
@@ -392,7 +393,8 @@ def quantize_ffn(w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, x_samples
         activation: the FFN's activation, used to calibrate ``scales.h``.
 
     Returns:
-        ``QuantizedFFN(w_up, w_down, scales, w_gate)``, weights in float8_e4m3fn.
+        ``QuantizedFFN(w_up, w_down, scales, w_gate)``, weights in float8_e4m3fn. They are constants: none
+        requires grad, so an ``nn.Linear``'s Parameters may be passed as they are.
 
     Example:
         >>> import torch
@@ -413,10 +415,11 @@ def quantize_ffn(w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, x_samples
     if x_samples.shape[-1:] != w_up.shape[1:]:
         raise ValueError(f"x_samples: expected shape [..., {w_up.shape[1]}] (d_model = w_up.shape[1]), got "
                          f"{list(x_samples.shape)}")
-    s_x = activation_scale(x_samples)
-    a = quantize(x_samples, s_x).reshape(-1, w_up.shape[1]).float()
-    h = _hidden(a, wu, wg, s_x.reshape(()), su, sg, b_up, b_gate, act)
-    s_h = activation_scale(h)
+    with torch.no_grad():   # (constants, as the weights' scales: whatever requires grad among the inputs)
+        s_x = activation_scale(x_samples)
+        a = quantize(x_samples, s_x).reshape(-1, w_up.shape[1]).float()
+        h = _hidden(a, wu, wg, s_x.reshape(()), su, sg, b_up, b_gate, act)
+        s_h = activation_scale(h)
     return QuantizedFFN(wu, wd, Scales(x=s_x, up=su, down=sd, h=s_h, gate=sg), wg)
 
 

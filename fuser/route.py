@@ -134,7 +134,8 @@ class FusedRoute(Route):
         scratch = self.launch.scratch(m, stream)
         if len(self.prepared) >= _MAX_PREPARED:
             self.prepared.clear()
-        kw = {} if scales is None else {"scales": tuple(scales)}   # (a quantized chain's)
+        # (a quantized chain's: constants to the kernel, taken as such even where one requires grad)
+        kw = {} if scales is None else {"scales": tuple(None if t is None else t.detach() for t in scales)}
         e = self.prepared[key] = (scratch, self.launch.prepare(
             _export(x), tuple(None if t is None else _export(t) for t in weights), activation, _export(y), scratch,
             stream, keep=False, **kw))

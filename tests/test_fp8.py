@@ -285,6 +285,24 @@ def test_quantize_ffn_names_the_bad_weight():
         fp8.quantize_ffn(torch.randn(8, 4), torch.randn(4, 6), x_samples=torch.randn(2, 4))
 
 
+
+def test_quantize_ffn_of_parameters_gives_constants():
+    """An nn.Linear's Parameters passed as they are (and samples that require grad): the quantized weights and
+    every scale are constants, so fuser.ffn can take them to C (DLPack refuses tensors that require grad) and
+    a call with grad enabled is not sent to the eager ops for their sake."""
+    up, gate, down = torch.nn.Linear(16, 64, bias=True), torch.nn.Linear(16, 64, bias=True), torch.nn.Linear(64, 16)
+    x = torch.randn(8, 16, requires_grad=True)
+    q = fp8.quantize_ffn(up.weight, down.weight, w_gate=gate.weight, b_up=up.bias, b_gate=gate.bias,
+                         x_samples=x, activation="silu")
+    held = [q.w_up, q.w_down, q.w_gate, *q.scales]
+    assert not any(t.requires_grad for t in held if t is not None)
+    w_q, s = fp8.quantize_weight(up.weight)
+    assert not w_q.requires_grad and not s.requires_grad and not fp8.activation_scale(x).requires_grad
+    # the same constants as from detached inputs
+    d = fp8.quantize_ffn(up.weight.detach(), down.weight.detach(), w_gate=gate.weight.detach(),
+                         b_up=up.bias.detach(), b_gate=gate.bias.detach(), x_samples=x.detach(), activation="silu")
+    assert all(torch.equal(a.float(), b.float()) for a, b in zip(held, [d.w_up, d.w_down, d.w_gate, *d.scales]))
+
 # --- torch_path -----------------------------------------------------------------------------------------
 
 def test_torch_path_says_it_needs_cuda():

@@ -192,6 +192,26 @@ def test_bad_scales_are_clear_errors():
         fuser.ffn(x, **{**t, "scales": s._replace(x=s.x.bfloat16())})
 
 
+def test_scales_that_require_grad_still_launch():
+    """quantize_ffn of an nn.Linear's Parameters, called with grad enabled: the fused launch runs (bitwise the
+    plain tensors' result; the eager ops would differ) and its output needs no grad; scales a caller made
+    require grad are taken as the constants they are to the kernel."""
+    torch.manual_seed(5)
+    up, down = torch.nn.Linear(256, 512, bias=False).cuda(), torch.nn.Linear(512, 256, bias=False).cuda()
+    gate = torch.nn.Linear(256, 512, bias=False).cuda()
+    x = torch.randn(16, 256, device="cuda")
+    q = fp8.quantize_ffn(up.weight, down.weight, w_gate=gate.weight, x_samples=x, activation="silu")
+    t = dict(w_up=q.w_up, w_down=q.w_down, w_gate=q.w_gate, activation="silu")
+    xb = x.bfloat16()
+    with torch.no_grad():
+        want = fuser.ffn(xb, scales=q.scales, **t)
+    assert not torch.equal(want, fp8.eager(xb, q.w_up, q.w_down, q.scales, w_gate=q.w_gate, activation="silu"))
+    y = fuser.ffn(xb, scales=q.scales, **t)
+    assert torch.equal(y, want) and not y.requires_grad
+    s = fp8.Scales(*(None if v is None else v.clone().requires_grad_() for v in q.scales))
+    with torch.no_grad():
+        assert torch.equal(fuser.ffn(xb, scales=s, **t), want)
+
 def test_a_quantized_module_keeps_its_launch(monkeypatch):
     """FusedFFN.quantize: the first call of a shape takes fuser.ffn's general path and keeps its fused launch;
     later calls of that shape run it without validating again (no route lookup), with the same bits, even with
