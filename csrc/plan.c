@@ -162,11 +162,12 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
                           "K: s1 must be 1, bn must divide the split's %lld d_ff columns, no cluster pairs (got s1 = %d, "
                           "bn = %d, cluster (%d, %d, %d, %d))", (long long)range, p->s1, p->bn, p->cls_m, p->cls_n,
                           p->cls_k, p->cls_l);
-    /* one phase with swap-AB: every block sums the partials after the last unit (any count) */
+    /* partials of the real rows (fuser_stream_row_partials): every block sums them after the last unit (any count) */
     const int rowsum = fuser_stream_row_partials(p);
     if (p->s1 * p->parts > 16 || (p->s2 > 16 && !rowsum))
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: the last split sums at most 16 partials per element "
-                          "(s1 x parts = %d, s2 = %d); more d_ff splits only in one phase with bm 16 or 32",
+                          "(s1 x parts = %d, s2 = %d); more d_ff splits only where every block sums the partials (one "
+                          "phase with bm 16 or 32, or a quantized chain with bm 128)",
                           p->s1 * p->parts, p->s2);
     p->cluster_size = pair_rows || pair_tiles ? 2 : 1;
     p->cls_shuffle = p->cls_reduce = 1;
@@ -203,8 +204,8 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
     p->smem_pipe = (int)(stage * p->stages);
     p->smem_xbuf = 0;
     p->smem_hg = p->phases == 1 ? (int)(range / kc * p->bm * 128) : 0; /* one phase: the unit's H */
-    /* barriers and flag (and, summing rows, 4 KB of group sums); slack to align the ring to 1024 bytes */
-    p->smem_bytes = p->smem_pipe + p->smem_hg + (rowsum ? 4096 : 0) + 2048;
+    /* barriers and flag; slack to align the ring to 1024 bytes */
+    p->smem_bytes = p->smem_pipe + p->smem_hg + 2048;
     p->regs_est = 0;                     /* fixed by setmaxnreg: 40 producer, 232 consumer */
     int64_t zw, wf;
     fuser_plan_scratch(p, c->m, &zw, &wf);
@@ -264,7 +265,12 @@ int fuser_stream_max_s1(const fuser_plan *p)
     return p->chain.dtype == FUSER_E4M3 && p->chain.gated && p->bm == 128 ? 1 : 16 / parts;
 }
 
-int fuser_stream_row_partials(const fuser_plan *p) { return p->phases == 1 && fuser_stream_swap(p); }
+int fuser_stream_row_partials(const fuser_plan *p)
+{
+    /* one phase's partials (many splits, few rows), and a quantized chain's tiles of 128 tokens, whose last
+     * split would otherwise read every split's whole 64 KB tile alone at the end of the launch */
+    return fuser_stream_swap(p) && (p->phases == 1 || (p->chain.dtype == FUSER_E4M3 && p->bm == 128));
+}
 
 int64_t fuser_stream_lgroups(const fuser_plan *p)
 {

@@ -19,7 +19,7 @@ typedef struct {
     int64_t reps;                                 /* GEMM1 runs per row tile and n-tile: 1, or lg in one phase */
     int64_t lg;                                   /* groups of l-tiles along d_out (one per phase-2 unit) */
     int one;                                      /* one phase: each unit computes its own H in shared memory */
-    int rowsum;                                   /* one phase, swap-AB: partials of the real token rows only */
+    int rowsum;                                   /* partials of the real token rows, summed by every block */
 } geom;
 
 static geom geom_of(const fuser_plan *p)
@@ -163,7 +163,7 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
      * moves only the real rows' fragments: at few tokens that term stands for the per-split cost of the
      * ticket and the last split's loads (bm 64 plans with 12-16 splits are under-predicted without it) */
     const double red1 = g.s1 > 1 ? 4.0 * g.s1 * g.parts * rows * g.bn / (t->sm_load_gbs * 1e9) : 0;
-    /* (one phase, swap-AB: after every unit, all blocks sum y's partials together, the real rows only) */
+    /* (rowsum: after every unit, all blocks sum y's partials together, the real rows only) */
     const double red2 = g.s2 <= 1 ? 0
                         : g.rowsum ? 4.0 * g.s2 * g.m * g.L / (G * t->sm_load_gbs * 1e9) + t->mem_latency_us * 1e-6
                                    : 4.0 * g.s2 * (g.one ? g.bm : rows) * g.bl / (t->sm_load_gbs * 1e9);

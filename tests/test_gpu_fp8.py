@@ -98,6 +98,20 @@ def test_plain_128_token_tiles(s1, s2):
         assert check(x, t, plan) < BOUND, (m, plan.summary())
 
 
+@pytest.mark.parametrize("gated,bm,s2", [(False, 128, 2), (True, 128, 4), (True, 128, 3), (True, 64, 4)])
+def test_row_partials_of_many_tokens(gated, bm, s2):
+    """Tiles of 128 tokens keep phase 2's split partials as the real token rows, which every block sums after
+    the last unit; with more of y's 4-element groups than the grid has threads (here 150 x 1152 / 4 = 43200),
+    each thread sums several of them at a time (tiles of 64 tokens: the last split's sum, beside them). Ragged
+    last row tile, every bias."""
+    m, d, f, l = 150, 512, 1024, 1152
+    bias = ("up", "gate", "down") if gated else ("up", "down")
+    x, t = quantized(torch.Generator(device="cuda").manual_seed(11 * s2 + bm), m, d, f, l, gated=gated, bias=True,
+                     activation="silu")
+    plan = fuser.plan(m, d, f, d_out=l, gated=gated, activation="silu", dtype="float8_e4m3fn", fused=True,
+                      bias=bias, kind="stream", bm=bm, s1=1, s2=s2)
+    assert check(x, t, plan) < BOUND, plan.summary()
+
 @pytest.mark.parametrize("s2", [1, 3])
 def test_gated_128_token_tiles(s2):
     """A gated FFN's quantized tiles of 128 tokens (both parts in turn through one fresh sum): one row tile,

@@ -120,8 +120,8 @@ def test_unaligned_shapes_run_unfused_and_still_compute_the_ffn():
 
 def stream_limits(p, t):
     """independent_limits for the stream kernel family: its ring of stages (X or H tile + weight tiles,
-    rounded to 1024 bytes), in one phase the unit's H (bm rows of 128 bytes per K step of a d_ff split) and
-    with swap-AB 4 KB for the block's split sums, plus 2048 bytes; the consumers' accumulator registers; the
+    rounded to 1024 bytes), in one phase the unit's H (bm rows of 128 bytes per K step of a d_ff split), plus
+    2048 bytes (the block's split sums reuse a slot); the consumers' accumulator registers; the
     tokens in row tiles of bm, and in one phase no phase-1 units and units of lspan l-tiles."""
     c, q = p.chain, p.to_dict()["params"]
     bm, bn, bl, st = q["bm"], q["bn"], q["bl"], q["stages"]
@@ -129,8 +129,7 @@ def stream_limits(p, t):
     stage = -(-max(bm * 128 + parts * bn * 128, bm * 128 + bl * 128) // 1024) * 1024
     one = q["phases"] == 1
     h = -(-(-(-c["d_ff"] // 64)) // q["s2"]) * bm * 128 if one else 0
-    rowsum = 4096 if one and bm < 64 else 0
-    assert st * stage + h + rowsum + 2048 == p.derived["smem_bytes"] <= t["smem_per_block"]
+    assert st * stage + h + 2048 == p.derived["smem_bytes"] <= t["smem_per_block"]
     rows = -(-c["m"] // bm)
     assert p.derived["grid_m"] == rows and tuple(q["cluster"]) == (1, 1, 1, 1)
     groups = -(-p.derived["lt2"] // q["lspan"])

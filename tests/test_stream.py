@@ -140,6 +140,9 @@ def test_stream_stub_matches_its_golden_file():
                                           kind="stream", cluster=(2, 1, 1, 1), bm=128, bn=192, bl=128, s1=1, s2=1),
         "stream_decode_stub.cu": fuser.plan(1, 4096, 14336, gated=True, activation="silu", target="h200", fused=True,
                                             kind="stream", bm=16, phases=1, lspan=32, s2=112),
+        # a quantized chain's 128-token tiles: phase 2's partials summed by every block (ROWSUM)
+        "stream_fp8_stub.cu": fuser.plan(128, 4096, 14336, gated=True, activation="silu", target="h200", fused=True,
+                                         kind="stream", dtype="float8_e4m3fn", bm=128, s1=1, s2=4),
     }
     for name, p in cases.items():
         src = fuser._C.codegen(p.raw, "h200")
@@ -157,7 +160,7 @@ def test_stream_stub_matches_its_golden_file():
     (dict(cluster=(1, 2, 1, 1)), "cluster must be"),
     (dict(lspan=2), "lspan = 2 l-tiles per unit: must be in \\[1, 8\\].*above 1 only in one phase"),
     (dict(phases=1, s1=1, lspan=9), "lspan = 9 l-tiles per unit: must be in \\[1, 8\\]"),
-    (dict(phases=1, s1=1, bm=64, bl=128, s2=32), "at most 16 partials.*only in one phase with bm 16 or 32"),
+    (dict(phases=1, s1=1, bm=64, bl=128, s2=32), "at most 16 partials.*only where every block sums the partials \\(one phase with bm 16 or 32"),
     (dict(s2=32), "at most 16 partials"),
 ])
 def test_bad_stream_plans_are_refused_with_the_reason(kw, match):

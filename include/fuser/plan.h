@@ -169,8 +169,9 @@ int fuser_stream_swap(const fuser_plan *p);
  * measured 1.2-1.35x slower than none). */
 int fuser_stream_max_s1(const fuser_plan *p);
 
-/** Whether a stream plan's split partials are the real token rows only, summed by every block after the
- * last unit: one phase with swap-AB (bm 16 or 32); any number of d_ff splits. */
+/** Whether a stream plan's phase-2 split partials are the real token rows only, summed by every block after
+ * the last unit (instead of by each tile's last split): one phase with swap-AB (bm 16 or 32; any number of
+ * d_ff splits), and a quantized chain's tiles of 128 tokens. */
 int fuser_stream_row_partials(const fuser_plan *p);
 
 /** Groups of l-tiles along d_out of a derived stream plan, one per phase-2 unit and row tile and split:

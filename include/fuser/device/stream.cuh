@@ -22,7 +22,9 @@
  *   phase 2, unit (split, l-tile, row tile): Y[rows, l-tile] partial = H[rows, N range] * W_down[l-tile,
  *     N range]^T. The producer acquires its row tile's split's ready counter once (every n-tile of the
  *     range done) before loading H, so phase 2 starts as soon as the H columns it needs exist (no
- *     grid-wide barrier). S2 splits reduce as in phase 1, then b_down, round, store Y.
+ *     grid-wide barrier). S2 splits reduce as in phase 1, then b_down, round, store Y; a quantized
+ *     chain's tiles of 128 tokens instead store the real rows' partials, which every block sums after
+ *     the last unit (ROWSUM, as one phase below), so no tile's last split reads all S2 whole tiles alone.
  * The last block to finish resets the ready counters and the claim counter: the sync words are zero
  * between launches.
  *
@@ -153,10 +155,12 @@ struct Stream {
     /* l-tiles per phase-2 unit (one phase only), and the units' groups of l-tiles along d_out */
     static constexpr int LSPAN = C::LSPAN, LG = ceil_div(LT, LSPAN);
     static_assert(LSPAN >= 1 && (LSPAN == 1 || ONE), "a unit spans several l-tiles only in one phase");
-    /* one phase, swap-AB: partials of the real token rows, summed by the whole block (sum_rows) */
-    static constexpr bool ROWSUM = ONE && SWAP;
+    /* phase-2 partials of the real token rows, summed by every block after the last unit (sum_partials):
+     * swap-AB plans of one phase, and a quantized chain's tiles of 128 tokens (fuser_stream_row_partials) */
+    static constexpr bool ROWSUM = C::ROWSUM;
+    static_assert(!ROWSUM || SWAP, "row partials are swap-AB fragments");
     /* units spanning every l-tile share them with helper blocks (above) */
-    static constexpr bool STEAL = ROWSUM && LSPAN == LT && LT > 1 && S2 > 1;
+    static constexpr bool STEAL = ONE && ROWSUM && LSPAN == LT && LT > 1 && S2 > 1;
     static constexpr int PIECE = 1 << 29; /* a slot's tag: a helper's piece (slice x LT + l-tile) */
     static constexpr int END = -2;        /* a slot's tag: the unit's l-tiles are done */
     static_assert(ROWSUM || (S1 * PARTS <= 16 && S2 <= 16), "a thread's split sums hold at most 16 partials");
@@ -184,7 +188,6 @@ struct Stream {
         /* one phase: the unit's H */
         alignas(1024) unsigned char hs[H_BYTES > 0 ? H_BYTES : 16];
         Ring<STAGES> ring;
-        float4 red[ROWSUM ? 256 : 1]; /* sum_partials: each thread's run of splits */
         int unit[STAGES]; /* the unit whose first K step a slot holds (-1: no more units), set by the producer */
         int last;
         int box;                    /* pairs: the claimed pair block 0 hands to block 1 */
@@ -1135,6 +1138,12 @@ struct Stream {
             count_summed(1);
     }
 
+    /* Phase 2's split partials in the workspace, after phase 1's (if any) */
+    FUSER_DEVICE float *partials2() const
+    {
+        return p.ws + (S1 > 1 ? (int64_t)S1 * PARTS * rt() * BM * NT1 * BN : 0);
+    }
+
     /* `n` more partials stored (every consumer's), counted with a release. */
     FUSER_DEVICE void count_summed(int n) const
     {
@@ -1158,17 +1167,21 @@ struct Stream {
     {
         const int l0 = l_t * BL;
         if constexpr (ROWSUM && S2 > 1) { /* the real token rows' partial, summed after every unit (consume) */
-            float *mine = p.ws + (((int64_t)row * LT + l_t) * S2 + sp) * BM * BL; /* [token][feature] */
+            float *mine = partials2() + (((int64_t)row * LT + l_t) * S2 + sp) * BM * BL; /* [token][feature] */
+            float sd[2] = {1.f, 1.f}; /* a quantized chain's partials are scaled (the sum is linear) */
+            if constexpr (Q)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    sd[h] = __ldg(p.scale[4]) * __ldg(p.scale[3] + cmin(l0 + feature_of(2 * h), C::L - 1));
 #pragma unroll
             for (int i = 0; i < NW2 / 2; i++)
                 if (token_of(i) < p.m)
-                    mine[(token_of(i) - m0) * BL + feature_of(i)] = acc[i];
+                    mine[(token_of(i) - m0) * BL + feature_of(i)] = Q ? acc[i] * sd[(i >> 1) & 1] : acc[i];
             return;
         }
         if constexpr (S2 > 1 && !ROWSUM) {
             constexpr int64_t TILE = (int64_t)BM * BL;
-            float *tile = p.ws + (S1 > 1 ? (int64_t)S1 * PARTS * rt() * BM * NT1 * BN : 0) +
-                          ((int64_t)row * LT + l_t) * S2 * TILE;
+            float *tile = partials2() + ((int64_t)row * LT + l_t) * S2 * TILE;
             store_frag(acc, tile + sp * TILE);
             if (!last_of(sync_of(row, TICKETS2 + l_t), S2))
                 return;
@@ -1234,12 +1247,53 @@ struct Stream {
                 G = g;
         const int per = 256 / G, g = lt / per;
         const int lo = g * S2 / G, hi = (g + 1) * S2 / G;
-        const float *ws = launder(p.ws);
+        const float *ws = launder(partials2());
+        /* element e's value in split 0's partial: row tile, l-tile, then [token][feature] */
+        auto split0 = [&](int e) {
+            const int token = e / Q, l = e % Q * 4;
+            return ws + ((int64_t)(token / BM) * LT + l / BL) * S2 * TILE + (token % BM) * BL + l % BL;
+        };
+        auto store = [&](int e, float4 t) { /* y = t + b_down */
+            const int token = e / Q, l = e % Q * 4;
+            float b[4];
+            bias<C::BIAS_DOWN, 4>(p.b_down, l, b);
+            *(uint2 *)y_at(token, l) =
+                make_uint2(pack2<DTO>(plus<C::BIAS_DOWN>(t.x, b[0]), plus<C::BIAS_DOWN>(t.y, b[1])),
+                           pack2<DTO>(plus<C::BIAS_DOWN>(t.z, b[2]), plus<C::BIAS_DOWN>(t.w, b[3])));
+        };
+        if constexpr (S2 <= 16) {
+            /* one group, several elements per thread (many tokens): R elements at a time, every split's load
+             * of all of them in flight together, each element summed in split order as below */
+            constexpr int R = cmax(1, 16 / S2);
+            if (G == 1 && R > 1 && E > threads) {
+                for (int base = (int)blockIdx.x * 256 * R; base < E; base += (int)gridDim.x * 256 * R) {
+                    float4 v[R][S2];
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        const int e = base + r * 256 + lt;
+#pragma unroll
+                        for (int sp = 0; sp < S2; sp++)
+                            v[r][sp] = e < E ? ld_cg_f4_relaxed(split0(e) + sp * TILE) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    }
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        float4 t = v[r][0];
+#pragma unroll
+                        for (int sp = 1; sp < S2; sp++)
+                            t.x += v[r][sp].x, t.y += v[r][sp].y, t.z += v[r][sp].z, t.w += v[r][sp].w;
+                        if (base + r * 256 + lt < E)
+                            store(base + r * 256 + lt, t);
+                    }
+                }
+                return;
+            }
+        }
+        /* each thread's run of splits: in the ring's first slot, which no load fills after the last unit */
+        float4 *red = (float4 *)s.stage[0];
+        static_assert(STAGE_BYTES >= 256 * sizeof(float4), "a slot holds the block's runs");
         for (int base = (int)blockIdx.x * per; base < E; base += (int)gridDim.x * per) {
             const int e = base + lt % per;
-            const int token = e / Q, l = e % Q * 4;
-            /* this element in split 0's partial: row tile, l-tile, then [token][feature] */
-            const float *at = ws + ((int64_t)(token / BM) * LT + l / BL) * S2 * TILE + (token % BM) * BL + l % BL;
+            const float *at = split0(e);
             float4 t = make_float4(0.f, 0.f, 0.f, 0.f);
             if (e < E) {
                 t = ld_cg_f4_relaxed(at + lo * TILE);
@@ -1250,22 +1304,17 @@ struct Stream {
                 }
             }
             if (G > 1) {
-                s.red[lt] = t;
+                red[lt] = t;
                 consumers_sync();
                 if (g == 0)
                     for (int j = 1; j < G; j++) {
-                        const float4 v = s.red[j * per + lt];
+                        const float4 v = red[j * per + lt];
                         t.x += v.x, t.y += v.y, t.z += v.z, t.w += v.w;
                     }
                 consumers_sync(); /* every run read before the next element's are written */
             }
-            if (g == 0 && e < E) {
-                float b[4];
-                bias<C::BIAS_DOWN, 4>(p.b_down, l, b);
-                *(uint2 *)y_at(token, l) =
-                    make_uint2(pack2<DTO>(plus<C::BIAS_DOWN>(t.x, b[0]), plus<C::BIAS_DOWN>(t.y, b[1])),
-                               pack2<DTO>(plus<C::BIAS_DOWN>(t.z, b[2]), plus<C::BIAS_DOWN>(t.w, b[3])));
-            }
+            if (g == 0 && e < E)
+                store(e, t);
         }
     }
 
