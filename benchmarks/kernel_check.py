@@ -4,6 +4,7 @@ reference: poisoned outputs, bitwise repeats, ragged token counts; then chosen p
 PyTorch eager in CUDA graphs with the floor beside them). Writes a JSON log.
 
     python benchmarks/kernel_check.py [--gemm] [--stream] [--variants] [--bench SET] [--out DIR]
+    python benchmarks/kernel_check.py --trace-fp8 llama3-8b:128 llama3-8b:128:bm=64   # FP8 unit timelines
 """
 import argparse
 import itertools
@@ -279,17 +280,15 @@ def one_phase_section(log):
 
 def trace_run(name, m, log, act=None, **cons):
     """One stream plan of a SWEEP shape, launched with its trace: when each unit was claimed, could load,
-    got its first data and was done (global timer), summarised per phase. `act` replaces the shape's
-    activation."""
+    got its first data and was done (global timer), summarised per phase (trace_summary). `act` replaces
+    the shape's activation."""
     from fuser import _C, runtime
     (_, d, f, l, gated, act0, _), = [w[:7] for w in SWEEP + PREFILL + PAIRS + ONE_PHASE if w[0] == name][:1]
     act = act or act0
     p = fuser.plan(m, d, f, d_out=l, gated=gated, activation=act, target="h200", fused=True, kind="stream", **cons)
     t = _inputs(d, f, l, gated, m, 1, torch.Generator(device="cuda").manual_seed(1))[0]
     y = torch.empty(m, l, device="cuda", dtype=torch.bfloat16)
-    units = p.derived["units"]
-    words = _C.STREAM_TRACE_WORDS
-    trace = torch.zeros(units * words * 2, device="cuda", dtype=torch.float32)
+    trace = torch.zeros(p.derived["units"] * _C.STREAM_TRACE_WORDS * 2, device="cuda", dtype=torch.float32)
     dev = torch.cuda.current_device()
     stream = torch.cuda.current_stream().cuda_stream
     launch = runtime.launch_for(p, dev)
@@ -299,7 +298,47 @@ def trace_run(name, m, log, act=None, **cons):
         fuser.ffn(activation=act, plan=p, **t)
     _C.ffn_launch(launch.kernel, *args, act, y, buf.capsule, stream, trace=trace)
     torch.cuda.synchronize()
-    tr = trace.view(torch.int64).reshape(units, words).cpu()
+    r = trace_summary(trace, p, f"trace {name} m={m}", log, f" | {act}" if act != act0 else "")
+    return dict(name=name, m=m, **r)
+
+
+def trace_fp8(spec, log):
+    """One quantized stream plan, launched with its trace and summarised as trace_run's. `spec`:
+    MODEL:M[:bm=128,s1=1,...], MODEL one of fp8_decode's (the planner's best fused plan under the
+    constraints); the traced launch must give the bits of an untraced call."""
+    import fp8_decode
+    from fuser import _C, ops, runtime
+    name, m, *cons = spec.split(":")
+    m = int(m)
+    cons = {k: int(v) for k, v in (c.split("=") for c in cons[0].split(","))} if cons else {}
+    d, f, gated, act = fp8_decode.MODELS[name]
+    _, f8, scales, _, _ = fp8_decode.weight_sets(name, 1, "cuda")
+    w = f8[0]
+    p = fuser.plans(m, d, f, gated=gated, activation=act, dtype="float8_e4m3fn", fused=True, k=1, kind="stream",
+                    **cons)[0]
+    x = torch.randn(m, d, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1)).bfloat16()
+    for _ in range(3):
+        want = fuser.ffn(x, w["w_up"], w["w_down"], w_gate=w["w_gate"], activation=act, scales=scales, plan=p)
+    y = torch.empty_like(want)
+    trace = torch.zeros(p.derived["units"] * _C.STREAM_TRACE_WORDS * 2, device="cuda", dtype=torch.float32)
+    stream = torch.cuda.current_stream().cuda_stream
+    launch = runtime.launch_for(p, torch.cuda.current_device())
+    _C.ffn_launch(launch.kernel, x, w["w_up"], w["w_down"], w["w_gate"], None, None, None, act, y,
+                  launch.scratch(m, stream).capsule, stream, trace=trace, scales=ops.scale_tensors(scales))
+    torch.cuda.synchronize()
+    assert torch.equal(y, want), f"{spec}: the traced launch's output differs from the untraced call's"
+    return dict(name=name, m=m, fp8=True, **trace_summary(trace, p, f"trace fp8 {spec}", log))
+
+
+def trace_summary(trace, p, label, log, suffix=""):
+    """A stream launch's unit trace (``trace``: the float32 buffer it filled) per phase: units, blocks, the
+    first and last claim and done, a unit's median and longest time from its first data, its wait for first
+    data, main loop (of which waiting for data) and epilogue, and phase 2's wait for H; the span from the
+    first claim to the last unit done (a one-phase or row-summed plan's blocks sum after it), and the raw
+    timeline (ns from the first claim; columns: block, claimed, H ready, first data, done, SM, MMAs done,
+    ns waited for data in the main loop, last slot requested)."""
+    from fuser import _C
+    tr = trace.view(torch.int64).reshape(-1, _C.STREAM_TRACE_WORDS)[:p.derived["units"]].cpu()
     tr = tr[tr[:, 1] > 0]   # (units sharing their l-tiles: the pieces no helper took record nothing)
     units = len(tr)
     t0 = int(tr[:, 1].min())
@@ -318,21 +357,19 @@ def trace_run(name, m, log, act=None, **cons):
                  # a unit's time split: its main loop (of which waiting for data), then its epilogue
                  mainloop_us_median=float((mma - first).median()),
                  data_wait_us_median=float(seg[:, 7].double().median() / 1e3),
-                 epilogue_us_median=float((done - mma).median()),
+                 epilogue_us_median=float((done - mma).median()), epilogue_us_max=float((done - mma).max()),
                  issue_us_median=float((issued - claim).median()))
         if ph == 2 and p.raw["params"]["phases"] == 2:  # (one phase: nothing to wait for)
             r["ready_wait_us_median"] = float((ready - claim).median())
         rows.append(r)
-        log(f"trace {name} m={m} phase {ph}: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
-                                                           for k, v in r.items()))
-    log(f"trace {name} m={m}: span {float((tr[:, 4].max() - t0) / 1e3):.1f} us | {p.summary()}"
-        + (f" | {act}" if act != act0 else ""))
-    # the raw timeline (ns from the first claim; columns: block, claimed, H ready, first data, done, SM,
-    # MMAs done, ns waited for data in the main loop, last slot requested)
+        log(f"{label} phase {ph}: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                                                 for k, v in r.items()))
+    span = float((tr[:, 4].max() - t0) / 1e3)
+    log(f"{label}: span {span:.1f} us | {p.summary()}{suffix}")
     raw = tr.clone()
     for i in (1, 2, 3, 4, 6, 8):
         raw[:, i] -= t0
-    return dict(name=name, m=m, plan=p.summary(), phases=rows, units1=u1, raw=raw.tolist())
+    return dict(plan=p.summary(), phases=rows, units1=u1, span_us=span, raw=raw.tolist())
 
 
 OVERLAP = [  # name, d_model, d_ff, d_out, gated, act, tokens, plan constraints
@@ -446,6 +483,8 @@ def main():
     ap.add_argument("--bench", default=None, help="paper, quick, models, all, or workloads (G4,S1,llama3-8b:16)")
     ap.add_argument("--trace", nargs="?", const="decode", choices=("decode", "prefill"),
                     help="trace a few stream plans (unit timelines): decode-size (default) or prefill-size")
+    ap.add_argument("--trace-fp8", nargs="+", metavar="SPEC", default=[],
+                    help="trace quantized (FP8) stream plans: MODEL:M[:bm=128,s1=1,...], MODEL one of fp8_decode.py's")
     ap.add_argument("--overlap", action="store_true", help="early (PDL) against serial launches of stream plans")
     ap.add_argument("--pairs", action="store_true", help="cluster pairs (multicast) against single blocks, timed "
                     "and traced")
@@ -529,6 +568,12 @@ def main():
                 result["trace"].append(trace_run(name, m, log, **cons))
             except Exception:  # noqa: BLE001
                 log(f"trace {name} failed:\n{traceback.format_exc()}")
+    for spec in a.trace_fp8:
+        try:
+            result.setdefault("trace_fp8", []).append(trace_fp8(spec, log))
+        except Exception:  # noqa: BLE001
+            log(f"trace fp8 {spec} failed:\n{traceback.format_exc()}")
+            result.setdefault("trace_fp8", []).append(dict(spec=spec, ok=False))
     if a.bench:
         t0 = time.time()
         try:
@@ -539,7 +584,7 @@ def main():
     write(result)
     bad = sum(1 for sec in ("stream", "splits", "overlap") for r in result.get(sec, []) if not r.get("ok"))
     bad += sum(1 for sec in ("sweep", "decode", "prefill") for r in result.get(sec, []) if r.get("ok") is False)
-    bad += sum(1 for r in result.get("gemm", []) if r.get("ok") is False)
+    bad += sum(1 for sec in ("gemm", "trace_fp8") for r in result.get(sec, []) if r.get("ok") is False)
     log(f"failures: {bad}")
     sys.exit(1 if bad else 0)
 

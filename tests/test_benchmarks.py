@@ -323,3 +323,32 @@ def test_pick_diff_times_both_picks_of_a_cell_beside_eager():
     assert t["before"] == t["eager"] and 1.0 < t["eager"] < 100.0 and 1.0 < t["after"] < 100.0, t
     assert t["after_plan"] == "one phase" and t["before_plan"] == before[0]
     assert after == before
+
+
+def test_kernel_check_summarises_a_stream_trace_per_phase():
+    """kernel_check's trace summary (bf16 and FP8 traces alike) on a made-up timeline of a 128-token FP8 plan:
+    112 phase-1 units of 33 us from their first data, 128 phase-2 units of 25 us that waited 8 us for H; each
+    phase's counts, medians and the span come out of the right columns."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import kernel_check
+    finally:
+        sys.path.pop(0)
+    p = fuser.plan(128, 4096, 14336, gated=True, activation="silu", dtype="float8_e4m3fn", target="h200", fused=True,
+                   kind="stream", bm=128, s1=1, s2=4)
+    words = fuser._C.STREAM_TRACE_WORDS
+    assert p.derived["units"] == 240 and words == 9
+    tr = torch.zeros(240, words, dtype=torch.int64)
+    for u in range(240):   # block, claimed, H ready, first data, done, SM, MMAs done, ns waited, last slot issued
+        two = u >= 112
+        c = 10**9 + (30_000 if two else 0) + u
+        tr[u] = torch.tensor([u % 132, c, c + 8_000 * two, c + 6_000, c + (31_000 if two else 39_000), u % 132,
+                              c + (29_000 if two else 37_000), 2_000 + 1_000 * two, c + 1_000])
+    lines = []
+    r = kernel_check.trace_summary(tr.view(torch.float32).reshape(-1), p, "trace", lines.append)
+    one, two = r["phases"]
+    assert (one["units"], two["units"], one["blocks"]) == (112, 128, 112)
+    assert (one["unit_us_median"], two["unit_us_median"], two["ready_wait_us_median"]) == (33.0, 25.0, 8.0)
+    assert (one["data_wait_us_median"], two["data_wait_us_median"], two["epilogue_us_max"]) == (2.0, 3.0, 2.0)
+    assert abs(r["span_us"] - (30_000 + 239 + 31_000) / 1e3) < 1e-4 and r["units1"] == 112
+    assert lines[-1].startswith("trace: span 61.2 us | fused stream, bm=128") and len(r["raw"]) == 240
