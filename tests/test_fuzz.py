@@ -1,6 +1,7 @@
 """Fuzz fuser's public entry points with seeded random calls, valid and invalid, in a subprocess (a
 crash fails the test): ``fuser.ffn`` (dtypes, shapes from 0 to 2**40 as metadata, strides, storage
-offsets, alignment, ``out`` aliasing its inputs, foreign DLPack producers, ``plan=``), the operator
+offsets, alignment, ``out`` aliasing its inputs, foreign DLPack producers, ``plan=``), its quantized
+calls (``scales=``, e4m3 weights), the operator
 ``torch.ops.fuser.ffn``, ``fuser.plan``/``fuser.plans``, ``Plan.from_dict`` on tampered dicts,
 ``fuser.optimize`` on random small models and the command line (in process) with bad values.
 
@@ -27,6 +28,7 @@ import sys
 import time
 import warnings
 
+from fuzz_fp8 import QuantizedCalls
 from fuzz_models import ModelCalls
 from fuzz_plans import PlanCalls
 from fuzz_tensors import INVALID, VALID, TensorCalls
@@ -64,7 +66,7 @@ OPEN_ELSEWHERE = ()
 STRICT = os.environ.get("FUSER_FUZZ_STRICT", "") not in ("", "0")
 
 
-class Fuzzer(TensorCalls, PlanCalls, ModelCalls):
+class Fuzzer(TensorCalls, QuantizedCalls, PlanCalls, ModelCalls):
     """All the call families, drawn at random with fixed weights from one seed."""
 
     def __init__(self, seed):
@@ -91,7 +93,7 @@ class Fuzzer(TensorCalls, PlanCalls, ModelCalls):
         self.generators = [  # (weight, generator)
             (30, self.ffn_valid), (25, self.ffn_invalid), (8, self.ffn_foreign), (4, self.ffn_huge),
             (7, self.op), (9, self.plan), (10, self.from_dict), (4, self.ffn_plan), (2, self.optimize),
-            (1, self.cli),
+            (1, self.cli), (5, self.fp8_valid), (5, self.fp8_invalid),
         ]
 
     # ---- running ----
@@ -142,7 +144,7 @@ def run(calls, seed, progress=None, verbose=False):
 NAMES = frozenset(
     "x w_up w_down w_gate b_up b_gate b_down out activation plan m d_model d_ff d_out gated bias dtype target "
     "fused cluster dataflows avoid bm bn bl n_iters stages order gate_mode kind s1 s2 k chain params search "
-    "runner_up tokens constraints".split())
+    "runner_up tokens constraints scales x_scale up_scale gate_scale down_scale h_scale".split())
 
 
 def classify(fz, case):
