@@ -1,9 +1,9 @@
-"""Fuzz fuser's public entry points with seeded random calls, valid and invalid, in a subprocess (a
-crash fails the test): ``fuser.ffn`` (dtypes, shapes from 0 to 2**40 as metadata, strides, storage
-offsets, alignment, ``out`` aliasing its inputs, foreign DLPack producers, ``plan=``), its quantized
-calls (``scales=``, e4m3 weights), the operator
-``torch.ops.fuser.ffn``, ``fuser.plan``/``fuser.plans``, ``Plan.from_dict`` on tampered dicts,
-``fuser.optimize`` on random small models and the command line (in process) with bad values.
+"""Fuzz fuser's public entry points with seeded random calls, valid and invalid, in a subprocess (a crash
+fails the test): ``fuser.ffn`` (dtypes, shapes from 0 to 2**40 as metadata, strides, storage offsets,
+alignment, ``out`` aliasing its inputs, foreign DLPack producers, ``plan=``), its quantized calls
+(``scales=``, e4m3 weights), the operator ``torch.ops.fuser.ffn``, ``fuser.plan``/``fuser.plans``,
+``Plan.from_dict`` on tampered dicts, ``fuser.optimize`` and ``fuser.quantize`` on random small models
+and the command line (in process) with bad values.
 
 Each call is classified against the error contract (README, "Errors"): a valid call must return the
 float64 reference's result within its dtype's tolerance, an invalid one must raise TypeError,
@@ -93,7 +93,7 @@ class Fuzzer(TensorCalls, QuantizedCalls, PlanCalls, ModelCalls):
         self.generators = [  # (weight, generator)
             (30, self.ffn_valid), (25, self.ffn_invalid), (8, self.ffn_foreign), (4, self.ffn_huge),
             (7, self.op), (9, self.plan), (10, self.from_dict), (4, self.ffn_plan), (2, self.optimize),
-            (1, self.cli), (5, self.fp8_valid), (5, self.fp8_invalid),
+            (1, self.cli), (5, self.fp8_valid), (5, self.fp8_invalid), (2, self.quantize),
         ]
 
     # ---- running ----
