@@ -16,6 +16,19 @@ from fuzz_tensors import INVALID, VALID, Case, Traceback
 QUANTIZED_ERROR = 0.5
 
 
+def gated_ffn(nn, k, n, bias, act):
+    """A gated FFN module as models write one: down(act(gate(x)) * up(x)), k -> n -> k."""
+    class Gated(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate, self.up = nn.Linear(k, n, bias=bias), nn.Linear(k, n, bias=bias)
+            self.down, self.act = nn.Linear(n, k, bias=bias), act
+
+        def forward(self, x):
+            return self.down(self.act(self.gate(x)) * self.up(x))
+    return Gated()
+
+
 class ModelCalls:
     """Calls of optimize and the command line; mixed into test_fuzz.Fuzzer."""
 
@@ -29,14 +42,8 @@ class ModelCalls:
                           "quantized")
         bias = self.rng.random() < 0.5
 
-        class Gated(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.gate, self.up = nn.Linear(k, n, bias=bias), nn.Linear(k, n, bias=bias)
-                self.down, self.act = nn.Linear(n, k, bias=bias), act
-
-            def forward(self, x):
-                return self.down(self.act(self.gate(x)) * self.up(x))
+        def Gated():
+            return gated_ffn(nn, k, n, bias, act)
         mlp = {"sequential": lambda: nn.Sequential(nn.Linear(k, n, bias=bias), act, nn.Linear(n, k, bias=bias)),
                "gated": Gated,
                "dropout": lambda: nn.Sequential(nn.Linear(k, n), act, nn.Dropout(0.1), nn.Linear(n, k)),
@@ -83,14 +90,8 @@ class ModelCalls:
         shape = self.pick("sequential", "gated", "nested", "two")
         bias = self.rng.random() < 0.5
 
-        class Gated(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.gate, self.up = nn.Linear(k, n, bias=bias), nn.Linear(k, n, bias=bias)
-                self.down, self.act = nn.Linear(n, k, bias=bias), act
-
-            def forward(self, x):
-                return self.down(self.act(self.gate(x)) * self.up(x))
+        def Gated():
+            return gated_ffn(nn, k, n, bias, act)
 
         def plain():
             return nn.Sequential(nn.Linear(k, n, bias=bias), act, nn.Linear(n, k, bias=bias))
