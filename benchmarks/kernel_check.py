@@ -302,15 +302,19 @@ def trace_run(name, m, log, act=None, **cons):
     return dict(name=name, m=m, **r)
 
 
+def parse_one(spec):
+    """NAME:M[:bm=128,s1=1,...] as (NAME, M, the constraints as ints)."""
+    name, m, *cons = spec.split(":")
+    return name, int(m), {k: int(v) for k, v in (c.split("=") for c in cons[0].split(","))} if cons else {}
+
+
 def trace_fp8(spec, log):
     """One quantized stream plan, launched with its trace and summarised as trace_run's. `spec`:
     MODEL:M[:bm=128,s1=1,...], MODEL one of fp8_decode's (the planner's best fused plan under the
     constraints); the traced launch must give the bits of an untraced call."""
     import fp8_decode
     from fuser import _C, ops, runtime
-    name, m, *cons = spec.split(":")
-    m = int(m)
-    cons = {k: int(v) for k, v in (c.split("=") for c in cons[0].split(","))} if cons else {}
+    name, m, cons = parse_one(spec)
     d, f, gated, act = fp8_decode.MODELS[name]
     _, f8, scales, _, _ = fp8_decode.weight_sets(name, 1, "cuda")
     w = f8[0]
@@ -499,12 +503,11 @@ def main():
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     if a.one:
-        name, m, *cons = a.one.split(":")
-        cons = {k: int(v) for k, v in (c.split("=") for c in cons[0].split(","))} if cons else {}
+        name, m, cons = parse_one(a.one)
         (_, d, f, l, gated, act, _), = [w for w in SWEEP + PREFILL if w[0] == name][:1]
-        p = fuser.plan(int(m), d, f, d_out=l, gated=gated, activation=act, target="h200", fused=True, kind="stream",
+        p = fuser.plan(m, d, f, d_out=l, gated=gated, activation=act, target="h200", fused=True, kind="stream",
                        **cons)
-        t = _inputs(d, f, l, gated, int(m), 1, torch.Generator(device="cuda").manual_seed(1))[0]
+        t = _inputs(d, f, l, gated, m, 1, torch.Generator(device="cuda").manual_seed(1))[0]
         for _ in range(3):
             fuser.ffn(activation=act, plan=p, **t)
         torch.cuda.synchronize()

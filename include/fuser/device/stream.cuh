@@ -1138,6 +1138,9 @@ struct Stream {
             count_summed(1);
     }
 
+    /* A quantized chain's phase-2 scale of output feature l: s_h s_down[l] */
+    FUSER_DEVICE float down_scale(int l) const { return __ldg(p.scale[4]) * __ldg(p.scale[3] + l); }
+
     /* Phase 2's split partials in the workspace, after phase 1's (if any) */
     FUSER_DEVICE float *partials2() const
     {
@@ -1172,7 +1175,7 @@ struct Stream {
             if constexpr (Q)
 #pragma unroll
                 for (int h = 0; h < 2; h++)
-                    sd[h] = __ldg(p.scale[4]) * __ldg(p.scale[3] + cmin(l0 + feature_of(2 * h), C::L - 1));
+                    sd[h] = down_scale(cmin(l0 + feature_of(2 * h), C::L - 1));
 #pragma unroll
             for (int i = 0; i < NW2 / 2; i++)
                 if (token_of(i) < p.m)
@@ -1209,7 +1212,7 @@ struct Stream {
                 bias<C::BIAS_DOWN>(p.b_down, l, b);
                 bd[h] = b[0];
                 if constexpr (Q)
-                    sd[h] = __ldg(p.scale[4]) * __ldg(p.scale[3] + l);
+                    sd[h] = down_scale(l);
             }
 #pragma unroll
             for (int i = 0; i < NW2 / 2; i++) {
