@@ -122,6 +122,26 @@ FUSER_DEVICE void tma_load_2d(void *dst, const TensorMap *map, uint64_t *bar, in
                  : "memory");
 }
 
+/* An L2 eviction policy for loads of data read once (evict first), or the default one (evict normal). */
+FUSER_DEVICE uint64_t l2_policy(bool evict_first)
+{
+    uint64_t pol;
+    if (evict_first)
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    else
+        asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
+    return pol;
+}
+
+/* tma_load_2d with an L2 eviction policy (l2_policy) for the lines it reads. */
+FUSER_DEVICE void tma_load_2d_hint(void *dst, const TensorMap *map, uint64_t *bar, int col, int row, uint64_t pol)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+                 " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_addr(dst)),
+                 "l"(map), "r"(smem_addr(bar)), "r"(col), "r"(row), "l"(pol)
+                 : "memory");
+}
+
 /* Copy `bytes` contiguous bytes (a multiple of 16, both addresses 16-byte aligned) from global memory at
  * src into shared memory at dst; completes `bytes` of the transaction count of `bar`. */
 FUSER_DEVICE void bulk_load_1d(void *dst, const void *src, uint32_t bytes, uint64_t *bar)

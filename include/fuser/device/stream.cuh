@@ -332,24 +332,29 @@ struct Stream {
     /* Rows [r0, r0 + rows) of `map` at K step kb into dst: alone, or, `shared` in a pair, this block's half
      * of them for both blocks (multicast; the partner loads the other half; the map's box is rows / 2). */
     FUSER_DEVICE void load_rows(unsigned char *dst, const TensorMap *map, uint64_t *bar, int kb, int r0, int rows,
-                                bool shared) const
+                                bool shared, bool once = false) const
     {
         if (PAIR != PAIR_NONE && shared) {
             const int half = rows / 2;
             const int r = rank();
             tma_load_2d_multicast(dst + r * half * SW_ROW_BYTES, map, bar, kb * SW_COLS, r0 + r * half, 3);
+        } else if (once) {
+            tma_load_2d_hint(dst, map, bar, kb * SW_COLS, r0, l2_policy(true));
         } else {
             tma_load_2d(dst, map, bar, kb * SW_COLS, r0);
         }
     }
+    /* two phases at one row tile read every weight tile once, so those loads leave L2 first (the split
+     * partials, H and x stay); one phase reads W_up once per group of l-tiles */
+    FUSER_DEVICE bool weights_once() const { return !ONE && rt() == 1; }
 
     /* GEMM1's slot at K step kb: W_up's rows [n0, n0 + BN) (and W_gate's after them), X's rows [m0, m0 + BM)
      * (in pairs, the shared ones in halves: load_rows). */
     FUSER_DEVICE void load_w1(unsigned char *st, uint64_t *bar, int kb, int n0) const
     {
         if constexpr (C::GATED)
-            load_rows(st + X_BYTES + BN * SW_ROW_BYTES, &p.w_gate, bar, kb, n0, BN, PAIR == PAIR_ROWS);
-        load_rows(st + X_BYTES, &p.w_up, bar, kb, n0, BN, PAIR == PAIR_ROWS);
+            load_rows(st + X_BYTES + BN * SW_ROW_BYTES, &p.w_gate, bar, kb, n0, BN, PAIR == PAIR_ROWS, weights_once());
+        load_rows(st + X_BYTES, &p.w_up, bar, kb, n0, BN, PAIR == PAIR_ROWS, weights_once());
     }
     FUSER_DEVICE void load_x(unsigned char *st, uint64_t *bar, int kb, int m0) const
     {
@@ -532,7 +537,8 @@ struct Stream {
                     fill(c, tagged, sp * KS2, cmin(KT2, (sp + 1) * KS2), bytes, now,
                          [&](unsigned char *st, uint64_t *bar, int kb) {
                              if (own_w)
-                                 load_rows(st + X_BYTES, &p.w_down, bar, kb, l_t * BL, BL, PAIR == PAIR_ROWS);
+                                 load_rows(st + X_BYTES, &p.w_down, bar, kb, l_t * BL, BL, PAIR == PAIR_ROWS,
+                                           weights_once());
                          },
                          [&](unsigned char *st, uint64_t *bar, int kb) {
                              if (own_t && !ONE)
