@@ -91,6 +91,12 @@ static double wgmma_eff(const fuser_target *t, int n)
     return fmin(1.0, t->stream_operand_bytes_per_clk / ((2048.0 + 32.0 * n) / (n / 2.0)));
 }
 
+/* A unit's time when `n` SMs load weights at once, each at most its share of HBM (or its own rate),
+ * and at least its MMAs, epilogue and fixed cost (`busy`). */
+static double shared_unit(double w, double busy, double per_sm, double hbm, double n)
+{
+    return fmax(w / fmin(per_sm, hbm / n), busy);
+}
 
 void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
 {
@@ -146,17 +152,32 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
     /* pairs: each SM still takes in both operands whole, but L2 serves the shared one once per pair */
     const fuser_pair pair = fuser_stream_pair(p);
     const double sw = pair == FUSER_PAIR_ROWS ? 0.5 : 1, sx = pair == FUSER_PAIR_TILES ? 0.5 : 1;
-    double T = 0;
+    double T = 0, busy[2] = {0, 0}; /* busy: a unit's MMAs, epilogue and fixed cost */
+    const double hbm = t->hbm_gbs * 1e9;
     for (int i = 0; i < 2; i++) {
         if (ph[i].units == 0)
             continue;
         const double active = fmin(ph[i].units, (double)G);
-        const double one = fmax((ph[i].w + ph[i].x) / per_sm,
-                                ph[i].f / (mma_sm * wgmma_eff(t, ph[i].nw)) + ph[i].f1 / (mma_sm * wgmma_eff(t, nw1)) +
-                                    ph[i].epi / (t->sm_load_gbs * 1e9) + unit);
+        busy[i] = ph[i].f / (mma_sm * wgmma_eff(t, ph[i].nw)) + ph[i].f1 / (mma_sm * wgmma_eff(t, nw1)) +
+                  ph[i].epi / (t->sm_load_gbs * 1e9) + unit;
+        const double one = fmax((ph[i].w + ph[i].x) / per_sm, busy[i]);
         const double rounds = ceil(ph[i].units / G);
-        T += fmax(rounds * one, fmax(ph[i].hbm / (t->hbm_gbs * 1e9), ph[i].units * (sw * ph[i].w + sx * ph[i].x) /
-                                                                         fmin(t->l2_gbs * 1e9, active * per_sm)));
+        T += fmax(rounds * one, fmax(ph[i].hbm / hbm, ph[i].units * (sw * ph[i].w + sx * ph[i].x) /
+                                                          fmin(t->l2_gbs * 1e9, active * per_sm)));
+    }
+    /* Decode over several rounds of phase 1 (one row tile, two phases, single blocks): every SM loads its
+     * unit's weights at its share of HBM, and the SMs a short last round leaves free run the phase-2 units
+     * whose H is ready. The splits whose n-tiles that round holds start only after it: when they are few
+     * (LLaMA-2-7B at one token in 2 x 86 units: the last split's 32 units), they end the kernel below
+     * HBM's rate (measured: 47.2 us against 43.0 in 3 x 86 units, docs/planner.md). */
+    if (g.rt == 1 && !g.one && pair == FUSER_PAIR_NONE && ph[0].units > G) {
+        const double rounds1 = ceil(ph[0].units / G);
+        const int64_t n_last = (int64_t)((rounds1 - 1) * G) / g.s1; /* the last round's first n-tile */
+        const int64_t s_first = fuser_min64(g.s2 - 1, n_last * g.bn / (g.ks2 * g.kc));
+        const double tail_units = (double)(g.s2 - s_first) * g.lg;
+        const double tail = fmax(tail_units * ph[1].w / hbm,
+                                 ceil(tail_units / G) * shared_unit(ph[1].w, busy[1], per_sm, hbm, fmin(tail_units, G)));
+        T = fmax(T, rounds1 * shared_unit(ph[0].w, busy[0], per_sm, hbm, G) + tail);
     }
     /* the last split of a tile sums every split's partial before H (or y) exists: the real rows' share of
      * the partial tiles. One phase's ticketed sums are sized by the padded bm-row tile although the kernel

@@ -186,6 +186,20 @@ def test_stream_plans_cut_tokens_into_row_tiles():
         fuser.Plan.from_dict(d)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
+def test_decode_rounds_that_leave_the_last_split_alone_are_priced(dtype):
+    """At one row tile, a phase 1 of 2 x 86 units (LLaMA-2-7B at one token) runs 132 units, then 40 whose
+    n-tiles hold only the last phase-2 split, whose 32 units then end the kernel on 32 SMs; in 3 x 86 units
+    the second round is nearly full. Measured on the H200 (docs/planner.md): 79.9 against 71.9 us in bf16,
+    47.2 against 43.0 in FP8. The model prices the first above the second and the planner picks 3 splits;
+    a phase 1 of one round (LLaMA-3-8B, 112 units) has no such tail and keeps its single split."""
+    kw = dict(gated=True, activation="silu", dtype=dtype, target="h200")
+    two, three = (fuser.plan(1, 4096, 11008, fused=True, kind="stream", bm=16, s1=s1, s2=4, **kw) for s1 in (2, 3))
+    assert two.predicted_us > three.predicted_us * 1.1
+    assert fuser.plan(1, 4096, 11008, **kw).splits == (3, 4)
+    assert fuser.plan(1, 4096, 14336, **kw).splits == (1, 4)
+
+
 def test_units_of_several_l_tiles_run_gemm1_once_per_unit():
     """A one-phase unit spanning lspan l-tiles: units = row tiles x groups of l-tiles x splits; GEMM1's bytes
     and FLOPs counted once per unit (the interpreter and the closed forms agree, check_plan), so a unit per
