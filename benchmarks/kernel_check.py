@@ -5,6 +5,7 @@ PyTorch eager in CUDA graphs with the floor beside them). Writes a JSON log.
 
     python benchmarks/kernel_check.py [--gemm] [--stream] [--variants] [--bench SET] [--out DIR]
     python benchmarks/kernel_check.py --trace-fp8 llama3-8b:128 llama3-8b:128:bm=64   # FP8 unit timelines
+    python benchmarks/kernel_check.py --inputs-ab llama2-7b:1 llama2-7b:1:bm=16,s1=2,s2=4  # input construction
 """
 import argparse
 import itertools
@@ -334,6 +335,39 @@ def trace_fp8(spec, log):
     return dict(name=name, m=m, fp8=True, **trace_summary(trace, p, f"trace fp8 {spec}", log))
 
 
+def inputs_ab(spec, log, rounds=15):
+    """One stream plan of a DECODE or SWEEP shape timed on two constructions of the same-sized inputs, each
+    beside eager in CUDA graphs of four calls, all four graphs interleaved in one run: "separate" (W_up, W_gate
+    and W_down their own tensors, as ``time_plans`` builds them) and "merged" (W_gate and W_up the two halves
+    of one [2 d_ff, d_model] tensor, as ``python -m fuser bench`` builds them for its cuBLAS baseline). Both
+    scale the weights by 1/sqrt(fan-in). `spec`: NAME:M[:bm=16,s1=3,...] (no constraints: the planner's pick,
+    fused or not). The two tools timed the same LLaMA-2-7B plan 9% apart (benchmarks/RESULTS.md,
+    twenty-second session): if the construction is the cause, the fused/eager ratios differ here too."""
+    name, m, cons = parse_one(spec)
+    (_, d, f, l, gated, act, _), = [w for w in DECODE + SWEEP if w[0] == name][:1]
+    p = fuser.plan(m, d, f, d_out=l, gated=gated, activation=act, target="h200",
+                   **(dict(fused=True, kind="stream", **cons) if cons else {}))
+    g = torch.Generator(device="cuda").manual_seed(5)
+    r = lambda *sh, fan: (torch.randn(*sh, generator=g, device="cuda") * fan ** -0.5).bfloat16()  # noqa: E731
+    x = torch.randn(m, d, generator=g, device="cuda").bfloat16()
+    sep = dict(x=x, w_up=r(f, d, fan=d), w_down=r(l, f, fan=f), w_gate=r(f, d, fan=d) if gated else None)
+    both = r(2 * f if gated else f, d, fan=d)
+    mer = dict(x=x, w_gate=both[:f] if gated else None, w_up=both[f:] if gated else both, w_down=r(l, f, fan=f))
+    graphs, names = [], []
+    for label, t in (("separate", sep), ("merged", mer)):
+        out = torch.empty(m, l, device="cuda", dtype=torch.bfloat16)
+        eager = lambda t=t: fuser.ffn_reference(activation=act, **t)  # noqa: E731
+        fused = lambda t=t, out=out: fuser.ffn(activation=act, out=out, plan=p, **t)  # noqa: E731
+        graphs += [graph_of([eager] * 4), graph_of([fused] * 4)]
+        names += [f"{label} eager", f"{label} fuser"]
+    times = dict(zip(names, _time_graphs(graphs, 4, rounds)))
+    res = dict(spec=spec, plan=p.summary(), us=times,
+               ratio={k: times[f"{k} eager"] / times[f"{k} fuser"] for k in ("separate", "merged")})
+    log(f"inputs {spec}: " + ", ".join(f"{k} {v:.1f} us" for k, v in times.items()) +
+        f" | eager/fuser separate {res['ratio']['separate']:.3f}, merged {res['ratio']['merged']:.3f} | {p.summary()}")
+    return res
+
+
 def trace_summary(trace, p, label, log, suffix=""):
     """A stream launch's unit trace (``trace``: the float32 buffer it filled) per phase: units, blocks, the
     first and last claim and done, a unit's median and longest time from its first data, its wait for first
@@ -489,6 +523,8 @@ def main():
                     help="trace a few stream plans (unit timelines): decode-size (default) or prefill-size")
     ap.add_argument("--trace-fp8", nargs="+", metavar="SPEC", default=[],
                     help="trace quantized (FP8) stream plans: MODEL:M[:bm=128,s1=1,...], MODEL one of fp8_decode.py's")
+    ap.add_argument("--inputs-ab", nargs="+", metavar="SPEC", default=[],
+                    help="NAME:M[:bm=16,s1=3,...]: a plan timed on separate and on merged W_gate/W_up tensors")
     ap.add_argument("--overlap", action="store_true", help="early (PDL) against serial launches of stream plans")
     ap.add_argument("--pairs", action="store_true", help="cluster pairs (multicast) against single blocks, timed "
                     "and traced")
@@ -577,6 +613,12 @@ def main():
         except Exception:  # noqa: BLE001
             log(f"trace fp8 {spec} failed:\n{traceback.format_exc()}")
             result.setdefault("trace_fp8", []).append(dict(spec=spec, ok=False))
+    for spec in a.inputs_ab:
+        try:
+            result.setdefault("inputs_ab", []).append(inputs_ab(spec, log))
+        except Exception:  # noqa: BLE001
+            log(f"inputs {spec} failed:\n{traceback.format_exc()}")
+            result.setdefault("inputs_ab", []).append(dict(spec=spec, ok=False))
     if a.bench:
         t0 = time.time()
         try:
@@ -587,7 +629,7 @@ def main():
     write(result)
     bad = sum(1 for sec in ("stream", "splits", "overlap") for r in result.get(sec, []) if not r.get("ok"))
     bad += sum(1 for sec in ("sweep", "decode", "prefill") for r in result.get(sec, []) if r.get("ok") is False)
-    bad += sum(1 for sec in ("gemm", "trace_fp8") for r in result.get(sec, []) if r.get("ok") is False)
+    bad += sum(1 for sec in ("gemm", "trace_fp8", "inputs_ab") for r in result.get(sec, []) if r.get("ok") is False)
     log(f"failures: {bad}")
     sys.exit(1 if bad else 0)
 
