@@ -341,8 +341,8 @@ def inputs_ab(spec, log, rounds=15):
     and W_down their own tensors, as ``time_plans`` builds them) and "merged" (W_gate and W_up the two halves
     of one [2 d_ff, d_model] tensor, as ``python -m fuser bench`` builds them for its cuBLAS baseline). Both
     scale the weights by 1/sqrt(fan-in). `spec`: NAME:M[:bm=16,s1=3,...] (no constraints: the planner's pick,
-    fused or not). The two tools timed the same LLaMA-2-7B plan 9% apart (benchmarks/RESULTS.md,
-    twenty-second session): if the construction is the cause, the fused/eager ratios differ here too."""
+    fused or not). Where the two tools disagree on a plan (benchmarks/RESULTS.md), the fused/eager ratios here
+    say whether the input construction is why."""
     name, m, cons = parse_one(spec)
     (_, d, f, l, gated, act, _), = [w for w in DECODE + SWEEP if w[0] == name][:1]
     p = fuser.plan(m, d, f, d_out=l, gated=gated, activation=act, target="h200",
@@ -607,18 +607,13 @@ def main():
                 result["trace"].append(trace_run(name, m, log, **cons))
             except Exception:  # noqa: BLE001
                 log(f"trace {name} failed:\n{traceback.format_exc()}")
-    for spec in a.trace_fp8:
-        try:
-            result.setdefault("trace_fp8", []).append(trace_fp8(spec, log))
-        except Exception:  # noqa: BLE001
-            log(f"trace fp8 {spec} failed:\n{traceback.format_exc()}")
-            result.setdefault("trace_fp8", []).append(dict(spec=spec, ok=False))
-    for spec in a.inputs_ab:
-        try:
-            result.setdefault("inputs_ab", []).append(inputs_ab(spec, log))
-        except Exception:  # noqa: BLE001
-            log(f"inputs {spec} failed:\n{traceback.format_exc()}")
-            result.setdefault("inputs_ab", []).append(dict(spec=spec, ok=False))
+    for section, specs, fn in (("trace_fp8", a.trace_fp8, trace_fp8), ("inputs_ab", a.inputs_ab, inputs_ab)):
+        for spec in specs:
+            try:
+                result.setdefault(section, []).append(fn(spec, log))
+            except Exception:  # noqa: BLE001
+                log(f"{section} {spec} failed:\n{traceback.format_exc()}")
+                result.setdefault(section, []).append(dict(spec=spec, ok=False))
     if a.bench:
         t0 = time.time()
         try:

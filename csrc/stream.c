@@ -169,7 +169,7 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
      * unit's weights at its share of HBM, and the SMs a short last round leaves free run the phase-2 units
      * whose H is ready. The splits whose n-tiles that round holds start only after it: when they are few
      * (LLaMA-2-7B at one token in 2 x 86 units: the last split's 32 units), they end the kernel below
-     * HBM's rate (measured: 47.2 us against 43.0 in 3 x 86 units, docs/planner.md). */
+     * HBM's rate (docs/planner.md, decode rounds). */
     if (g.rt == 1 && !g.one && pair == FUSER_PAIR_NONE && ph[0].units > G) {
         const double rounds1 = ceil(ph[0].units / G);
         const int64_t n_last = (int64_t)((rounds1 - 1) * G) / g.s1; /* the last round's first n-tile */
