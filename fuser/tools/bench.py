@@ -70,16 +70,21 @@ GRAPH_MIN_CALLS = 4
 def graph_calls(probe_us, sets):
     """Calls per CUDA graph for a call whose eager probe took `probe_us` (CUDA events around one call made
     from Python), with `sets` rotating input sets: enough to fill GRAPH_SHORT_US, at least
-    GRAPH_MIN_CALLS (both at most `sets`); one for a call of GRAPH_SHORT_US or more.
+    GRAPH_MIN_CALLS (both at most `sets`); one for a call of GRAPH_SHORT_US or more. One set is one
+    larger than 4x L2 (``Sets``): the L2 keeps none of it for the next call, so the calls repeat it
+    GRAPH_MIN_CALLS times (one call per replay would time the graph's own launch with it).
 
     Example:
         >>> from fuser.tools.bench import graph_calls
         >>> graph_calls(60.0, 24), graph_calls(300.0, 24), graph_calls(300.0, 2), graph_calls(900.0, 24)
         (8, 4, 2, 1)
+        >>> graph_calls(80.0, 1), graph_calls(900.0, 1)
+        (4, 1)
     """
     if probe_us >= GRAPH_SHORT_US:
         return 1
-    return max(1, min(sets, max(GRAPH_MIN_CALLS, int(GRAPH_SHORT_US // max(probe_us, 1.0)))))
+    bound = sets if sets > 1 else GRAPH_MIN_CALLS
+    return max(1, min(bound, max(GRAPH_MIN_CALLS, int(GRAPH_SHORT_US // max(probe_us, 1.0)))))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,7 +275,7 @@ class Result:
 
 class Sets:
     """Rotating input and weight sets for one workload (enough that the L2 cannot hold the next call's
-    weights), and a ``turn()`` that hands out the next one."""
+    weights; one where a set alone is 4x L2 or more), and a ``turn()`` that hands out the next one."""
 
     def __init__(self, w, max_sets=24):
         per_set = w.min_bytes
