@@ -113,15 +113,15 @@ static double gemm_us(const fuser_target *t, double m, double k, double n, doubl
 /* The unfused path as fuser runs it: PyTorch eager ops (cuBLAS GEMMs with fused bias, separate
  * activation and product kernels, the intermediate through HBM). A quantized chain's: PyTorch's FP8 ops
  * (fuser.fp8.eager: scaled GEMMs of e4m3 operands with bfloat16 results, the elementwise kernels in
- * bfloat16, and x and H quantized by three elementwise ops each). Below FUSER_FP8_ROWWISE_TOKENS tokens
- * the GEMMs are tensorwise, at the 16-bit rate (measured no faster than bf16 ones on the H200), each
- * result then scaled per row by one more op; from there on rowwise, at eager_fp8_mma_eff of the matmul
- * rate and reading their weights at eager_fp8_hbm_eff of the streaming rate, the scales inside the GEMM
- * and two ops making the per-token activation scales. */
+ * bfloat16, and x and H quantized by three elementwise ops each). The GEMMs are tensorwise, at the
+ * 16-bit rate (measured no faster than bf16 ones on the H200), each result then scaled per row by one
+ * more op, except at whole multiples of FUSER_FP8_ROWWISE_TOKENS tokens (fuser_fp8_rowwise): rowwise,
+ * at eager_fp8_mma_eff of the matmul rate and reading their weights at eager_fp8_hbm_eff of the
+ * streaming rate, the scales inside the GEMM and two ops making the per-token activation scales. */
 static void cost_unfused(fuser_plan *p, const fuser_target *t)
 {
     const fuser_chain *c = &p->chain;
-    const int q = c->dtype == FUSER_E4M3, rowwise = q && c->m >= FUSER_FP8_ROWWISE_TOKENS;
+    const int q = c->dtype == FUSER_E4M3, rowwise = q && fuser_fp8_rowwise(c->m);
     const int gemms = c->gated ? 3 : 2;
     const double e = c->dtype == FUSER_F32 ? 4 : 2, eg = fuser_dtype_size(c->dtype), M = (double)c->m,
                  K = (double)c->k, N = (double)c->n, L = (double)c->l;

@@ -36,7 +36,7 @@ from fuser import _C
 from fuser.reference import ACTIVATIONS
 
 __all__ = ["E4M3_MAX", "SCALED_MM_RECIPES", "ROWWISE_TOKENS", "Scales", "QuantizedFFN", "e4m3", "quantize_weight",
-           "quantize", "activation_scale", "reference", "eager", "quantize_ffn", "torch_path"]
+           "quantize", "activation_scale", "reference", "eager_recipe", "eager", "quantize_ffn", "torch_path"]
 
 #: the largest finite float8_e4m3fn value; quantization saturates there
 E4M3_MAX = 448.0
@@ -48,8 +48,8 @@ _BIAS_DTYPES = (torch.bfloat16, torch.float16)
 #: ``torch_path``): (device, whether the token count is a multiple of 16, the recipe asked for: None,
 #: "tensorwise" or "rowwise") -> (the recipe used, "tensorwise" or "rowwise"; the rows padded to, 1 or 16)
 SCALED_MM_RECIPES = {}
-#: From this many tokens on, ``eager`` runs rowwise ``_scaled_mm`` GEMMs (the core's constant, which the
-#: planner's cost model uses too).
+#: At whole multiples of this many tokens ``eager`` runs rowwise ``_scaled_mm`` GEMMs (the core's
+#: constant, which the planner's cost model uses too; ``recipe``).
 ROWWISE_TOKENS = _C.FP8_ROWWISE_TOKENS
 _ONES = {}   # device -> a 1.0 fp32 scalar there (tensorwise scale_b)
 
@@ -450,15 +450,29 @@ def _a_scale(s, rows, recipe):
     return s.reshape(1, 1).expand(rows, 1).contiguous() if recipe == "rowwise" else s
 
 
+def eager_recipe(tokens):
+    """The ``_scaled_mm`` recipe ``eager`` runs at `tokens` tokens, as the planner prices it: "rowwise" (the
+    per-row scales inside the GEMM) at whole multiples of ``ROWWISE_TOKENS``, else "tensorwise" (the weight
+    scales applied by one more op). On the H200 rowwise GEMMs are the faster at 128, 256, 384 and 512 tokens
+    and up to 1.6x slower in between (144, 160, 320), and slower below 128 (benchmarks/RESULTS.md).
+
+    Example:
+        >>> from fuser import fp8
+        >>> [fp8.eager_recipe(m) for m in (1, 127, 128, 160, 256)]
+        ['tensorwise', 'tensorwise', 'rowwise', 'tensorwise', 'rowwise']
+    """
+    return "rowwise" if _C.fp8_rowwise(int(tokens)) else "tensorwise"
+
+
 def eager(x_q, w_up, w_down, scales, *, w_gate=None, b_up=None, b_gate=None, b_down=None, activation="silu"):
     """A quantized FFN in PyTorch's ops, as ``fuser.ffn`` runs it where the planner prefers them to the fused
     kernel: x quantized with ``scales.x`` (unless it already is, in float8_e4m3fn), then on CUDA
     ``torch._scaled_mm`` GEMMs with bfloat16 results, the biases added and the elementwise kernels run in
     bfloat16, H quantized with ``scales.h``; ``reference`` elsewhere, and where ``_scaled_mm`` refuses the
-    shapes (dimensions not multiples of 16). Below ``ROWWISE_TOKENS`` tokens the GEMMs are tensorwise (the
-    per-row weight scales applied to their results by one more op each), from there on rowwise (the scales
-    inside the GEMM): each the faster on the H200 in its range (benchmarks/RESULTS.md, twentieth session),
-    and how the planner prices them. The intermediates are bfloat16 where the kernel keeps fp32, so the
+    shapes (dimensions not multiples of 16). The GEMMs are rowwise (the scales inside the GEMM) at whole
+    multiples of ``ROWWISE_TOKENS`` tokens and tensorwise elsewhere (the per-row weight scales applied to
+    their results by one more op each): ``eager_recipe``, the faster of the two on the H200 at each token
+    count measured (benchmarks/RESULTS.md), and how the planner prices them. The intermediates are bfloat16 where the kernel keeps fp32, so the
     result is close to ``reference``'s, not equal.
 
     Example:
@@ -477,7 +491,7 @@ def eager(x_q, w_up, w_down, scales, *, w_gate=None, b_up=None, b_gate=None, b_d
     d_out = _check_ffn("x_q", x_q.shape[-1], x_q.device, w_up, w_down, scales, w_gate, b_up, b_gate, b_down)
     act = _activation(activation)
     lead, a = x_q.shape[:-1], x_q.reshape(-1, x_q.shape[-1])
-    recipe = "rowwise" if a.shape[0] >= ROWWISE_TOKENS else "tensorwise"
+    recipe = eager_recipe(a.shape[0])
     h_scale = scales.h.float().reshape(())
     s_x, s_h = _a_scale(scales.x.float(), a.shape[0], recipe), _a_scale(h_scale, a.shape[0], recipe)
 

@@ -80,6 +80,15 @@ PyDoc_STRVAR(parse_flag_doc,
              "1/0, true/false, yes/no, on/off in any case, empty = off. Anything else raises ValueError naming\n"
              "the variable, the value and the spellings.");
 
+static PyObject *fuser_py_fp8_rowwise(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    const long long m = PyLong_AsLongLong(arg);
+    if (m == -1 && PyErr_Occurred())
+        return NULL;
+    return PyBool_FromLong(fuser_fp8_rowwise(m));
+}
+
 static PyMethodDef module_methods[] = {
     {"dlpack_info", (PyCFunction)(void (*)(void))fuser_py_dlpack_info, METH_VARARGS | METH_KEYWORDS,
      dlpack_info_doc},
@@ -136,6 +145,9 @@ static PyMethodDef module_methods[] = {
     {"targets", fuser_py_targets, METH_NOARGS, "targets() -> the built-in GPU targets."},
     {"target_for_device", (PyCFunction)(void (*)(void))fuser_py_target_for_device, METH_VARARGS | METH_KEYWORDS,
      "target_for_device(name, cc, sm_count, ...) -> a target built from a device's properties."},
+    {"fp8_rowwise", fuser_py_fp8_rowwise, METH_O,
+     "fp8_rowwise(m) -> bool: whether PyTorch's FP8 ops (fuser.fp8.eager) run, and the planner prices,\n"
+     "rowwise GEMMs at m tokens (fuser_fp8_rowwise)."},
     {"rules", fuser_py_rules, METH_NOARGS, "rules() -> [(name, level, why)]: the pruning rules."},
     {"load_kernel", (PyCFunction)(void (*)(void))fuser_py_load_kernel, METH_VARARGS | METH_KEYWORDS,
      "load_kernel(plan, target, cubin, device) -> kernel: load a compiled plan onto a GPU."},
