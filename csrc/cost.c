@@ -115,7 +115,7 @@ static double gemm_us(const fuser_target *t, double m, double k, double n, doubl
  * (fuser.fp8.eager: scaled GEMMs of e4m3 operands with bfloat16 results, the elementwise kernels in
  * bfloat16, and x and H quantized by three elementwise ops each). The GEMMs are tensorwise, at the
  * 16-bit rate (measured no faster than bf16 ones on the H200), each result then scaled per row by one
- * more op, except at whole multiples of FUSER_FP8_ROWWISE_TOKENS tokens (fuser_fp8_rowwise): rowwise,
+ * more op, except where fuser_fp8_rowwise says rowwise (multiples of 128 tokens, and 512 on): rowwise,
  * at eager_fp8_mma_eff of the matmul rate and reading their weights at eager_fp8_hbm_eff of the
  * streaming rate, the scales inside the GEMM and two ops making the per-token activation scales. */
 static void cost_unfused(fuser_plan *p, const fuser_target *t)

@@ -452,14 +452,15 @@ def _a_scale(s, rows, recipe):
 
 def eager_recipe(tokens):
     """The ``_scaled_mm`` recipe ``eager`` runs at `tokens` tokens, as the planner prices it: "rowwise" (the
-    per-row scales inside the GEMM) at whole multiples of ``ROWWISE_TOKENS``, else "tensorwise" (the weight
-    scales applied by one more op). On the H200 rowwise GEMMs are the faster at 128, 256, 384 and 512 tokens
-    and up to 1.6x slower in between (144, 160, 320), and slower below 128 (benchmarks/RESULTS.md).
+    per-row scales inside the GEMM) at whole multiples of ``ROWWISE_TOKENS`` and from 512 tokens on, else
+    "tensorwise" (the weight scales applied by one more op). On the H200 rowwise GEMMs are the faster at
+    128, 256 and 384 tokens, up to 1.6x slower in between (144, 160, 320) and below 128, and the faster
+    from 512 on whatever the count (576, 1000, 2000: benchmarks/RESULTS.md).
 
     Example:
         >>> from fuser import fp8
-        >>> [fp8.eager_recipe(m) for m in (1, 127, 128, 160, 256)]
-        ['tensorwise', 'tensorwise', 'rowwise', 'tensorwise', 'rowwise']
+        >>> [fp8.eager_recipe(m) for m in (1, 127, 128, 160, 256, 320, 1000)]
+        ['tensorwise', 'tensorwise', 'rowwise', 'tensorwise', 'rowwise', 'tensorwise', 'rowwise']
     """
     return "rowwise" if _C.fp8_rowwise(int(tokens)) else "tensorwise"
 
@@ -470,8 +471,8 @@ def eager(x_q, w_up, w_down, scales, *, w_gate=None, b_up=None, b_gate=None, b_d
     ``torch._scaled_mm`` GEMMs with bfloat16 results, the biases added and the elementwise kernels run in
     bfloat16, H quantized with ``scales.h``; ``reference`` elsewhere, and where ``_scaled_mm`` refuses the
     shapes (dimensions not multiples of 16). The GEMMs are rowwise (the scales inside the GEMM) at whole
-    multiples of ``ROWWISE_TOKENS`` tokens and tensorwise elsewhere (the per-row weight scales applied to
-    their results by one more op each): ``eager_recipe``, the faster of the two on the H200 at each token
+    multiples of ``ROWWISE_TOKENS`` tokens and from 512 on, tensorwise elsewhere (the per-row weight scales
+    applied to their results by one more op each): ``eager_recipe``, the faster of the two on the H200 at each token
     count measured (benchmarks/RESULTS.md), and how the planner prices them. The intermediates are bfloat16 where the kernel keeps fp32, so the
     result is close to ``reference``'s, not equal.
 

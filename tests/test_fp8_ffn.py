@@ -105,10 +105,10 @@ def test_quantized_tiles_are_128_weight_rows_wide_and_gated_128_token_tiles_unsp
 
 
 def test_eager_fp8_ops_are_priced_rowwise_at_multiples_of_their_token_count():
-    """PyTorch's FP8 ops (fuser.fp8.eager) run rowwise GEMMs at whole multiples of ROWWISE_TOKENS tokens (no
-    per-row scaling op after each GEMM, e4m3 tensor-core rates at prefill sizes) and tensorwise ones
-    elsewhere; the model prices the same recipe at every token count (one op fewer when rowwise), so one
-    more token at 127 or 255 makes the eager path cheaper."""
+    """PyTorch's FP8 ops (fuser.fp8.eager) run rowwise GEMMs at whole multiples of ROWWISE_TOKENS tokens and
+    from 512 on (no per-row scaling op after each GEMM, e4m3 tensor-core rates at prefill sizes) and
+    tensorwise ones elsewhere; the model prices the same recipe at every token count (one op fewer when
+    rowwise), so one more token at 127 or 255 makes the eager path cheaper."""
     assert fp8.ROWWISE_TOKENS == fuser._C.FP8_ROWWISE_TOKENS == 128
 
     def eager_plan(m, d, f, gated):
@@ -118,14 +118,14 @@ def test_eager_fp8_ops_are_priced_rowwise_at_multiples_of_their_token_count():
     def eager_us(m, d, f, gated):
         return eager_plan(m, d, f, gated).predicted_us
     for d, f, gated in ((4096, 14336, True), (4096, 16384, False), (8192, 28672, True)):
-        for m in (128, 256, 384):
+        for m in (128, 256, 384, 512):
             assert eager_us(m, d, f, gated) < eager_us(m - 1, d, f, gated)
             assert eager_us(m + 1, d, f, gated) > eager_us(m, d, f, gated)
     op_us = fuser._C.targets()["h200"]["eager_op_us"]
     for m in (*range(1, 300), 320, 384, 448, 512, 640, 1000, 1024):
         ops = round(eager_plan(m, 4096, 14336, True).breakdown["launch"] / op_us)
         assert (ops == 13) == (fp8.eager_recipe(m) == "rowwise") and ops in (13, 14), (m, ops)
-    assert [m for m in range(1, 1100) if fp8.eager_recipe(m) == "rowwise"] == list(range(128, 1100, 128))
+    assert [m for m in range(1, 1100) if fp8.eager_recipe(m) == "rowwise"] == [128, 256, 384, *range(512, 1100)]
     # at 1024 tokens the e4m3 GEMMs run well above the bf16 ones' rate
     bf16 = fuser.plans(1024, 8192, 28672, gated=True, activation="silu", target="h200", fused=False)[0]
     assert eager_us(1024, 8192, 28672, True) < 0.85 * bf16.predicted_us

@@ -126,10 +126,12 @@ def test_gated_128_token_tiles(s2):
 
 def test_the_eager_route_runs_rowwise_gemms_at_multiples_of_their_token_count():
     """fuser.fp8.eager (the route the planner may pick) runs the same ops as torch_path's rowwise recipe at
-    whole multiples of ROWWISE_TOKENS tokens and as its tensorwise recipe elsewhere: bitwise equal results."""
+    whole multiples of ROWWISE_TOKENS tokens and from 512 on, and as its tensorwise recipe elsewhere:
+    bitwise equal results."""
     gen = torch.Generator(device="cuda").manual_seed(3)
     r = fp8.ROWWISE_TOKENS
-    for m, recipe in ((r - 16, "tensorwise"), (r, "rowwise"), (r + 32, "tensorwise"), (2 * r, "rowwise")):
+    for m, recipe in ((r - 16, "tensorwise"), (r, "rowwise"), (r + 32, "tensorwise"), (2 * r, "rowwise"),
+                      (4 * r + 64, "rowwise")):
         x, t = quantized(gen, m, 256, 512, 256, gated=True, bias=False, activation="silu")
         y = fp8.eager(fp8.quantize(x, t["scales"].x), t["w_up"], t["w_down"], t["scales"], w_gate=t["w_gate"],
                       activation="silu")

@@ -18,9 +18,10 @@
  * H crosses between the GEMMs in 8 bits, which is what makes the chain's bytes half of a 16-bit one's.
  * In PyTorch's ops (fuser.fp8.eager, the planner's alternative to the fused kernel) the GEMMs are
  * torch._scaled_mm: with both scales inside the GEMM (rowwise) at whole multiples of
- * FUSER_FP8_ROWWISE_TOKENS tokens, else with a per-tensor scale and the per-row scales applied by one
- * more op (tensorwise): each the faster on the H200 there (rowwise GEMMs at other token counts, 144 or
- * 160 say, run up to 1.6x slower than at the multiple below; benchmarks/RESULTS.md).
+ * FUSER_FP8_ROWWISE_TOKENS tokens and from FUSER_FP8_ROWWISE_ALL_TOKENS on, else with a per-tensor scale
+ * and the per-row scales applied by one more op (tensorwise): each the faster on the H200 there (rowwise
+ * GEMMs a few rows past a multiple of 128 at 144-320 tokens run up to 1.6x slower than tensorwise ones;
+ * from 576 tokens on they are the faster whatever the count; benchmarks/RESULTS.md).
  */
 #ifndef FUSER_CHAIN_H
 #define FUSER_CHAIN_H
@@ -35,11 +36,12 @@ extern "C" {
 #endif
 
 #define FUSER_FP8_ROWWISE_TOKENS 128
+#define FUSER_FP8_ROWWISE_ALL_TOKENS 512
 
-/** Whether PyTorch's FP8 ops run rowwise GEMMs at `m` tokens (fuser.fp8.recipe mirrors it). */
+/** Whether PyTorch's FP8 ops run rowwise GEMMs at `m` tokens (fuser.fp8.eager_recipe asks this). */
 static inline int fuser_fp8_rowwise(int64_t m)
 {
-    return m >= FUSER_FP8_ROWWISE_TOKENS && m % FUSER_FP8_ROWWISE_TOKENS == 0;
+    return m >= FUSER_FP8_ROWWISE_ALL_TOKENS || (m >= FUSER_FP8_ROWWISE_TOKENS && m % FUSER_FP8_ROWWISE_TOKENS == 0);
 }
 
 /** Activations. Values are stable (used in cache keys, plans and generated code). */
