@@ -14,7 +14,10 @@ Variants, each one call of the FFN on [M, d_model] activations:
              one at decode sizes)
   torch rowwise  the same with rowwise ``_scaled_mm`` scales (the per-row weight scales inside the GEMM)
   fused      ``fuser.ffn(x, w_up_q, w_down_q, w_gate=..., scales=fuser.fp8.Scales(...))``: x in bfloat16, which
-             the kernel quantizes as it loads it (left out, with the reason printed, where the call fails)
+             the kernel quantizes as it loads it (left out, with the reason printed, where the call fails); the
+             planner's route, so PyTorch's FP8 ops (``fuser.fp8.eager``) where it prefers them
+  fused plan the same call with the planner's best fused plan forced (``plan=``), timed only where the route
+             is not a fused plan: what the kernel would have given there
   quantize   ``fuser.fp8.quantize(x, scales.x)`` alone: what x's quantization costs torch fp8 (three ops)
 
 Timing: every variant is captured in a CUDA graph of L calls (``fuser.tools.timing.graphed``) that walk L
@@ -22,7 +25,8 @@ copies of the weights, so the 60 MB L2 holds none of a call's weights from the c
 timed side by side, interleaved, each round in its own random order, CUDA events around each replay, medians
 over rounds (``fuser.tools.timing.time_interleaved``), reported per call.
 
-Reported per row: the median us of each variant; eager / fused and torch / fused, where torch is the faster of PyTorch's two FP8 recipes in that row;
+Reported per row: the planner's route (its plan's summary; the fused plan forced beside it where that is PyTorch's
+ops); the median us of each variant; eager / fused and torch / fused, where torch is the faster of PyTorch's two FP8 recipes in that row;
 the floor (the weights' bytes at 4.8 TB/s, the H200's HBM peak) for bfloat16 and FP8 weights; the achieved
 weight stream of eager (bfloat16 bytes) and of torch and fused (FP8 bytes) in GB/s; the relative errors
 (||y - ref|| / ||ref||) of torch fp8 and fused against the eager bfloat16 output, of fused against
@@ -54,7 +58,7 @@ MODELS = {
     "gpt3-6.7b": (4096, 16384, False, "gelu"),
 }
 HBM_BYTES_PER_S = 4.8e12     # the H200's HBM3e peak
-VARIANTS = ("eager", "torch fp8", "torch rowwise", "fused", "quantize")
+VARIANTS = ("eager", "torch fp8", "torch rowwise", "fused", "fused plan", "quantize")
 
 
 def rel(y, ref):
@@ -117,7 +121,12 @@ def run_row(name, m, bf16, f8, scales, bytes_bf16, bytes_fp8, rounds):
     g = torch.Generator(device="cuda").manual_seed(1000 + m)
     x = torch.randn(m, d_model, generator=g, device="cuda").to(torch.bfloat16)
     x_q = fp8.quantize(x, scales.x)
-    row = dict(model=name, tokens=m, copies=copies)
+    d_ff, gated = MODELS[name][1:3]
+    pick = fuser.plan(m, d_model, d_ff, gated=gated, activation=activation, dtype="float8_e4m3fn")
+    forced = None if pick.fused else fuser.plan(m, d_model, d_ff, gated=gated, activation=activation,
+                                                dtype="float8_e4m3fn", fused=True)
+    row = dict(model=name, tokens=m, copies=copies, route=pick.summary(),
+               fused_plan=None if forced is None else forced.summary())
 
     # outputs on copy 0, before any timing: torch_path's first call also settles its _scaled_mm recipe
     # outside graph capture
@@ -135,9 +144,10 @@ def run_row(name, m, bf16, f8, scales, bytes_bf16, bytes_fp8, rounds):
     else:
         row["fused_note"] = why
 
-    def fused(i):
+    def fused(i, plan=None):
         w = f8[i]
-        return fuser.ffn(x, w["w_up"], w["w_down"], w_gate=w["w_gate"], activation=activation, scales=scales)
+        return fuser.ffn(x, w["w_up"], w["w_down"], w_gate=w["w_gate"], activation=activation, scales=scales,
+                         plan=plan)
     steps = {
         "eager": lambda i: eager(x, bf16[i]["w_up"], bf16[i]["w_down"], bf16[i]["w_gate"], None, None, None, act),
         "torch fp8": lambda i: fp8.torch_path(x, f8[i]["w_up"], f8[i]["w_down"], scales, w_gate=f8[i]["w_gate"],
@@ -148,6 +158,8 @@ def run_row(name, m, bf16, f8, scales, bytes_bf16, bytes_fp8, rounds):
     }
     if y_fused is not None:
         steps["fused"] = fused
+        if forced is not None:
+            steps["fused plan"] = lambda i: fused(i, forced)
     names = [v for v in VARIANTS if v in steps]
     graphs = [graphed(cycling(steps[v], copies), copies) for v in names]
     times = dict(zip(names, time_interleaved(graphs, rounds, warmup=2)))
@@ -179,15 +191,15 @@ def line(r):
 def table(rows):
     def f(r, k, spec):
         return format(r[k], spec) if k in r else "-"
-    out = ["| model | M | eager us | torch fp8 us | torch rowwise us | fused us | quantize us | "
+    out = ["| model | M | eager us | torch fp8 us | torch rowwise us | fused us | fused plan us | quantize us | "
            "eager / fused | torch / fused | floor bf16 / fp8 us | GB/s eager / torch / fused | "
            "error vs bf16: reference / torch / fused | fused vs reference |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(
             f"| {r['model']} | {r['tokens']} | {f(r, 'eager_us', '.1f')} | {f(r, 'torch fp8_us', '.1f')} | "
             f"{f(r, 'torch rowwise_us', '.1f')} | "
-            f"{f(r, 'fused_us', '.1f')} | {f(r, 'quantize_us', '.1f')} | "
+            f"{f(r, 'fused_us', '.1f')} | {f(r, 'fused plan_us', '.1f')} | {f(r, 'quantize_us', '.1f')} | "
             f"{f(r, 'eager_over_fused', '.2f')}x | {f(r, 'torch_over_fused', '.2f')}x | "
             f"{r['floor_bf16_us']:.1f} / {r['floor_fp8_us']:.1f} | "
             f"{r['eager_gbs']:.0f} / {r['torch_gbs']:.0f} / {f(r, 'fused_gbs', '.0f')} | "
