@@ -399,8 +399,8 @@ def run(workloads, *, variants=VARIANTS, autotune="subset", reps=None, log=print
     """Time every workload; returns (results, meta). ``autotune``: "subset" (models at
     ``AUTOTUNE_SUBSET`` tokens), "all" or "none". ``reps``: rounds per workload (default: enough for
     ~0.4 s of timing, 15 to 60). ``on_result(result)`` is called as each workload finishes (write it out:
-    a run cut short keeps what it measured). With ``budget_s``, workloads that start after that many
-    seconds skip the torch.compile variants (noted in the result).
+    a run cut short keeps what it measured). With ``budget_s``, workloads that start that many seconds
+    or more into the run skip the torch.compile variants (noted in the result; 0: every workload).
 
     Example:
         >>> from fuser.tools.bench import parse_workload, run
@@ -420,7 +420,7 @@ def run(workloads, *, variants=VARIANTS, autotune="subset", reps=None, log=print
     for w in workloads:
         t0 = time.perf_counter()
         want = set(variants)
-        over = budget_s is not None and t0 - t_start > budget_s
+        over = budget_s is not None and t0 - t_start >= budget_s
         if over:
             want -= {"compile", "compile_graph", "autotune", "autotune_graph"}
         tune = autotune == "all" or (autotune == "subset" and w.name in MODELS and w.m in AUTOTUNE_SUBSET)

@@ -59,13 +59,13 @@ _index = _integer(0)   # a device ordinal, a seed
 
 
 def _seconds(text):
-    """A positive, finite number of seconds."""
+    """A finite number of seconds, 0 or more."""
     try:
         t = float(text)
     except ValueError:
-        t = 0.0
-    if not t > 0 or t == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+        t = -1.0
+    if not t >= 0 or t == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds from 0, got {text!r}")
     return t
 
 
@@ -377,7 +377,7 @@ def main(argv=None):
                    help="where torch.compile max-autotune runs (subset: models at 16, 128, 2048 tokens)")
     p.add_argument("--reps", type=_count, default=None, help="interleaved rounds per workload (default: ~0.3 s of timing)")
     p.add_argument("--budget-s", type=_seconds, default=None,
-                   help="skip torch.compile for workloads starting after this many seconds")
+                   help="skip torch.compile for workloads starting after this many seconds (0: for all)")
     p.add_argument("--out", default="bench-out", help="folder for results.csv, results.md, meta.json, speedup.png")
     p.add_argument("--no-host", action="store_true", help="skip the host-cost measurements (JIT, load, per call)")
     p.add_argument("--plot", metavar="CSV", help="only redraw results.md-style tables and the plot from a saved CSV")
