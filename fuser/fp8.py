@@ -462,7 +462,11 @@ def eager_recipe(tokens):
         >>> [fp8.eager_recipe(m) for m in (1, 127, 128, 160, 256, 320, 1000)]
         ['tensorwise', 'tensorwise', 'rowwise', 'tensorwise', 'rowwise', 'tensorwise', 'rowwise']
     """
-    return "rowwise" if _C.fp8_rowwise(int(tokens)) else "tensorwise"
+    if isinstance(tokens, bool) or not isinstance(tokens, int):
+        raise TypeError(f"tokens: expected an integer token count, got {type(tokens).__name__} {tokens!r}")
+    if tokens < 0:
+        raise ValueError(f"tokens: expected a token count of 0 or more, got {tokens}")
+    return "rowwise" if _C.fp8_rowwise(min(tokens, 1 << 62)) else "tensorwise"   # (beyond int64: as large)
 
 
 def eager(x_q, w_up, w_down, scales, *, w_gate=None, b_up=None, b_gate=None, b_down=None, activation="silu"):

@@ -125,7 +125,11 @@ def test_eager_fp8_ops_are_priced_rowwise_at_multiples_of_their_token_count():
     for m in (*range(1, 300), 320, 384, 448, 512, 640, 1000, 1024):
         ops = round(eager_plan(m, 4096, 14336, True).breakdown["launch"] / op_us)
         assert (ops == 13) == (fp8.eager_recipe(m) == "rowwise") and ops in (13, 14), (m, ops)
-    assert [m for m in range(1, 1100) if fp8.eager_recipe(m) == "rowwise"] == [128, 256, 384, *range(512, 1100)]
+    assert [m for m in range(0, 1100) if fp8.eager_recipe(m) == "rowwise"] == [128, 256, 384, *range(512, 1100)]
+    assert fp8.eager_recipe(1 << 62) == fp8.eager_recipe(1 << 70) == "rowwise"
+    for bad, exc in (("160", TypeError), (160.0, TypeError), (True, TypeError), (None, TypeError), (-1, ValueError)):
+        with pytest.raises(exc, match="tokens: expected"):
+            fp8.eager_recipe(bad)
     # at 1024 tokens the e4m3 GEMMs run well above the bf16 ones' rate
     bf16 = fuser.plans(1024, 8192, 28672, gated=True, activation="silu", target="h200", fused=False)[0]
     assert eager_us(1024, 8192, 28672, True) < 0.85 * bf16.predicted_us
