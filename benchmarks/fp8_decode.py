@@ -26,8 +26,8 @@ timed side by side, interleaved, each round in its own random order, CUDA events
 over rounds (``fuser.tools.timing.time_interleaved``), reported per call.
 
 Reported per row: the planner's route (its plan's summary; the fused plan forced beside it where that is PyTorch's
-ops); the median us of each variant; eager / fused and torch / fused, where torch is the faster of PyTorch's two FP8 recipes in that row;
-the floor (the weights' bytes at 4.8 TB/s, the H200's HBM peak) for bfloat16 and FP8 weights; the achieved
+ops); the median us of each variant; eager / fused and torch / fused, where torch is the faster of PyTorch's two
+FP8 recipes in that row; the floor (the weights' bytes at 4.8 TB/s, the H200's HBM peak) for bfloat16 and FP8 weights; the achieved
 weight stream of eager (bfloat16 bytes) and of torch and fused (FP8 bytes) in GB/s; the relative errors
 (||y - ref|| / ||ref||) of torch fp8 and fused against the eager bfloat16 output, of fused against
 ``fuser.fp8.reference`` (the kernel's exact definition), and of reference itself against eager (the FP8

@@ -48,8 +48,8 @@ _BIAS_DTYPES = (torch.bfloat16, torch.float16)
 #: ``torch_path``): (device, whether the token count is a multiple of 16, the recipe asked for: None,
 #: "tensorwise" or "rowwise") -> (the recipe used, "tensorwise" or "rowwise"; the rows padded to, 1 or 16)
 SCALED_MM_RECIPES = {}
-#: At whole multiples of this many tokens ``eager`` runs rowwise ``_scaled_mm`` GEMMs (the core's
-#: constant, which the planner's cost model uses too; ``recipe``).
+#: At whole multiples of this many tokens (and from 512 on) ``eager`` runs rowwise ``_scaled_mm`` GEMMs
+#: (the core's constant, which the planner's cost model uses too; ``eager_recipe``).
 ROWWISE_TOKENS = _C.FP8_ROWWISE_TOKENS
 _ONES = {}   # device -> a 1.0 fp32 scalar there (tensorwise scale_b)
 
@@ -476,9 +476,9 @@ def eager(x_q, w_up, w_down, scales, *, w_gate=None, b_up=None, b_gate=None, b_d
     bfloat16, H quantized with ``scales.h``; ``reference`` elsewhere, and where ``_scaled_mm`` refuses the
     shapes (dimensions not multiples of 16). The GEMMs are rowwise (the scales inside the GEMM) at whole
     multiples of ``ROWWISE_TOKENS`` tokens and from 512 on, tensorwise elsewhere (the per-row weight scales
-    applied to their results by one more op each): ``eager_recipe``, the faster of the two on the H200 at each token
-    count measured (benchmarks/RESULTS.md), and how the planner prices them. The intermediates are bfloat16 where the kernel keeps fp32, so the
-    result is close to ``reference``'s, not equal.
+    applied to their results by one more op each): ``eager_recipe``, the faster of the two on the H200 at
+    each token count measured (benchmarks/RESULTS.md), and how the planner prices them. The intermediates
+    are bfloat16 where the kernel keeps fp32, so the result is close to ``reference``'s, not equal.
 
     Example:
         >>> import torch
