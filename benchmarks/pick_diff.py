@@ -7,13 +7,16 @@ pick differs, and time both picks of each such cell beside PyTorch eager in CUDA
 (``kernel_check.time_plans``; an eager pick is eager's own time).
 
     python benchmarks/pick_diff.py dump BEFORE.json             # in the tree before the change (any machine)
+    python benchmarks/pick_diff.py dump --fp8 BEFORE8.json      # the quantized (e4m3) chains' picks instead
     python benchmarks/pick_diff.py dump AFTER.json              # in the tree after it
     python benchmarks/pick_diff.py diff BEFORE.json AFTER.json CELLS.json
     python benchmarks/pick_diff.py time CELLS.json TIMED.json   # on a Hopper GPU, in either tree
     python benchmarks/pick_diff.py backtest LOG.json ...         # any machine: the built model's picks
     python benchmarks/pick_diff.py accuracy LOG.json ...         # any machine: its ranking of timed plans
 
-A pick is stored as its plan's constraints (``fuser.plan`` keywords of a stream plan) or None (eager),
+Quantized picks (``dump --fp8``: cells NAME:M:fp8) are listed and diffed the same way; ``time`` leaves them to
+``benchmarks/fp8_decode.py --models NAME --tokens M`` in each tree (their inputs are e4m3 weights with
+scales), and says so. A pick is stored as its plan's constraints (``fuser.plan`` keywords of a stream plan) or None (eager),
 so timing does not depend on which model is built. ``time`` prints per cell both picks against eager
 and which is faster, and a verdict: the cells where the change's pick is slower than the one it
 replaces, and those where it loses to eager; its file keeps each pick's plan beside its time.
@@ -51,11 +54,11 @@ def shapes():
     return out
 
 
-def pick(name, m):
+def pick(name, m, dtype="bfloat16"):
     """The planner's pick for shape `name` at `m` tokens on the H200 target: (summary, constraints or None)."""
     import fuser
     d, f, l, gated, act = shapes()[name]
-    p = fuser.plan(m, d, f, d_out=l, gated=gated, activation=act, target="h200")
+    p = fuser.plan(m, d, f, d_out=l, gated=gated, activation=act, target="h200", dtype=dtype)
     if not p.fused:
         return p.summary(), None
     params = p.raw["params"]
@@ -64,8 +67,12 @@ def pick(name, m):
     return p.summary(), dict({k: params[k] for k in PLAN_KEYS}, kind="stream", cluster=list(params["cluster"]))
 
 
-def dump(path, tokens=TOKENS):
-    picks = {f"{name}:{m}": pick(name, m) for name in shapes() for m in tokens}
+def dump(path, tokens=TOKENS, fp8=False):
+    """The picks of every grid cell (NAME:M; NAME:M:fp8 for the quantized chains), written to `path`."""
+    if fp8:
+        picks = {f"{name}:{m}:fp8": pick(name, m, "float8_e4m3fn") for name in shapes() for m in tokens}
+    else:
+        picks = {f"{name}:{m}": pick(name, m) for name in shapes() for m in tokens}
     with open(path, "w") as f:
         json.dump(picks, f, indent=0)
     return picks
@@ -91,6 +98,10 @@ def _plan(name, m, cons):
 
 def time_cells(cells, log=print):
     """Each cell's two picks beside eager in CUDA graphs: {cell: dict(eager, before, after) in us}."""
+    fp8 = sorted(c for c in cells if c.endswith(":fp8"))
+    if fp8:
+        raise ValueError(f"quantized cells are timed by benchmarks/fp8_decode.py --models NAME --tokens M in each "
+                         f"tree (its route and fused-plan columns), not here: {', '.join(fp8[:6])}")
     import torch
     from kernel_check import time_plans
     gen = torch.Generator(device="cuda").manual_seed(13)
@@ -197,6 +208,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("dump")
+    a.add_argument("--fp8", action="store_true", help="the quantized (e4m3) chains' picks")
     a.add_argument("out")
     a = sub.add_parser("diff")
     a.add_argument("before")
@@ -211,7 +223,7 @@ def main(argv=None):
     a.add_argument("logs", nargs="+")
     args = ap.parse_args(argv)
     if args.cmd == "dump":
-        print(f"{len(dump(args.out))} picks written to {args.out}")
+        print(f"{len(dump(args.out, fp8=args.fp8))} picks written to {args.out}")
     elif args.cmd == "diff":
         with open(args.before) as f, open(args.after) as g:
             cells = diff(json.load(f), json.load(g))
@@ -236,7 +248,11 @@ def main(argv=None):
               f"geomean regret {regret:.3f}, worst {max(r['regret'] for r in acc.values()):.3f}")
     else:
         with open(args.cells) as f:
-            timed = time_cells(json.load(f))
+            cells = json.load(f)
+        try:
+            timed = time_cells(cells)
+        except ValueError as e:
+            ap.error(str(e))
         with open(args.out, "w") as f:
             json.dump(timed, f, indent=1)
         for cell, t in timed.items():

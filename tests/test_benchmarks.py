@@ -262,6 +262,22 @@ def test_pick_diff_lists_the_cells_a_model_change_picks_differently(tmp_path):
     assert r.returncode == 0 and "0 cells differ" in r.stdout, r.stderr
 
 
+def test_pick_diff_dumps_the_quantized_picks_and_leaves_their_timing_to_fp8_decode(tmp_path):
+    """dump --fp8 lists the e4m3 chains' picks (cells NAME:M:fp8, the planner's quantized plans, which differ
+    from the bf16 ones), diff compares them alike, and time refuses them with the tool that times them."""
+    import fuser
+    pd = _pick_diff()
+    picks = pd.dump(tmp_path / "q.json", tokens=(1, 160), fp8=True)
+    assert set(picks) == {f"{n}:{m}:fp8" for n in pd.shapes() for m in (1, 160)}
+    d, f, l, gated, act = pd.shapes()["llama3-8b"]
+    assert picks["llama3-8b:160:fp8"][0] == fuser.plan(160, d, f, d_out=l, gated=gated, activation=act, target="h200",
+                                                        dtype="float8_e4m3fn").summary()
+    assert picks["llama3-8b:1:fp8"][0] != pd.pick("llama3-8b", 1)[0]
+    assert pd.diff(picks, json.loads((tmp_path / "q.json").read_text())) == {}
+    with pytest.raises(ValueError, match=r"fp8_decode.py --models NAME --tokens M .*llama3-8b:160:fp8"):
+        pd.time_cells({"llama3-8b:160:fp8": dict(before=picks["llama3-8b:160:fp8"], after=(("unfused", None)))})
+
+
 #: Every timed cell the planner's stream model is held to: kernel_check logs and pick_diff's timings
 #: (the picks before and after the last model change, beside eager), newest last.
 BACKTEST_LOGS = [f"benchmarks/results/2026-12-02-h200-{n}.json" for n in (
