@@ -116,12 +116,11 @@ def fused_or_reason(x, f8, scales, activation):
 
 
 def run_row(name, m, bf16, f8, scales, bytes_bf16, bytes_fp8, rounds):
-    d_model, _, _, activation = MODELS[name]
+    d_model, d_ff, gated, activation = MODELS[name]
     act, copies = ACTIVATIONS[activation], len(bf16)
     g = torch.Generator(device="cuda").manual_seed(1000 + m)
     x = torch.randn(m, d_model, generator=g, device="cuda").to(torch.bfloat16)
     x_q = fp8.quantize(x, scales.x)
-    d_ff, gated = MODELS[name][1:3]
     pick = fuser.plan(m, d_model, d_ff, gated=gated, activation=activation, dtype="float8_e4m3fn")
     forced = None if pick.fused else fuser.plan(m, d_model, d_ff, gated=gated, activation=activation,
                                                 dtype="float8_e4m3fn", fused=True)

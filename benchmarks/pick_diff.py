@@ -69,10 +69,8 @@ def pick(name, m, dtype="bfloat16"):
 
 def dump(path, tokens=TOKENS, fp8=False):
     """The picks of every grid cell (NAME:M; NAME:M:fp8 for the quantized chains), written to `path`."""
-    if fp8:
-        picks = {f"{name}:{m}:fp8": pick(name, m, "float8_e4m3fn") for name in shapes() for m in tokens}
-    else:
-        picks = {f"{name}:{m}": pick(name, m) for name in shapes() for m in tokens}
+    dtype, tag = ("float8_e4m3fn", ":fp8") if fp8 else ("bfloat16", "")
+    picks = {f"{name}:{m}{tag}": pick(name, m, dtype) for name in shapes() for m in tokens}
     with open(path, "w") as f:
         json.dump(picks, f, indent=0)
     return picks
