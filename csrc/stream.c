@@ -202,6 +202,9 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
     k->sync = (red1 + red2) * 1e6 + t->stream_fixed_us;
     const double bound = fmax(fmax(k->compute, k->hbm), fmax(k->l2, k->smem));
     k->tail = fmax(0, T * 1e6 - bound); /* imbalance between blocks and the phase-1 -> phase-2 hand-off */
+    const double tile_rows = (double)g.rt * g.bm;
+    if (g.e == 1 && tile_rows > t->stream_fp8_tail_rows && fuser_stream_row_group(p, g.m) > 1)
+        k->tail *= t->stream_fp8_tail_rows / tile_rows;
     k->launch = t->launch_us;
     k->waves = 1;
     k->sms_used = (int)G;

@@ -66,6 +66,10 @@ typedef struct fuser_target {
     /* bytes per second one SM of the stream kernel pulls (TMA into its ring; measured 26-50 GB/s in
      * unit traces): what a phase with fewer units than SMs is limited by */
     double stream_sm_gbs;
+    /* the token rows (row tiles x bm) up to which the modelled tail (its phases in sequence over the
+     * largest single bound) of an e4m3 plan whose weights outgrow L2 holds in full: beyond, it is scaled
+     * by this / those rows (fitted to 46 timed 7B-70B plans of 2-16 row tiles, docs/planner.md) */
+    double stream_fp8_tail_rows;
     double stream_margin;        /* the same for stream plans (their model's own error) */
     double fusion_margin;        /* a fused plan is chosen over the unfused path only when predicted at
                                     least this much faster (0.1: 10%): the model's error is larger than
