@@ -35,7 +35,8 @@ static const field target_fields[] = {
     TF(fused_scale_l2, F_DBL), TF(fused_scale_dsm, F_DBL), TF(fused_scale_smem, F_DBL), TF(fused_scale_sync, F_DBL),
     TF(fused_scale_tail, F_DBL), TF(small_gemm_eff, F_DBL), TF(stream_mma_eff, F_DBL), TF(stream_fixed_us, F_DBL),
     TF(stream_time_scale, F_DBL), TF(stream_operand_bytes_per_clk, F_DBL), TF(stream_unit_us, F_DBL),
-    TF(stream_unit_one_us, F_DBL), TF(stream_unit_one_kb, F_DBL), TF(stream_fp8_tail_rows, F_DBL), TF(stream_sm_gbs, F_DBL), TF(eager_op_us, F_DBL), TF(eager_mma_eff, F_DBL),
+    TF(stream_unit_one_us, F_DBL), TF(stream_unit_one_kb, F_DBL), TF(stream_fp8_tail_rows, F_DBL),
+    TF(stream_sm_gbs, F_DBL), TF(eager_op_us, F_DBL), TF(eager_mma_eff, F_DBL),
     TF(eager_fp8_mma_eff, F_DBL), TF(eager_fp8_hbm_eff, F_DBL), TF(eager_ramp_us, F_DBL), TF(eager_ramp_mb, F_DBL),
     TF(fusion_margin, F_DBL), TF(stream_margin, F_DBL), TF(max_workspace, F_I64),
 };
@@ -308,6 +309,21 @@ int fuser_target_from_obj(PyObject *obj, fuser_target *t)
     if (!PyDict_Check(obj)) {
         PyErr_Format(PyExc_TypeError, "target: expected a name or a dict, got %s", Py_TYPE(obj)->tp_name);
         return -1;
+    }
+    /* every key is a field: a misspelt or retired one would otherwise leave its default silently in place */
+    PyObject *key, *val;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(obj, &pos, &key, &val)) {
+        const char *k = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+        int known = k && (!strcmp(k, "name") || !strcmp(k, "usable_sms") || !strcmp(k, "dsm_bytes_per_clk"));
+        for (size_t i = 0; k && !known && i < sizeof target_fields / sizeof target_fields[0]; i++)
+            known = !strcmp(k, target_fields[i].key);
+        if (!known) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError, "target: unknown field %R; a target dict holds only the fields of "
+                             "fuser._C.targets()['h200'] (those it leaves out keep the H200's values)", key);
+            return -1;
+        }
     }
     *t = *fuser_target_builtin("h200");
     PyObject *name = PyDict_GetItemString(obj, "name");

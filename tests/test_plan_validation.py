@@ -199,6 +199,8 @@ def test_search_stats_are_checked(stats, exc):
     (dict(target=dict(H200, hbm_gbs=float("inf"))), ValueError, "'hbm_gbs' must be a finite number"),
     (dict(target=dict(H200, hbm_gbs=10**400)), ValueError, "'hbm_gbs' must be a finite number"),
     (dict(target=dict(H200, hbm_gbs="fast")), TypeError, "'hbm_gbs' must be a number, got str"),
+    (dict(target=dict(H200, hbm_gbz=4000.0)), ValueError, "target: unknown field 'hbm_gbz'"),
+    (dict(target={1: 2}), ValueError, "target: unknown field 1"),
     (dict(fused="no"), TypeError, "fused: expected True, False or None, got str"),
     (dict(gated="no"), TypeError, "gated: expected True or False, got str"),
     (dict(gated=1), TypeError, "gated: expected True or False, got int"),
