@@ -2,8 +2,11 @@
 graph of two calls (fuser.tools.timing.graphed: warm-up on a side stream, the outputs freed after capture),
 then every graph replayed in capture order, twice. Exits 0 when every replay completes, 1 when one fails
 (the shape on stderr). Run in a process of its own: an illegal address leaves the CUDA context unusable.
-argv: WORKLOAD WORKLOAD (fuser.tools.bench.parse_workload's forms)"""
+argv: WORKLOAD WORKLOAD [--hold SECONDS] (fuser.tools.bench.parse_workload's forms); --hold waits that long
+after a failed replay before exiting, so that a CUDA core dump (CUDA_ENABLE_COREDUMP_ON_EXCEPTION=1), which
+the driver writes while the process runs on, is complete."""
 import sys
+import time
 
 import torch
 
@@ -12,7 +15,7 @@ from fuser.tools.bench import Sets, parse_workload
 from fuser.tools.timing import graphed
 
 
-def main(specs):
+def main(specs, hold=0.0):
     graphs = []
     for spec in specs:
         w = parse_workload(spec)
@@ -30,11 +33,18 @@ def main(specs):
             try:
                 replay()
                 torch.cuda.synchronize()
-            except RuntimeError as e:
+            except Exception as e:  # noqa: BLE001 (torch.AcceleratorError, or any error of the replay)
                 print(f"{spec}: replay failed: {str(e).splitlines()[0]}", file=sys.stderr)
+                time.sleep(hold)
                 return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    args = sys.argv[1:]
+    hold = 0.0
+    if "--hold" in args:
+        i = args.index("--hold")
+        hold = float(args[i + 1])
+        del args[i:i + 2]
+    sys.exit(main(args, hold))
