@@ -99,10 +99,8 @@ static const fuser_target builtin[] = {
          * weights (G1-G3) measure like one row tile's, those of 113 KB and more (G7, G9, G10) do not
          * (docs/planner.md); halfway in log scale, rounded */
         .stream_unit_one_kb = 96.0,
-        /* e4m3 plans of 2-16 row tiles timed on the H200 (2026-12-03, the twenty-third session's fp8-large,
-         * fp8-ragged and fp8-ragged-after runs in benchmarks/results): the tail they show over their largest
-         * bound falls from ~1x the modelled at 2-3 row tiles of 128 to 0-0.5x at 8-16; 384 / rows beyond 384
-         * takes the 46 plans' msle from 0.0103 to 0.0059 (a constant share: 0.0083 at best) */
+        /* measured e4m3 7B-70B plans show ~1x their modelled tail at 2-3 row tiles of 128 tokens and
+         * 0-0.5x at 8-16, so the tail is scaled by 384 / rows beyond 384 rows (the fit: docs/planner.md) */
         .stream_fp8_tail_rows = 384.0,
         .fusion_margin = 0.10,      /* policy: the calibrated model's typical error is ~20% (log error
                                        0.037 leave-one-shape-out), so gains under 10% are not trusted */
