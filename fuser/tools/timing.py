@@ -65,7 +65,10 @@ def _cpu_us(fn, reps, per=1):
 
 def graphed(fn, calls):
     """(a replay function, calls per replay): `calls` calls of fn captured in one CUDA graph after a
-    warm-up on a side stream.
+    warm-up on a side stream. The replay function keeps fn alive, and with it every tensor fn reads:
+    a graph replays the addresses it captured, so a tensor freed while its graph lives is memory torch's
+    allocator may hand out again or release (``torch.cuda.empty_cache``, which every later capture
+    calls), and the replay then reads another tensor's data or faults with an illegal address.
 
     Example:
         >>> import torch
@@ -85,6 +88,7 @@ def graphed(fn, calls):
     with torch.cuda.graph(g):
         for _ in range(calls):
             fn()
+    g.captured_fn = fn   # g.replay holds g, g holds fn and what fn's closure holds
     g.replay()
     return g.replay, calls
 
