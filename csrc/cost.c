@@ -101,13 +101,20 @@ static double l2_bw(const fuser_target *t, const fuser_plan *p, double sms, doub
 /* Time of one library GEMM [m x k] x [k x n] (+ bias) as a separate kernel, without its fixed cost:
  * compute (at `eff` of the matmul rate) or bandwidth (the weights read at `w_rate` of the streaming rate),
  * whichever is longer, plus a ramp that grows with its bytes (a small GEMM's fill and drain are most of it;
- * a large one's saturate). */
-static double gemm_us(const fuser_target *t, double m, double k, double n, double e, double eff, double w_rate)
+ * a large one's saturate). A 16-bit GEMM's compute and bandwidth do not overlap fully where the two are close
+ * (7B-70B FFNs at ~128 tokens, whose one or two rows of output tiles do not fill the SMs without splitting K):
+ * it pays the excess of their smooth maximum over their maximum (eager_mixed_p), in full once its weights
+ * reach eager_mixed_mb and in proportion below (`mixed`; the e4m3 GEMMs' own constants were fitted without). */
+static double gemm_us(const fuser_target *t, double m, double k, double n, double e, double eff, double w_rate,
+                      int mixed)
 {
     const double bytes = e * (m * k + k * n + m * n);
     const double tc = 2 * m * k * n / (t->mma_tflops * eff * 1e6);
     const double tm = e * (m * k + m * n + k * n / w_rate) / (t->hbm_gbs * t->small_gemm_eff * 1e3);
-    return (tc > tm ? tc : tm) + t->eager_ramp_us * (1 - exp(-bytes / (t->eager_ramp_mb * 1e6)));
+    const double hi = fmax(tc, tm), lo = fmin(tc, tm);
+    const double loss = hi * (pow(1 + pow(lo / hi, t->eager_mixed_p), 1 / t->eager_mixed_p) - 1);
+    const double busy = hi + (mixed ? loss * fmin(1.0, e * k * n / (t->eager_mixed_mb * 1e6)) : 0);
+    return busy + t->eager_ramp_us * (1 - exp(-bytes / (t->eager_ramp_mb * 1e6)));
 }
 
 /* The unfused path as fuser runs it: PyTorch eager ops (cuBLAS GEMMs with fused bias, separate
@@ -137,7 +144,8 @@ static void cost_unfused(fuser_plan *p, const fuser_target *t)
         ew_bytes += 3 * 3 * M * (K + N);
     if (q && !rowwise) /* each GEMM's bfloat16 result read and written by its per-row scaling */
         ew_bytes += 4 * M * ((c->gated ? 2 : 1) * N + L);
-    k->compute = gemm_us(t, M, K, N, eg, eff, w_rate) * (c->gated ? 2 : 1) + gemm_us(t, M, N, L, eg, eff, w_rate);
+    k->compute = gemm_us(t, M, K, N, eg, eff, w_rate, !q) * (c->gated ? 2 : 1) +
+                 gemm_us(t, M, N, L, eg, eff, w_rate, !q);
     k->hbm = ew_bytes / (t->hbm_gbs * 1e3);
     k->l2 = k->dsm = k->smem = k->sync = k->tail = 0;
     /* the GEMMs, the activation and (gated) the product; quantized: and 3 ops each for x and H, and the

@@ -149,6 +149,12 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
         ph[1].hbm = e * (g.parts * g.N * g.K + g.L * g.N);
         memset(&ph[0], 0, sizeof ph[0]);
     }
+    /* tiles of 128 token rows on wgmma's M side: each phase-1 K split's fp32 partial tile (64 KB per part)
+     * is written and read back, tens of MB at 7B weights, more than L2 keeps while the weights stream
+     * through it: phase 1 pays its partials' round trip through HBM (timed at 77-128 tokens, such plans of
+     * 2-4 splits ran 7-25% slower than modelled without it; docs/planner.md) */
+    if (p->bm == 128 && !fuser_stream_swap(p) && g.s1 > 1 && !g.one)
+        ph[0].hbm += 2.0 * 4 * g.s1 * g.parts * g.rt * g.bm * g.nt1 * g.bn;
     /* pairs: each SM still takes in both operands whole, but L2 serves the shared one once per pair */
     const fuser_pair pair = fuser_stream_pair(p);
     const double sw = pair == FUSER_PAIR_ROWS ? 0.5 : 1, sx = pair == FUSER_PAIR_TILES ? 0.5 : 1;

@@ -82,6 +82,11 @@ static const fuser_target builtin[] = {
          * 7B decode measured again out of sample, eager from 128 tokens on). */
         .small_gemm_eff = 0.972,
         .eager_op_us = 2.182, .eager_mma_eff = 0.959, .eager_ramp_us = 2.807, .eager_ramp_mb = 2.508,
+        /* the overlap loss: eager FFNs of 7B-70B weights at 64-128 tokens measured 4-13% over the plain maximum
+         * (2026-12-04, benchmarks/RESULTS.md, twenty-fifth session), those of a few MB at any token count under
+         * it; p = 3 from 64 MB of weights on: msle of the 46 timed cells of 50 MB or more 0.0015 -> 0.0013 (all
+         * 210: 0.0067 -> 0.0066), every pick it changes timed (docs/planner.md) */
+        .eager_mixed_p = 3.0, .eager_mixed_mb = 64.0,
         /* PyTorch's rowwise e4m3 FFNs at 128-512 tokens of four 7B-70B shapes (2026-12-03, benchmarks/RESULTS.md,
          * twentieth session; msle 0.009): the GEMMs 1.3x the bf16 rate when compute-bound, their e4m3 weights
          * read at two thirds of the bf16 byte rate when not */
@@ -137,6 +142,7 @@ static const fuser_target builtin[] = {
         .fused_scale_smem = 1, .fused_scale_sync = 1, .fused_scale_tail = 1,
         .small_gemm_eff = 0.972,  /* the H200's, until measured here */
         .eager_op_us = 2.182, .eager_mma_eff = 0.959, .eager_ramp_us = 2.807, .eager_ramp_mb = 2.508,
+        .eager_mixed_p = 3.0, .eager_mixed_mb = 64.0, /* the H200's */
         .eager_fp8_mma_eff = 1.3, .eager_fp8_hbm_eff = 0.667, /* the H200's */
         .stream_mma_eff = 0.80, .stream_fixed_us = 1.194, .stream_time_scale = 1.14, /* the H200's */
         .stream_operand_bytes_per_clk = 93.713, .stream_unit_us = 1.985, .stream_sm_gbs = 75.6,
@@ -245,6 +251,12 @@ int fuser_target_check(const fuser_target *t, fuser_err *err)
     if (!(t->stream_fp8_tail_rows >= 1) || !isfinite(t->stream_fp8_tail_rows))
         return fuser_fail(err, FUSER_E_VALUE, "target %s: stream_fp8_tail_rows must be >= 1, got %g", t->name,
                           t->stream_fp8_tail_rows);
+    if (!(t->eager_mixed_mb > 0) || !isfinite(t->eager_mixed_mb))
+        return fuser_fail(err, FUSER_E_VALUE, "target %s: eager_mixed_mb must be positive, got %g", t->name,
+                          t->eager_mixed_mb);
+    if (!(t->eager_mixed_p >= 1) || !isfinite(t->eager_mixed_p))
+        return fuser_fail(err, FUSER_E_VALUE, "target %s: eager_mixed_p must be >= 1, got %g", t->name,
+                          t->eager_mixed_p);
     if (!(t->eager_ramp_us >= 0) || !isfinite(t->eager_ramp_us))
         return fuser_fail(err, FUSER_E_VALUE, "target %s: eager_ramp_us must be >= 0, got %g", t->name,
                           t->eager_ramp_us);

@@ -259,3 +259,21 @@ def test_a_search_that_finds_nothing_says_why(kw, match):
     with pytest.raises(ValueError, match="no plan satisfies") as e:
         fuser.plan(128, 1024, 4096, activation="gelu", target="h200", fused=True, kind="stream", **kw)
     assert "refused by stream_geometry" in str(e.value) and match in str(e.value)
+
+
+def test_k_splits_of_128_row_tiles_pay_their_partials_through_hbm():
+    """Tiles of 128 token rows write each phase-1 K split's fp32 partial tile and read it back: tens of MB at
+    7B weights, which L2 does not keep while the weights stream. Timed on the H200 at 128 tokens
+    (benchmarks/RESULTS.md, twenty-fifth session), LLaMA-2-7B's plan of one split ran 86.9 us and of three
+    104.8; LLaMA-70B's of one 391.0, of four 452.5. The model orders both pairs that way (counting the
+    partials against L2 alone orders them the other way round: 104.6 against 96.8, 414.4 against 407.4);
+    swap-AB tiles (decode) keep their price."""
+    kw = dict(gated=True, activation="silu", target="h200", fused=True, kind="stream", bm=128, bn=128, bl=128,
+              stages=4)
+    one, three = (fuser.plan(128, 4096, 11008, s1=s1, s2=4, **kw).predicted_us for s1 in (1, 3))
+    assert one < three
+    one, four = (fuser.plan(128, 8192, 28672, s1=s1, s2=2, **kw).predicted_us for s1 in (1, 4))
+    assert one < four
+    dec = dict(kw, bm=16, stages=6, s2=4)
+    assert fuser.plan(1, 4096, 11008, **dict(dec, s1=3)).breakdown["hbm"] == pytest.approx(
+        fuser.plan(1, 4096, 11008, **dict(dec, s1=1)).breakdown["hbm"], rel=0.02)

@@ -125,7 +125,7 @@ def test_charts_show_the_plans_numbers(fused):
 
 
 def test_unfused_plan():
-    p = fuser.plan(128, **LLAMA3)
+    p = fuser.plan(128, fused=False, **LLAMA3)
     assert not p.fused
     root = parse(p)
     texts = [t.text for t in root.iter(NS + "text")]

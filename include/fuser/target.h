@@ -50,6 +50,10 @@ typedef struct fuser_target {
      * mma_tflops its GEMMs reach when compute-bound, and each GEMM's ramp: eager_ramp_us x (1 -
      * exp(-bytes / eager_ramp_mb)) of fill and drain on top of its bandwidth or compute time */
     double eager_op_us, eager_mma_eff, eager_ramp_us, eager_ramp_mb;
+    /* a 16-bit library GEMM's compute time tc and bandwidth time tm do not overlap fully: max(tc, tm)
+     * plus the excess of their smooth maximum (tc^p + tm^p)^(1/p), p = eager_mixed_p (large: none), in
+     * full from eager_mixed_mb MB of weights on and in proportion below (small GEMMs' ramp covers it) */
+    double eager_mixed_p, eager_mixed_mb;
     /* a quantized chain's eager GEMMs from FUSER_FP8_ROWWISE_TOKENS tokens on (torch._scaled_mm, rowwise
      * scales): their rate over mma_tflops when compute-bound (above 1: e4m3 tensor cores), and the rate
      * they read their weights at over the 16-bit GEMMs' (small_gemm_eff x hbm_gbs) */
