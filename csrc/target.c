@@ -83,7 +83,7 @@ static const fuser_target builtin[] = {
         .small_gemm_eff = 0.972,
         .eager_op_us = 2.182, .eager_mma_eff = 0.959, .eager_ramp_us = 2.807, .eager_ramp_mb = 2.508,
         /* the overlap loss: eager FFNs of 7B-70B weights at 64-128 tokens measured 4-13% over the plain maximum
-         * (2026-12-04, benchmarks/RESULTS.md, twenty-fifth session), those of a few MB at any token count under
+         * (2026-12-04, docs/planner.md "64-128 tokens"), those of a few MB at any token count under
          * it; p = 3 from 64 MB of weights on: msle of the 46 timed cells of 50 MB or more 0.0015 -> 0.0013 (all
          * 210: 0.0067 -> 0.0066), every pick it changes timed (docs/planner.md) */
         .eager_mixed_p = 3.0, .eager_mixed_mb = 64.0,

@@ -322,7 +322,7 @@ def test_cli_plan():
 
 def test_eager_gemms_near_their_balance_point_pay_for_the_imperfect_overlap():
     """PyTorch's GEMMs of 7B-70B weights at ~128 tokens, where compute is 0.7x the weight stream, measured
-    4-13% over max(compute, bandwidth) on the H200 (benchmarks/RESULTS.md, twenty-fifth session). The eager
+    4-13% over max(compute, bandwidth) on the H200 (docs/planner.md, "64-128 tokens"). The eager
     model adds the excess of their smooth maximum (eager_mixed_p) in full from eager_mixed_mb of weights on,
     so the planner runs the stream kernel for LLaMA-3-8B and GPT-3 6.7B at 128 tokens (timed 1.08-1.09x
     faster than eager in CUDA graphs, two runs) where the plain maximum kept eager; decode (compute far

@@ -264,7 +264,7 @@ def test_a_search_that_finds_nothing_says_why(kw, match):
 def test_k_splits_of_128_row_tiles_pay_their_partials_through_hbm():
     """Tiles of 128 token rows write each phase-1 K split's fp32 partial tile and read it back: tens of MB at
     7B weights, which L2 does not keep while the weights stream. Timed on the H200 at 128 tokens
-    (benchmarks/RESULTS.md, twenty-fifth session), LLaMA-2-7B's plan of one split ran 86.9 us and of three
+    (docs/planner.md, "64-128 tokens"), LLaMA-2-7B's plan of one split ran 86.9 us and of three
     104.8; LLaMA-70B's of one 391.0, of four 452.5. The model orders both pairs that way (counting the
     partials against L2 alone orders them the other way round: 104.6 against 96.8, 414.4 against 407.4);
     swap-AB tiles (decode) keep their price."""
