@@ -111,9 +111,10 @@ static double gemm_us(const fuser_target *t, double m, double k, double n, doubl
     const double bytes = e * (m * k + k * n + m * n);
     const double tc = 2 * m * k * n / (t->mma_tflops * eff * 1e6);
     const double tm = e * (m * k + m * n + k * n / w_rate) / (t->hbm_gbs * t->small_gemm_eff * 1e3);
-    const double hi = fmax(tc, tm), lo = fmin(tc, tm);
-    const double loss = hi * (pow(1 + pow(lo / hi, t->eager_mixed_p), 1 / t->eager_mixed_p) - 1);
-    const double busy = hi + (mixed ? loss * fmin(1.0, e * k * n / (t->eager_mixed_mb * 1e6)) : 0);
+    const double hi = fmax(tc, tm), lo = fmin(tc, tm), p = t->eager_mixed_p;
+    double busy = hi;
+    if (mixed)
+        busy += hi * (pow(1 + pow(lo / hi, p), 1 / p) - 1) * fmin(1.0, e * k * n / (t->eager_mixed_mb * 1e6));
     return busy + t->eager_ramp_us * (1 - exp(-bytes / (t->eager_ramp_mb * 1e6)));
 }
 

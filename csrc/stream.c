@@ -48,6 +48,12 @@ static geom geom_of(const fuser_plan *p)
 
 /* ---- traffic ---- */
 
+/* Bytes of phase 1's K-split partials: whole fp32 partial tiles, written and read back. */
+static double partials1(const geom *g)
+{
+    return g->s1 > 1 ? 2.0 * 4 * g->s1 * g->parts * g->rt * g->bm * g->nt1 * g->bn : 0;
+}
+
 void fuser_stream_traffic(const fuser_plan *p, fuser_traffic *out)
 {
     const fuser_chain *c = &p->chain;
@@ -67,8 +73,7 @@ void fuser_stream_traffic(const fuser_plan *p, fuser_traffic *out)
     const int64_t ex = q ? e : eo;
     l2 += g.reps * (ex * g.m * g.K * nx + e * g.parts * g.N * g.K * wr + eo * (c->bias_up + c->bias_gate) * g.N) +
           (g.one ? 0 : e * g.m * g.N) + (q ? (eo + e) * g.m * g.K : 0);
-    if (g.s1 > 1)
-        l2 += 2 * 4 * g.s1 * g.parts * g.rt * g.bm * g.nt1 * g.bn; /* whole partial tiles written, read back */
+    l2 += (int64_t)partials1(&g);
     /* phase 2: H by every l-tile (not in one phase), W_down by every row tile, b_down once, y */
     l2 += (g.one ? 0 : e * g.m * g.N * nh) + e * g.L * g.N * wr + eo * c->bias_down * g.L + eo * g.m * g.L;
     if (g.s2 > 1) /* partials written and read back: whole tiles, or the real token rows (rowsum) */
@@ -153,8 +158,8 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
      * is written and read back, tens of MB at 7B weights, more than L2 keeps while the weights stream
      * through it: phase 1 pays its partials' round trip through HBM (timed at 77-128 tokens, such plans of
      * 2-4 splits ran 7-25% slower than modelled without it; docs/planner.md) */
-    if (p->bm == 128 && !fuser_stream_swap(p) && g.s1 > 1 && !g.one)
-        ph[0].hbm += 2.0 * 4 * g.s1 * g.parts * g.rt * g.bm * g.nt1 * g.bn;
+    if (p->bm == 128 && !fuser_stream_swap(p) && !g.one)
+        ph[0].hbm += partials1(&g);
     /* pairs: each SM still takes in both operands whole, but L2 serves the shared one once per pair */
     const fuser_pair pair = fuser_stream_pair(p);
     const double sw = pair == FUSER_PAIR_ROWS ? 0.5 : 1, sx = pair == FUSER_PAIR_TILES ? 0.5 : 1;
