@@ -74,9 +74,10 @@ QUICK = ("gpt2:1", "gpt2:128", "llama3-8b:16", "llama3-8b:2048", "G4", "S8")
 CPU_SHAPES = ("8x32:relu:2", "8x32:silu-gated:2", "64x256:gelu:4")
 TARGETS = {"fuser.ffn": 2.0, "FusedFFN": 2.0}
 #: --pieces: the C calls inside the eager routes, timed alone: fuser.ffn's route key (it describes x and every
-#: weight), FusedFFN's check of x and the held weights, and its whole C call (checks and ops, without
-#: FusedFFN.__call__'s Python frame)
-PIECES = ("ffn_key", "kept_match", "kept_eager")
+#: weight), FusedFFN's check of x and the held weights (the layouts of row slices only), its whole C call
+#: (checks and ops, without FusedFFN.__call__'s Python frame), and that call checking every weight's layout
+#: as a kept fused launch does (what reading each weight through the exchange API costs)
+PIECES = ("ffn_key", "kept_match", "kept_eager", "kept_eager_all")
 #: What a loop's time is read from (--clock)
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
 FUSED_TARGETS = {"FusedFFN": 6.0, "fuser.ffn": 8.0, "torch.ops": 15.0}
@@ -173,8 +174,10 @@ def eager_variants(w, device, pieces=False):
         out["ffn_key"] = lambda: _C.ffn_key(x, wu, wd, wg, None, None, None, w.activation)
         if fast is not None:
             d = module.__dict__
-            out["kept_match"] = lambda: _C.kept_match(x, fast.signature, fast.held, fast.layout)
+            every = fast._replace(layout=kept.weights.layout, laid=-1)
+            out["kept_match"] = lambda: _C.kept_match(x, fast.signature, fast.held, fast.layout, fast.laid)
             out["kept_eager"] = lambda: _C.kept_eager(d, x, fast)
+            out["kept_eager_all"] = lambda: _C.kept_eager(d, x, every)
     return out
 
 
@@ -244,7 +247,7 @@ def report_eager(rows):
         print(f"{label:34s}" + "".join(f"{c:>18s}" for c in cells))
         if any(n in res for n in PIECES):
             print(f"{'':34s}pieces: " + ", ".join(f"{n} {res[n]:.2f}" + (f" ({paired[n]:+.2f} over the ops)"
-                                                                       if n == "kept_eager" else "")
+                                                                       if n.startswith("kept_eager") else "")
                                                   for n in PIECES if n in res))
     for n, (over, raw, ratio, label) in worst.items():
         ok = over <= TARGETS[n]
@@ -259,7 +262,8 @@ def main(argv=None):
     ap.add_argument("--shape", action="append", help="a workload (fuser.tools.bench.parse_workload); repeatable")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--calls", type=int, default=150,
-                    help="calls per loop (on a GPU their launches must fit the ~1000-entry queue: 5 a gated call)")
+                    help="calls per loop (on a GPU also at most QUEUED_GPU_US of GPU time: a loop that filled the "
+                         "launch queue or outran the sleep would time the GPU, not the host)")
     ap.add_argument("--json", metavar="FILE", help="also write the medians there")
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                     help="wall: elapsed time; thread: the CPU time of the calling thread (what the calls "

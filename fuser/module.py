@@ -516,12 +516,15 @@ class _Weights:
     (``_C.tensor_layout``; None where it cannot, for Parameter subclasses or a torch without that API).
     With a layout the kept routes check x and the weights in one C call (``_C.kept_match``: the two
     dicts of each row, then the layouts); without, ``same`` reads the dicts and two properties of each
-    weight here."""
+    weight here. ``sliced`` (a bit per row) marks the rows whose role is a row slice of its Parameter, and
+    ``sliced_layout`` is their layout alone: the eager ops read every other Parameter itself at each
+    call, so a kept eager route checks only those rows' layouts (the slices it holds go stale when their
+    Parameter's ``.data`` is replaced) and the identity of the rest."""
 
-    __slots__ = ("held", "params", "layout")
+    __slots__ = ("held", "params", "layout", "sliced", "sliced_layout")
 
     def __init__(self, module):
-        held = []
+        held, sliced = [], 0
         linked, modules = module._linked, module._modules
         for _role, ref in module.__dict__["_refs"]:
             if ref is None:
@@ -531,10 +534,13 @@ class _Weights:
             p = owner._parameters.get(ref.name) if isinstance(owner, nn.Module) else None
             if p is None:
                 raise LookupError(ref.name)
+            sliced |= (ref.rows is not None) << len(held)
             held.append((registry, ref.owner, owner, owner._parameters, ref.name, p, p.data_ptr(), p.shape))
-        self.held = tuple(held)
+        self.held, self.sliced = tuple(held), sliced
         self.params = tuple(h[5] for h in held)
         self.layout = _tensor_layout(*self.params)   # None: not all describable in C, checked here
+        self.sliced_layout = None if self.layout is None else _tensor_layout(
+            *(p for i, p in enumerate(self.params) if sliced >> i & 1))
 
     @classmethod
     def of(cls, module):
@@ -544,13 +550,13 @@ class _Weights:
         except LookupError:
             return None
 
-    def same(self, contiguous=False):
-        """Every weight held still there, the same Parameter at the same address and shape; with
-        `contiguous`, also still contiguous (a view of the same memory and shape may have other strides:
-        ``as_strided``, or ``.t()`` of a square weight)."""
-        for registry, name, owner, params, pname, p, ptr, shape in self.held:
-            if registry.get(name) is not owner or params.get(pname) is not p or p.data_ptr() != ptr \
-                    or p.shape != shape or (contiguous and not p.is_contiguous()):
+    def same(self, contiguous=False, laid=-1):
+        """Every weight held still there, the same Parameter, and those of the rows in the bit mask `laid`
+        (all by default) at the same address and shape; with `contiguous`, also still contiguous (a view of
+        the same memory and shape may have other strides: ``as_strided``, or ``.t()`` of a square weight)."""
+        for i, (registry, name, owner, params, pname, p, ptr, shape) in enumerate(self.held):
+            if registry.get(name) is not owner or params.get(pname) is not p or ((laid >> i & 1) and (
+                    p.data_ptr() != ptr or p.shape != shape or (contiguous and not p.is_contiguous()))):
                 return False
         return True
 
@@ -561,15 +567,17 @@ class _Weights:
 #: is the identity, its call left out), whether the module trains with its own forward, and what else
 #: nn.Module.__call__ would consult (the global hook dicts, torch.jit's tracing state).
 _KeptEagerFast = collections.namedtuple("_KeptEagerFast", (
-    "linear", "act", *_ROLES, "signature", "held", "layout", "route", "mid", "post", "dropouts",
+    "linear", "act", *_ROLES, "signature", "held", "layout", "laid", "route", "mid", "post", "dropouts",
     "train_source", "hooks", "tracing_state"))
 
 
 class _KeptEager:
     """An eager route kept for one input shape: the PyTorch ops with the weights as read then (row slices
-    included), while x is a plain tensor of that shape, dtype and device and the weights are the same
-    (contiguity does not matter to the ops). Autograd, autocast and the dropout between the GEMMs are
-    the ops' own business here."""
+    included), while x is a plain tensor of that shape, dtype and device and the same Parameters are
+    registered. The ops read a whole Parameter as it is at the call, as the module replaced would, so
+    only a row slice's Parameter is checked for its address and layout (a slice taken before its
+    ``.data`` was replaced reads the old memory); contiguity does not matter to the ops. Autograd,
+    autocast and the dropout between the GEMMs are the ops' own business here."""
 
     __slots__ = ("route", "shape", "dtype", "device", "signature", "weights", "w", "act", "mid", "post",
                  "train_source", "fast")
@@ -587,18 +595,18 @@ class _KeptEager:
         # x's exact type, device, dtype and shape as C reads them (None: checked here, weights too)
         k.signature = None if weights.layout is None else _tensor_signature(x)
         k.fast = None if k.signature is None else _KeptEagerFast(
-            _linear, k.act, *k.w, k.signature, weights.held, weights.layout, route, k.mid, k.post,
-            DROPOUTS, bool(k.train_source), _GLOBAL_HOOKS, _tracing_state)
+            _linear, k.act, *k.w, k.signature, weights.held, weights.sliced_layout, weights.sliced, route,
+            k.mid, k.post, DROPOUTS, bool(k.train_source), _GLOBAL_HOOKS, _tracing_state)
         return k
 
     def run(self, module, x):
         """The output for `x` (before the dropout after the FFN), or None when the general route has to run."""
         w = self.weights
         if self.signature is not None:
-            if _kept_match(x, self.signature, w.held, w.layout) is None:
+            if _kept_match(x, self.signature, w.held, w.sliced_layout, w.sliced) is None:
                 return None
         elif (type(x) is not _Tensor or x.shape != self.shape or x.dtype is not self.dtype or x.device != self.device
-                or not w.same()):
+                or not w.same(laid=w.sliced)):
             return None
         if self.route.stale or (self.train_source and module.training):
             return None

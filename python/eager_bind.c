@@ -46,7 +46,7 @@ PyObject *fuser_py_eager(PyObject *module, PyObject *const *args, Py_ssize_t nar
 /* The fields of kept_eager's `k`, in the order of fuser.module's _KeptEagerFast (a kept eager route's `fast`). */
 enum {
     K_LINEAR, K_ACT, K_TENSORS,                      /* K_TENSORS..+5: w_up, w_down, w_gate, b_up, b_gate, b_down */
-    K_SIGNATURE = K_TENSORS + 6, K_HELD, K_LAYOUT,   /* kept_match's arguments */
+    K_SIGNATURE = K_TENSORS + 6, K_HELD, K_LAYOUT, K_LAID,   /* kept_match's arguments */
     K_ROUTE, K_MID, K_POST, K_DROPOUTS, K_TRAIN_SOURCE, K_HOOKS, K_TRACING, K_FIELDS
 };
 
@@ -189,8 +189,8 @@ PyObject *fuser_py_kept_eager(PyObject *module, PyObject *const *args, Py_ssize_
     int ok = plain_call(st, args[0], k);
     if (ok <= 0)
         return ok < 0 ? NULL : Py_NewRef(Py_None);
-    PyObject *match[4] = {args[1], k[K_SIGNATURE], k[K_HELD], k[K_LAYOUT]};
-    PyObject *same = fuser_py_kept_match(module, match, 4);
+    PyObject *match[5] = {args[1], k[K_SIGNATURE], k[K_HELD], k[K_LAYOUT], k[K_LAID]};
+    PyObject *same = fuser_py_kept_match(module, match, 5);
     if (!same || same == Py_None)
         return same;
     Py_DECREF(same);

@@ -245,8 +245,10 @@ PyObject *fuser_py_tensor_signature(PyObject *module, PyObject *x)
 }
 
 /* Whether every row (registry, name, owner, parameters, pname, p, ...) of `held` still holds and the
- * p's have tensor_layout `layout`: 1, 0, or -1 with an exception set. */
-static int weights_unchanged(fuser_state *st, PyObject *held, PyObject *layout)
+ * p's of the rows in the bit mask `laid` (bit i: row i) have tensor_layout `layout`: 1, 0, or -1 with an
+ * exception set. A row left out of `laid` is checked for identity alone (the same Parameter registered
+ * under its name), which is all a caller needs that reads the Parameter itself at each call. */
+static int weights_unchanged(fuser_state *st, PyObject *held, PyObject *layout, unsigned long laid)
 {
     if (!PyTuple_Check(held) || !PyBytes_Check(layout)) {
         PyErr_SetString(PyExc_TypeError, "held: expected a tuple, layout: bytes");
@@ -274,19 +276,22 @@ static int weights_unchanged(fuser_state *st, PyObject *held, PyObject *layout)
         PyObject *p = PyDict_GetItemWithError(PyTuple_GET_ITEM(row, 3), PyTuple_GET_ITEM(row, 4));
         if (p != PyTuple_GET_ITEM(row, 5))
             return PyErr_Occurred() ? -1 : 0;
-        /* each still at the same address with the same dtype, device, shape and strides */
-        if (!pack(st, p, PACK_LAYOUT, buf, &used, 8 * PACK_WORDS, NULL))
+        /* each laid one still at the same address with the same dtype, device, shape and strides */
+        if ((laid >> i & 1) && !pack(st, p, PACK_LAYOUT, buf, &used, 8 * PACK_WORDS, NULL))
             return 0;
     }
     Py_ssize_t bytes = used * (Py_ssize_t)sizeof buf[0];
     return PyBytes_GET_SIZE(layout) == bytes && !memcmp(PyBytes_AS_STRING(layout), buf, (size_t)bytes);
 }
 
-/* kept_match(x, signature, held, layout) -> int or None */
+/* kept_match(x, signature, held, layout, laid=-1) -> int or None */
 PyObject *fuser_py_kept_match(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4 || !PyBytes_Check(args[1]))
-        return PyErr_Format(PyExc_TypeError, "kept_match(x, signature: bytes, held, layout)");
+    if ((nargs != 4 && nargs != 5) || !PyBytes_Check(args[1]) || (nargs == 5 && !PyLong_Check(args[4])))
+        return PyErr_Format(PyExc_TypeError, "kept_match(x, signature: bytes, held, layout, laid: int = -1)");
+    unsigned long laid = nargs == 5 ? PyLong_AsUnsignedLongMask(args[4]) : ~0UL;
+    if (laid == (unsigned long)-1 && PyErr_Occurred())
+        return NULL;
     fuser_state *st = fuser_get_state(module);
     int64_t buf[PACK_WORDS];
     Py_ssize_t used = 0;
@@ -296,7 +301,7 @@ PyObject *fuser_py_kept_match(PyObject *module, PyObject *const *args, Py_ssize_
     Py_ssize_t bytes = used * (Py_ssize_t)sizeof buf[0];
     if (PyBytes_GET_SIZE(args[1]) != bytes || memcmp(PyBytes_AS_STRING(args[1]), buf, (size_t)bytes))
         Py_RETURN_NONE;
-    int same = weights_unchanged(st, args[2], args[3]);
+    int same = weights_unchanged(st, args[2], args[3], laid);
     if (same <= 0)
         return same < 0 ? NULL : Py_NewRef(Py_None);
     return PyLong_FromVoidPtr(data);

@@ -113,10 +113,11 @@ static PyMethodDef module_methods[] = {
      "tensor_signature(x) -> bytes or None: x's exact type, device, dtype and shape as tensor_layout reads\n"
      "them (no address, no strides); None where tensor_layout would give None."},
     {"kept_match", (PyCFunction)(void (*)(void))fuser_py_kept_match, METH_FASTCALL,
-     "kept_match(x, signature, held, layout) -> int or None: the check of FusedFFN's kept routes. None\n"
-     "unless x has tensor_signature `signature`, every row (registry, name, owner, parameters, pname, p, ...)\n"
-     "of `held` still holds (registry[name] is owner, parameters[pname] is p) and the p's have tensor_layout\n"
-     "`layout`; then x's data address where x is contiguous row-major, else 0."},
+     "kept_match(x, signature, held, layout, laid=-1) -> int or None: the check of FusedFFN's kept routes.\n"
+     "None unless x has tensor_signature `signature`, every row (registry, name, owner, parameters, pname,\n"
+     "p, ...) of `held` still holds (registry[name] is owner, parameters[pname] is p) and the p's of the rows\n"
+     "in the bit mask `laid` (bit i: row i; -1: all) have tensor_layout `layout`; then x's data address where\n"
+     "x is contiguous row-major, else 0."},
     {"eager", (PyCFunction)(void (*)(void))fuser_py_eager, METH_FASTCALL,
      "eager(linear, act, x, w_up, w_down, w_gate, b_up, b_gate, b_down) -> y: the eager route's ops,\n"
      "fuser.reference.eager's calls in its order (linear: torch.nn.functional.linear; act: a value of\n"

@@ -67,7 +67,7 @@ def test_host_overhead_pieces_time_the_c_calls_inside_the_routes(tmp_path):
     rows = json.loads(out.read_text())["eager"]
     assert len(rows) == 3 and r.stdout.count("pieces: ffn_key") == 3
     for row in rows:
-        assert {"ffn_key", "kept_match", "kept_eager"} <= set(row), row
+        assert {"ffn_key", "kept_match", "kept_eager", "kept_eager_all"} <= set(row), row
         assert 0 < row["ffn_key"] < row["ops"] and 0 < row["kept_match"] < row["ops"] < row["kept_eager"] * 2, row
 
 

@@ -191,10 +191,49 @@ def test_kept_match_checks_x_and_every_weight():
 
 
 @needs_exchange
-def test_kept_eager_route_sees_a_weight_seen_another_way():
-    """A square weight whose data is replaced by its own transpose keeps its address and shape; the kept
-    route reads the strides too, so the call is routed again and judged as a first call would be (a
-    weight that is not contiguous is refused, naming it)."""
+def test_kept_match_checks_the_layouts_of_the_laid_rows_only():
+    """`laid` (a bit per row of `held`): the rows whose Parameter's layout is checked; every row's identity
+    is checked whatever the mask."""
+    lin = nn.Linear(8, 8)
+    registry = {"lin": lin}
+    held = tuple((registry, "lin", lin, lin._parameters, name, p) for name, p in lin.named_parameters())
+    x = torch.randn(3, 8)
+    signature = _C.tensor_signature(x)
+    bias_only = _C.tensor_layout(lin.bias)
+    assert _C.kept_match(x, signature, held, bias_only, 0b10) == x.data_ptr()
+    assert _C.kept_match(x, signature, held, b"", 0) == x.data_ptr()
+    assert _C.kept_match(x, signature, held, bias_only) is None        # all rows laid: the weight's missing
+    lin.weight.data = torch.randn(8, 8)                                # new memory, in a row not laid
+    assert _C.kept_match(x, signature, held, bias_only, 0b10) == x.data_ptr()
+    lin.bias.data = torch.randn(8)                                     # ...and in one laid
+    assert _C.kept_match(x, signature, held, bias_only, 0b10) is None
+    lin.bias = nn.Parameter(torch.randn(8))                           # a new Parameter: no row passes
+    assert _C.kept_match(x, signature, held, b"", 0) is None
+    with pytest.raises(TypeError, match="laid: int"):
+        _C.kept_match(x, signature, held, b"", "all")
+
+
+@needs_exchange
+def test_kept_eager_route_describes_x_and_the_sliced_weights_only():
+    """A kept eager call reads x through the exchange API, and of the weights only those it holds as row
+    slices (whose Parameter's memory it must see unchanged); the ops read every other Parameter itself."""
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(16, 48), nn.GELU(), nn.Linear(48, 16))
+    m = fuser.FusedFFN.from_module(mlp).eval()
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        m(x)
+        before = _C.tensor_intake()["exchanged"]
+        for _ in range(5):
+            m(x)
+        assert _C.tensor_intake()["exchanged"] - before == 5
+
+
+@needs_exchange
+def test_kept_eager_route_runs_a_weight_seen_another_way_as_the_module_does():
+    """A square weight whose data is replaced by its own transpose keeps its address and shape: the kept
+    eager route's ops read the Parameter as it now is, giving the module's own result; a new swap refuses
+    the weight, which the fused kernels cannot read (not contiguous), naming it."""
     torch.manual_seed(0)
     mlp = nn.Sequential(nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 16))
     m = fuser.FusedFFN.from_module(mlp).eval()
@@ -203,10 +242,9 @@ def test_kept_eager_route_sees_a_weight_seen_another_way():
         m(x)
         assert m.__dict__["_kept"].signature is not None
         mlp[0].weight.data = mlp[0].weight.data.t()
-        with pytest.raises(ValueError, match="w_up: strides .* are not contiguous row-major"):
-            m(x)
+        torch.testing.assert_close(m(x), mlp(x), rtol=0, atol=0)
     with pytest.raises(ValueError, match="0.weight is not contiguous"):
-        fuser.FusedFFN.from_module(mlp)                                 # a weight a new swap refuses too
+        fuser.FusedFFN.from_module(mlp)
 
 
 # ---- the operator's shortcut -----------------------------------------------------------------------

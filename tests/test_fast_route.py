@@ -51,9 +51,15 @@ def test_second_call_keeps_the_route_and_sees_every_weight_change(exchange):
         mlp[0].weight.mul_(-2)                                       # in place: the kept route sees it
         torch.testing.assert_close(m(x), reference(m, x))
         assert m.__dict__["_kept"] is kept
-        mlp[2].weight.data = torch.randn(16, 48)                     # .data replaced: rebuilt
+        mlp[2].weight.data = torch.randn(16, 48)                     # .data replaced: the ops read it
         torch.testing.assert_close(m(x), reference(m, x))
-        assert m.__dict__["_kept"] is not kept
+        assert m.__dict__["_kept"] is kept
+        mlp[2].weight.data = torch.randn(16, 24)                     # another shape: the ops refuse it,
+        with pytest.raises(RuntimeError, match="shape"):             # as the module replaced does
+            m(x)
+        with pytest.raises(RuntimeError, match="shape"):
+            mlp(x)
+        mlp[2].weight.data = torch.randn(16, 48)
     mlp[2].bias = nn.Parameter(torch.randn(16))                      # a new Parameter: rebuilt
     with torch.no_grad():
         torch.testing.assert_close(m(x), reference(m, x))
