@@ -165,11 +165,16 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
     const double sw = pair == FUSER_PAIR_ROWS ? 0.5 : 1, sx = pair == FUSER_PAIR_TILES ? 0.5 : 1;
     double T = 0, busy[2] = {0, 0}; /* busy: a unit's MMAs, epilogue and fixed cost */
     const double hbm = t->hbm_gbs * 1e9;
+    /* one round of 128-row phase-1 units on one row tile (64-128 tokens), each SM one unit of GEMM1 over
+     * the whole of d_model: their main loops run at the matmul rate, above the GEMM probe's (unit traces:
+     * docs/planner.md "64-128 tokens") */
+    const int round1 = g.rt == 1 && !g.one && p->bm == 128 && !swap && g.s1 == 1 && ph[0].units <= G;
+    const double mma_ph[2] = {round1 ? mma_sm * t->stream_round_mma_eff / t->stream_mma_eff : mma_sm, mma_sm};
     for (int i = 0; i < 2; i++) {
         if (ph[i].units == 0)
             continue;
         const double active = fmin(ph[i].units, (double)G);
-        busy[i] = ph[i].f / (mma_sm * wgmma_eff(t, ph[i].nw)) + ph[i].f1 / (mma_sm * wgmma_eff(t, nw1)) +
+        busy[i] = ph[i].f / (mma_ph[i] * wgmma_eff(t, ph[i].nw)) + ph[i].f1 / (mma_sm * wgmma_eff(t, nw1)) +
                   ph[i].epi / (t->sm_load_gbs * 1e9) + unit;
         const double one = fmax((ph[i].w + ph[i].x) / per_sm, busy[i]);
         const double rounds = ceil(ph[i].units / G);

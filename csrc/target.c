@@ -107,6 +107,9 @@ static const fuser_target builtin[] = {
         /* measured e4m3 7B-70B plans show ~1x their modelled tail at 2-3 row tiles of 128 tokens and
          * 0-0.5x at 8-16, so the tail is scaled by 384 / rows beyond 384 rows (the fit: docs/planner.md) */
         .stream_fp8_tail_rows = 384.0,
+        /* one round of 128-row phase-1 units at 64-128 tokens: LLaMA-2-7B's 86 units of 268 MFLOP ran their
+         * main loops in 45.7 us, the matmul rate (unit traces, docs/planner.md "64-128 tokens") */
+        .stream_round_mma_eff = 1.0,
         .fusion_margin = 0.10,      /* policy: the calibrated model's typical error is ~20% (log error
                                        0.037 leave-one-shape-out), so gains under 10% are not trusted */
         .stream_margin = 0.04,      /* policy: fitted without S8, the models pick for it a stream plan
@@ -147,6 +150,7 @@ static const fuser_target builtin[] = {
         .stream_mma_eff = 0.80, .stream_fixed_us = 1.194, .stream_time_scale = 1.14, /* the H200's */
         .stream_operand_bytes_per_clk = 93.713, .stream_unit_us = 1.985, .stream_sm_gbs = 75.6,
         .stream_unit_one_us = 0.794, .stream_unit_one_kb = 96.0, .stream_fp8_tail_rows = 384.0,
+        .stream_round_mma_eff = 1.0,
         .fusion_margin = 0.10,
         .stream_margin = 0.04,
         .max_workspace = (int64_t)256 << 20,
@@ -213,14 +217,14 @@ int fuser_target_check(const fuser_target *t, fuser_err *err)
         {"stream_time_scale", t->stream_time_scale}, {"stream_operand_bytes_per_clk", t->stream_operand_bytes_per_clk},
         {"stream_sm_gbs", t->stream_sm_gbs}, {"eager_op_us", t->eager_op_us}, {"eager_mma_eff", t->eager_mma_eff},
         {"eager_fp8_mma_eff", t->eager_fp8_mma_eff}, {"eager_fp8_hbm_eff", t->eager_fp8_hbm_eff},
-        {"eager_ramp_mb", t->eager_ramp_mb},
+        {"eager_ramp_mb", t->eager_ramp_mb}, {"stream_round_mma_eff", t->stream_round_mma_eff},
     };
     for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
         if (!(pos[i].v > 0) || !isfinite(pos[i].v))
             return fuser_fail(err, FUSER_E_VALUE, "target %s: %s must be positive, got %g", t->name, pos[i].name,
                               pos[i].v);
     if (t->fused_mma_eff > 1 || t->small_gemm_eff > 1 || t->stream_mma_eff > 1 || t->eager_mma_eff > 1 ||
-        t->eager_fp8_hbm_eff > 1)
+        t->eager_fp8_hbm_eff > 1 || t->stream_round_mma_eff > 1)
         return fuser_fail(err, FUSER_E_VALUE, "target %s: efficiencies must be in (0, 1]", t->name);
     if (t->max_cluster != 8 && t->max_cluster != 16)
         return fuser_fail(err, FUSER_E_VALUE, "target %s: max_cluster must be 8 or 16, got %d", t->name,

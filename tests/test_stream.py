@@ -277,3 +277,37 @@ def test_k_splits_of_128_row_tiles_pay_their_partials_through_hbm():
     dec = dict(kw, bm=16, stages=6, s2=4)
     assert fuser.plan(1, 4096, 11008, **dict(dec, s1=3)).breakdown["hbm"] == pytest.approx(
         fuser.plan(1, 4096, 11008, **dict(dec, s1=1)).breakdown["hbm"], rel=0.02)
+
+
+def test_one_round_of_128_row_units_runs_at_the_matmul_rate():
+    """At 64-128 tokens a plan of one K split whose phase-1 units all run at once (LLaMA-2-7B: 86 units of
+    268 MFLOP on 132 SMs) ran their main loops at the matmul rate in the H200's unit traces, not the GEMM
+    probe's 0.8 of it: 86.9 us measured, 104.6 predicted at the probe's rate (docs/planner.md, "64-128
+    tokens"). Those units are priced at ``stream_round_mma_eff``; units of several K splits, of several
+    row tiles, or more than one round keep the probe's rate, and the value is validated."""
+    h200 = fuser.plan(1, 64, 256).target
+    probe = dict(h200, stream_round_mma_eff=h200["stream_mma_eff"])
+    kw = dict(gated=True, activation="silu", fused=True, kind="stream", bm=128, bn=128, bl=128, stages=4)
+    one = dict(kw, s1=1, s2=4)
+    fast, slow = (fuser.plan(128, 4096, 11008, target=t, **one).predicted_us for t in (h200, probe))
+    assert h200["stream_round_mma_eff"] == 1.0 and fast < 0.92 * slow
+    assert abs(fast - 86.9) < abs(slow - 86.9)
+    for m, d, f, cons in ((128, 4096, 11008, dict(kw, s1=3, s2=4)),     # several K splits
+                          (256, 4096, 11008, one),                      # two row tiles
+                          (128, 8192, 28672, dict(one, s2=2))):         # two rounds of 224 units
+        a, b = (fuser.plan(m, d, f, target=t, **cons).predicted_us for t in (h200, probe))
+        assert a == pytest.approx(b, rel=1e-12), (m, d, f, cons)
+    for bad in (0.0, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="stream_round_mma_eff|efficiencies"):
+            fuser.plan(128, 4096, 11008, target=dict(h200, stream_round_mma_eff=bad), **one)
+
+
+def test_the_search_offers_one_round_of_128_row_units_on_half_the_sms():
+    """The search's fill rule asks a phase of at least three quarters of the SMs' worth of units, but a
+    single round of 128-row phase-1 units needs only half: the SMs it leaves idle start phase 2. Timed on
+    the H200 (docs/planner.md, "64-128 tokens"), LLaMA-2-7B's plan of 86 such units ran 1.04-1.05x faster
+    than PyTorch's ops, S2's of 88 1.11x, S3's 1.05x at 128 tokens; the planner now picks them."""
+    for d, f in ((4096, 11008), (2048, 5632)):
+        p = fuser.plan(128, d, f, gated=True, activation="silu", target="h200")
+        assert p.fused and (p.tiles["bm"], p.splits[0]) == (128, 1), p.summary()
+        assert p.derived["nt1"] < 99, p.summary()

@@ -67,6 +67,8 @@ typedef struct fuser_target {
      * plan whose units each read their own weights and wait for nothing: of a single row tile, or of
      * units that all run at once (one round) reading at most stream_unit_one_kb KB of weights each */
     double stream_operand_bytes_per_clk, stream_unit_us, stream_unit_one_us, stream_unit_one_kb;
+    /* the MMA rate (over the matmul rate) of a single round of 128-row phase-1 units on one row tile */
+    double stream_round_mma_eff;
     /* bytes per second one SM of the stream kernel pulls (TMA into its ring; measured 26-50 GB/s in
      * unit traces): what a phase with fewer units than SMs is limited by */
     double stream_sm_gbs;
