@@ -213,16 +213,24 @@ def test_kept_match_checks_the_layouts_of_the_laid_rows_only():
         _C.kept_match(x, signature, held, b"", "all")
 
 
+def kept_eager_mlp(d, f):
+    """A GELU MLP d -> f -> d, its FusedFFN (eval) and an input the FusedFFN has been called with once (so it
+    keeps its eager route for that shape)."""
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(d, f), nn.GELU(), nn.Linear(f, d))
+    m = fuser.FusedFFN.from_module(mlp).eval()
+    x = torch.randn(3, d)
+    with torch.no_grad():
+        m(x)
+    return mlp, m, x
+
+
 @needs_exchange
 def test_kept_eager_route_describes_x_and_the_sliced_weights_only():
     """A kept eager call reads x through the exchange API, and of the weights only those it holds as row
     slices (whose Parameter's memory it must see unchanged); the ops read every other Parameter itself."""
-    torch.manual_seed(0)
-    mlp = nn.Sequential(nn.Linear(16, 48), nn.GELU(), nn.Linear(48, 16))
-    m = fuser.FusedFFN.from_module(mlp).eval()
-    x = torch.randn(3, 16)
+    mlp, m, x = kept_eager_mlp(16, 48)
     with torch.no_grad():
-        m(x)
         before = _C.tensor_intake()["exchanged"]
         for _ in range(5):
             m(x)
@@ -234,12 +242,8 @@ def test_kept_eager_route_runs_a_weight_seen_another_way_as_the_module_does():
     """A square weight whose data is replaced by its own transpose keeps its address and shape: the kept
     eager route's ops read the Parameter as it now is, giving the module's own result; a new swap refuses
     the weight, which the fused kernels cannot read (not contiguous), naming it."""
-    torch.manual_seed(0)
-    mlp = nn.Sequential(nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 16))
-    m = fuser.FusedFFN.from_module(mlp).eval()
-    x = torch.randn(3, 16)
+    mlp, m, x = kept_eager_mlp(16, 16)
     with torch.no_grad():
-        m(x)
         assert m.__dict__["_kept"].signature is not None
         mlp[0].weight.data = mlp[0].weight.data.t()
         torch.testing.assert_close(m(x), mlp(x), rtol=0, atol=0)

@@ -72,7 +72,8 @@ def test_second_call_keeps_the_route_and_sees_every_weight_change(exchange):
 
 def test_sliced_gate_up_weight_replaced_is_seen(exchange):
     """Phi-3 keeps gate and up in one Parameter, sliced by rows at every general call: the kept slices
-    would be stale views if the Parameter's data were replaced, so the address is checked."""
+    would be stale views if the Parameter's data were replaced, so the address is checked (in C: x and the
+    two sliced rows read through the exchange API at each call, not the whole down weight)."""
     model, inputs = hf("phi3")
     model.eval()
     ref = copy.deepcopy(model)
@@ -83,6 +84,11 @@ def test_sliced_gate_up_weight_replaced_is_seen(exchange):
         mlp(x)
         mlp(x)
         kept_eager(mlp)
+        if exchange:
+            from fuser import _C
+            before = _C.tensor_intake()["exchanged"]
+            mlp(x)
+            assert _C.tensor_intake()["exchanged"] - before == 3
         gu = mlp.get_submodule("gate_up_proj").weight
         gu.data = torch.randn_like(gu) * 0.1
         torch.testing.assert_close(mlp(x), reference(mlp, x))
