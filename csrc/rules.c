@@ -238,7 +238,7 @@ const fuser_rule fuser_rules[] = {
     {"stream_geometry", "stream kernel: wgmma tile widths, accumulators fit, no empty split, int32 units",
      FUSER_LEVEL_FULL, r_stream_geometry},
     {"stream_fill", "stream kernel: each phase has units for 3/4 of the SMs (or the most any split gives), "
-     "but a decode phase whose weights fit L2",
+     "but a decode phase whose weights fit L2; a phase 1 of one 128-row tile, half the SMs",
      FUSER_LEVEL_CHOICE, r_stream_fill},
     {"smem_capacity", "shared memory within the per-block limit", FUSER_LEVEL_FULL, r_smem_capacity},
     {"registers", "estimated registers within the per-thread budget", FUSER_LEVEL_FULL, r_registers},
