@@ -177,8 +177,9 @@ static int r_stream_fill(const fuser_plan *p, const fuser_target *t)
     const int small2 = decode && fuser_stream_phase_weights(p, 2) <= FUSER_STREAM_L2_BYTES;
     /* (one phase: no phase-1 units; GEMM1 runs inside the phase-2 units) */
     const int64_t most1 = most_units(rt * p->nt1, p->kt, fuser_stream_max_s1(p));
-    /* one round of 128-row phase-1 units on one row tile runs at the matmul rate while the SMs it leaves
-     * idle start phase 2 (unit traces: docs/planner.md "64-128 tokens"): half the SMs suffice there */
+    /* a phase 1 of one 128-row tile: its units run at once and the SMs they leave idle start phase 2 (unit
+     * traces: docs/planner.md "64-128 tokens"), so half the SMs' worth of units suffice there and the
+     * cost model judges the rest */
     const int64_t want1 = p->bm == 128 && rt == 1 && !fuser_stream_swap(p) ? t->sm_count / 2 : want;
     return (!small1 && p->phases != 1 && u1 < fuser_min64(want1, most1)) ||
            (!small2 && u2 < fuser_min64(want, p->lspan > 1 ? rt * lg * ((kt2 * kc + p->bn - 1) / p->bn)
