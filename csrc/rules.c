@@ -179,11 +179,14 @@ static int r_stream_fill(const fuser_plan *p, const fuser_target *t)
     const int64_t most1 = most_units(rt * p->nt1, p->kt, fuser_stream_max_s1(p));
     /* a phase 1 of one 128-row tile: its units run at once and the SMs they leave idle start phase 2 (unit
      * traces: docs/planner.md "64-128 tokens"), so half the SMs' worth of units suffice there and the
-     * cost model judges the rest */
-    const int64_t want1 = p->bm == 128 && rt == 1 && !fuser_stream_swap(p) ? t->sm_count / 2 : want;
+     * cost model judges the rest; after one phase-1 split, phase 2 likewise (a round of units that start
+     * as phase 1's end) */
+    const int round = p->bm == 128 && rt == 1 && !fuser_stream_swap(p);
+    const int64_t want1 = round ? t->sm_count / 2 : want;
+    const int64_t want2 = round && p->phases == 2 && p->s1 == 1 ? t->sm_count / 2 : want;
     return (!small1 && p->phases != 1 && u1 < fuser_min64(want1, most1)) ||
-           (!small2 && u2 < fuser_min64(want, p->lspan > 1 ? rt * lg * ((kt2 * kc + p->bn - 1) / p->bn)
-                                                         : most_units(rt * p->lt2, kt2, 16)));
+           (!small2 && u2 < fuser_min64(want2, p->lspan > 1 ? rt * lg * ((kt2 * kc + p->bn - 1) / p->bn)
+                                                          : most_units(rt * p->lt2, kt2, 16)));
 }
 
 /* FULL: shared memory (pipeline stages, exchange buffer, H slices) must fit one block's opt-in limit. */
@@ -239,7 +242,8 @@ const fuser_rule fuser_rules[] = {
     {"stream_geometry", "stream kernel: wgmma tile widths, accumulators fit, no empty split, int32 units",
      FUSER_LEVEL_FULL, r_stream_geometry},
     {"stream_fill", "stream kernel: each phase has units for 3/4 of the SMs (or the most any split gives), "
-     "but a decode phase whose weights fit L2; a phase 1 of one 128-row tile, half the SMs",
+     "but a decode phase whose weights fit L2; a phase 1 of one 128-row tile (and its phase 2 after one "
+     "split), half the SMs",
      FUSER_LEVEL_CHOICE, r_stream_fill},
     {"smem_capacity", "shared memory within the per-block limit", FUSER_LEVEL_FULL, r_smem_capacity},
     {"registers", "estimated registers within the per-thread budget", FUSER_LEVEL_FULL, r_registers},
