@@ -22,6 +22,7 @@ static const int grid_n_targets[] = {1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20,
 /* the stream family: token rows of a row tile, tiles, K splits of either phase; stages: the most that fit */
 static const int stream_bm_set[] = {16, 32, 64, 128};
 static const int stream_tile_set[] = {64, 128, 192, 256};
+static const int stream_bn_set[] = {64, 96, 128, 192, 256}; /* 96: 128-row tiles only (plan.c) */
 const int fuser_stream_splits[] = {1, 2, 3, 4, 6, 8, 12, 16};
 const int fuser_num_stream_splits = (int)(sizeof fuser_stream_splits / sizeof fuser_stream_splits[0]);
 #define stream_split_set fuser_stream_splits
@@ -131,7 +132,7 @@ static const int stream_phase_set[] = {2, 1, -1};
 static int64_t stream_leaves(const fuser_chain *c)
 {
     (void)c;
-    return (int64_t)COUNT(stream_phase_set) * COUNT(stream_bm_set) * COUNT(stream_tile_set) * COUNT(stream_tile_set) *
+    return (int64_t)COUNT(stream_phase_set) * COUNT(stream_bm_set) * COUNT(stream_bn_set) * COUNT(stream_tile_set) *
            COUNT(stream_split_set) * COUNT(stream_split_set);
 }
 
@@ -194,13 +195,13 @@ static void search_stream(const fuser_chain *c, const fuser_target *t, const fus
         return;
     for (int ip = 0; ip < COUNT(stream_phase_set); ip++)
     for (int ib = 0; ib < COUNT(stream_bm_set); ib++)
-    for (int jn = 0; jn < COUNT(stream_tile_set); jn++)
+    for (int jn = 0; jn < COUNT(stream_bn_set); jn++)
     for (int jl = 0; jl < COUNT(stream_tile_set); jl++)
     for (int a = 0; a < COUNT(stream_split_set); a++)
     for (int b = 0; b < COUNT(stream_split_set); b++) {
         const int whole = stream_phase_set[ip] < 0;
         p.phases = whole ? 1 : stream_phase_set[ip];
-        p.bm = stream_bm_set[ib], p.bn = stream_tile_set[jn], p.bl = stream_tile_set[jl];
+        p.bm = stream_bm_set[ib], p.bn = stream_bn_set[jn], p.bl = stream_tile_set[jl];
         p.s1 = stream_split_set[a];
         p.s2 = whole ? (int)fuser_ceil_div(fuser_ceil_div(c->n, fuser_kstep_cols(c->dtype)), stream_split_set[b]) : stream_split_set[b];
         p.lspan = whole ? (int)fuser_ceil_div(c->l, p.bl) : 1;
