@@ -196,7 +196,7 @@ static int r_stream_bn96(const fuser_plan *p, const fuser_target *t)
 {
     (void)t;
     const int64_t last = p->chain.m - (p->grid_m - 1) * p->bm;
-    return p->kind == FUSER_KIND_STREAM && p->bn == 96 && 2 * last <= p->bm;
+    return p->kind == FUSER_KIND_STREAM && (p->bn == 96 || p->bn == 112) && 2 * last <= p->bm;
 }
 
 /* FULL: shared memory (pipeline stages, exchange buffer, H slices) must fit one block's opt-in limit. */
@@ -255,7 +255,7 @@ const fuser_rule fuser_rules[] = {
      "but a decode phase whose weights fit L2; a phase 1 of one 128-row tile (and its phase 2 after one "
      "split), half the SMs",
      FUSER_LEVEL_CHOICE, r_stream_fill},
-    {"stream_bn96", "stream kernel: 96-wide n-tiles where the last 128-row tile holds more than 64 tokens",
+    {"stream_bn96", "stream kernel: 96- and 112-wide n-tiles where the last 128-row tile holds more than 64 tokens",
      FUSER_LEVEL_CHOICE, r_stream_bn96},
     {"smem_capacity", "shared memory within the per-block limit", FUSER_LEVEL_FULL, r_smem_capacity},
     {"registers", "estimated registers within the per-thread budget", FUSER_LEVEL_FULL, r_registers},

@@ -154,21 +154,25 @@ def test_stream_stub_matches_its_golden_file():
         assert len(src.splitlines()) < 60
 
 
-def test_96_wide_n_tiles_put_phase_1_on_more_sms():
-    """d_ff 11008 (LLaMA-2-7B, S3, S5) makes 86 n-tiles of 128 on 132 SMs and 115 of 96 (wgmma N 96, 128-row
-    tiles only). Timed twice on the H200 beside eager and the old pick (docs/planner.md, "96-wide n-tiles"):
-    LLaMA-2-7B at 128 tokens 81.5 us against 86.0-87.2 for bn 128, 1.12-1.15x eager at 96-128 tokens; at 48-64
-    tokens (a 128-row tile at most half full) they ran 0.89-0.99x, so the search keeps them out there."""
+def test_96_and_112_wide_n_tiles_put_phase_1_on_more_sms():
+    """d_ff 11008 (LLaMA-2-7B, S3, S5) makes 86 n-tiles of 128 on 132 SMs and 115 of 96, 14336 (LLaMA-3-8B) 112
+    of 128 and 128 of 112 (wgmma N 96 and 112, 128-row tiles only). Timed twice on the H200 beside eager and
+    the old pick (docs/planner.md, "96- and 112-wide n-tiles"): LLaMA-2-7B at 128 tokens 81.5 us against
+    86.0-87.2 for bn 128, LLaMA-3-8B 100.0-101.2 against 103.0-103.2; at 48-64 tokens (a 128-row tile at most
+    half full) the 96-wide plans ran 0.89-0.99x, so the search keeps them out there."""
     for m in (77, 96, 100, 128):
         p = fuser.plan(m, 4096, 11008, gated=True, activation="silu", target="h200")
         assert p.fused and (p.tiles["bm"], p.tiles["bn"]) == (128, 96) and p.derived["nt1"] == 115, p.summary()
+        p = fuser.plan(m, 4096, 14336, gated=True, activation="silu", target="h200")
+        assert p.fused and (p.tiles["bm"], p.tiles["bn"]) == (128, 112) and p.derived["nt1"] == 128, p.summary()
     for m in (48, 64):
         p = fuser.plan(m, 4096, 11008, gated=True, activation="silu", target="h200")
         assert not p.fused or p.tiles["bn"] != 96, p.summary()
     kw = dict(gated=True, activation="silu", target="h200", fused=True, kind="stream", bn=96, s1=1, s2=4)
-    for bad in (dict(bm=64), dict(bm=16), dict(bm=128, cluster=(2, 1, 1, 1)), dict(bm=128, phases=1)):
-        with pytest.raises(ValueError, match="bn = 96 needs bm = 128|bn and bl must be 128"):
-            fuser.plan(128, 4096, 11008, **{**kw, **bad})
+    for bn in (96, 112):
+        for bad in (dict(bm=64), dict(bm=16), dict(bm=128, cluster=(2, 1, 1, 1)), dict(bm=128, phases=1)):
+            with pytest.raises(ValueError, match=f"bn = {bn} needs bm = 128|bn and bl must be 128"):
+                fuser.plan(128, 4096, 11008, **{**kw, **bad, "bn": bn})
 
 
 def stages2(m, d, f, gated=True, **kw):

@@ -2,7 +2,7 @@
 layout (bm 16 and 32 swap-AB, 64, 128) x plain / gated x the four activations x bias or not x bfloat16 /
 float16 x K splits of either phase (none, some, many), over ragged token counts (one row tile, or several
 with a partial last one) and widths (448 -> 1472 -> 200: odd K step counts, a partial output tile),
-192-wide tiles, 96-wide n-tiles, phase 2's own ring after deep phase-1 slots, cluster pairs sharing an
+192-wide tiles, 96- and 112-wide n-tiles, phase 2's own ring after deep phase-1 slots, cluster pairs sharing an
 operand (both kinds, with ghost units), one-phase plans (units of one l-tile or of several, with many d_ff
 splits), and swap-AB tiles of many splits.
 
@@ -84,6 +84,14 @@ def cases():
         yield dict(bm=128, gated=gated, activation=ACTS[(j + 2) % 4], bias=j % 2 == 0,
                    dtype=("bfloat16", "float16")[j % 2], s1=splits[0], s2=splits[1], m=m, d_model=shape[0],
                    d_ff=shape[1], d_out=shape[2], bn=96, bl=bl)
+    # 112-wide n-tiles (wgmma N 112: three chunks of 32 columns and a tail of 16 in the H stores), likewise
+    for j, (gated, m, shape, bl, splits) in enumerate((
+            (True, 100, SHAPES[3], 128, (1, 3)),
+            (False, 3 * 128, SHAPES[2], 64, (2, 2)),
+            (True, 128 + 70, SHAPES[2], 128, (1, 4)))):
+        yield dict(bm=128, gated=gated, activation=ACTS[(j + 1) % 4], bias=j % 2 == 1,
+                   dtype=("bfloat16", "float16")[j % 2], s1=splits[0], s2=splits[1], m=m, d_model=shape[0],
+                   d_ff=shape[1], d_out=shape[2], bn=112, bl=bl)
     # one phase (each unit computes the H of its d_ff range into shared memory): every bm, gated or not,
     # several row tiles, d_ff 200 (the second n-tile of the range mostly beyond d_ff), split or not
     for j, (bm, gated, m, shape, tiles, s2) in enumerate((

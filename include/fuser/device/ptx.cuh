@@ -151,7 +151,7 @@ FUSER_DEVICE void store_relaxed_gpu(int *p, int v)
     asm volatile("st.relaxed.gpu.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-/* Stores of 2, 8 or 16 bytes made only where `ok`: one predicated instruction, so that the values are
+/* Stores of 2, 4, 8 or 16 bytes made only where `ok`: one predicated instruction, so that the values are
  * computed unconditionally and an epilogue stays straight-line code (a branch per store would fence
  * off each store's arithmetic from its neighbours' and leave the scheduler one element at a time). */
 FUSER_DEVICE void st_global_if(bool ok, uint16_t *p, uint16_t v)
@@ -162,6 +162,11 @@ FUSER_DEVICE void st_global_if(bool ok, uint16_t *p, uint16_t v)
 FUSER_DEVICE void st_global_if(bool ok, uint8_t *p, uint16_t v) /* the low byte of v */
 {
     asm volatile("{ .reg .pred q; setp.ne.b32 q, %0, 0; @q st.global.b8 [%1], %2; }" ::"r"((int)ok), "l"(p), "h"(v)
+                 : "memory");
+}
+FUSER_DEVICE void st_global_if(bool ok, uint32_t *p, uint32_t v)
+{
+    asm volatile("{ .reg .pred q; setp.ne.b32 q, %0, 0; @q st.global.b32 [%1], %2; }" ::"r"((int)ok), "l"(p), "r"(v)
                  : "memory");
 }
 FUSER_DEVICE void st_global_if(bool ok, uint2 *p, uint2 v)
