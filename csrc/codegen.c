@@ -55,8 +55,7 @@ int fuser_codegen(const fuser_plan *p, char *buf, size_t n, fuser_err *err)
         CHAIN_CONSTANTS(c),
         {"BM", p->bm}, {"BN", p->bn}, {"BL", p->bl}, {"S1", p->s1}, {"S2", p->s2}, {"STAGES", p->stages},
         {"PAIR", fuser_stream_pair(p)}, {"PHASES", p->phases}, {"LSPAN", p->lspan},
-        {"ROWSUM", fuser_stream_row_partials(p)}, {"STAGES2", fuser_stream_stages2(p)},
-        {"SMEM_BYTES", p->smem_bytes},
+        {"ROWSUM", fuser_stream_row_partials(p)}, {"SMEM_BYTES", p->smem_bytes},
     };
     const constant *k = p->kind == FUSER_KIND_STREAM ? stream : cluster;
     const size_t nk = p->kind == FUSER_KIND_STREAM ? sizeof stream / sizeof stream[0] : sizeof cluster / sizeof cluster[0];

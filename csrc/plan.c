@@ -280,19 +280,6 @@ int fuser_stream_row_partials(const fuser_plan *p)
     return fuser_stream_swap(p) && (p->phases == 1 || (p->chain.dtype == FUSER_E4M3 && p->bm == 128));
 }
 
-int fuser_stream_stages2(const fuser_plan *p)
-{
-    /* only 128-row tiles of at most four phase-1 slots (48 KB and more: gated bn 128, plain bn 256), which
-     * leave phase 2 three slots of W_down in flight; where phase 1 has more slots (bm 64, bn 64, swap-AB) the
-     * switch's drain costs more than more slots give (docs/kernels.md, step 40) */
-    if (p->kind != FUSER_KIND_STREAM || p->phases != 2 || fuser_stream_pair(p) != FUSER_PAIR_NONE ||
-        p->bm != 128 || fuser_stream_swap(p) || p->stages > 4)
-        return 0;
-    const int64_t slot2 = ((int64_t)p->bm * 128 + (int64_t)p->bl * 128 + 1023) / 1024 * 1024;
-    const int64_t n = fuser_min64(stream_stage_bytes(p) * p->stages / slot2, FUSER_STREAM_MAX_STAGES2);
-    return n > p->stages ? (int)n : 0;
-}
-
 int64_t fuser_stream_lgroups(const fuser_plan *p)
 {
     return p->phases == 1 ? fuser_ceil_div(p->lt2, p->lspan > 1 ? p->lspan : 1) : p->lt2;

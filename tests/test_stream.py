@@ -143,9 +143,6 @@ def test_stream_stub_matches_its_golden_file():
         # a quantized chain's 128-token tiles: phase 2's partials summed by every block (ROWSUM)
         "stream_fp8_stub.cu": fuser.plan(128, 4096, 14336, gated=True, activation="silu", target="h200", fused=True,
                                          kind="stream", dtype="float8_e4m3fn", bm=128, s1=1, s2=4),
-        # 128-row tiles of four 48 KB phase-1 slots: phase 2 in six slots of its own (STAGES2)
-        "stream_ring2_stub.cu": fuser.plan(128, 4096, 14336, gated=True, activation="silu", target="h200",
-                                           fused=True, kind="stream", bm=128, bn=128, bl=128, s1=1, s2=4),
     }
     for name, p in cases.items():
         src = fuser._C.codegen(p.raw, "h200")
@@ -173,43 +170,6 @@ def test_96_and_112_wide_n_tiles_put_phase_1_on_more_sms():
         for bad in (dict(bm=64), dict(bm=16), dict(bm=128, cluster=(2, 1, 1, 1)), dict(bm=128, phases=1)):
             with pytest.raises(ValueError, match=f"bn = {bn} needs bm = 128|bn and bl must be 128"):
                 fuser.plan(128, 4096, 11008, **{**kw, **bad, "bn": bn})
-
-
-def stages2(m, d, f, gated=True, **kw):
-    p = fuser.plan(m, d, f, gated=gated, activation="silu", target="h200", fused=True, kind="stream", **kw)
-    line, = [l for l in fuser._C.codegen(p.raw, "h200").splitlines() if "STAGES2" in l]
-    return p, int(line.split("=")[1].strip(" ;"))
-
-
-def test_phase_2_gets_its_own_ring_after_four_deep_phase_1_slots():
-    """A 128-row tile with a gated bn of 128 fills four 48 KB slots, of which phase 2 (an H tile and a W_down
-    tile, 32 KB) used two thirds, so it had three slots of W_down in flight; its blocks re-cut the ring into
-    six 32 KB slots (eight of 24 KB at bl 64) after phase 1. On the H200 that ran 1.0-2.7% faster at 77-128
-    tokens (LLaMA-2-7B, LLaMA-3-8B, LLaMA-70B, S3, S7; docs/kernels.md step 40); plans whose phase 1 already
-    has more slots ran 2-6% slower with it, so they keep one ring."""
-    for kw, want in ((dict(bn=128, bl=128, s1=1, s2=4), 6), (dict(bn=128, bl=64, s1=1, s2=4), 8),
-                     (dict(bn=128, bl=128, s1=3, s2=4), 6)):
-        p, n = stages2(128, 4096, 11008, bm=128, **kw)
-        assert p.stages == 4 and n == want, (p.summary(), n)
-    assert stages2(128, 4096, 16384, gated=False, bm=128, bn=256, bl=128, s1=1, s2=4)[1] == 6
-    for m, gated, kw in ((128, False, dict(bm=128, bn=128, bl=128, s1=1, s2=4)),   # plain bn 128: 7 slots
-                         (128, True, dict(bm=128, bn=64, bl=64, s1=1, s2=4)),      # gated bn 64: 7 slots
-                         (64, True, dict(bm=64, bn=128, bl=64, s1=1, s2=2)),       # bm 64
-                         (1, True, dict(bm=16, s1=1, s2=4)),                       # swap-AB
-                         (128, True, dict(bm=128, bn=128, bl=128, cluster=(2, 1, 1, 1), s1=1, s2=4))):
-        p, n = stages2(m, 4096, 11008, gated=gated, **kw)
-        assert n == 0, p.summary()
-    q = fuser.plan(128, 4096, 14336, gated=True, activation="silu", target="h200", fused=True, kind="stream",
-                   dtype="float8_e4m3fn", bm=128, s1=1, s2=4)
-    assert "STAGES2 = 0;" in fuser._C.codegen(q.raw, "h200")
-
-
-def test_phase_2_ring_plans_compile_clean():
-    needs_nvrtc()
-    for kw in (dict(bn=128, bl=128, s1=1, s2=4), dict(bn=128, bl=64, s1=2, s2=3)):
-        p, n = stages2(128, 4096, 11008, bm=128, **kw)
-        assert n > 0
-        clean(runtime.compile(p), p.summary())
 
 
 @pytest.mark.parametrize("kw,match", [

@@ -174,13 +174,6 @@ int fuser_stream_max_s1(const fuser_plan *p);
  * d_ff splits), and a quantized chain's tiles of 128 tokens. */
 int fuser_stream_row_partials(const fuser_plan *p);
 
-/** The slots of a stream plan's phase-2 ring (include/fuser/device/stream.cuh, RING2): after its phase-1
- * units a block re-cuts the ring's shared memory into slots of an H tile and a W_down tile, this many (at most
- * FUSER_STREAM_MAX_STAGES2). Two-phase plans of 128-row tiles (not swap-AB, no pairs) with at most four
- * phase-1 slots only; 0 for every other plan, and where the cut gives no more slots. */
-#define FUSER_STREAM_MAX_STAGES2 16
-int fuser_stream_stages2(const fuser_plan *p);
-
 /** Groups of l-tiles along d_out of a derived stream plan, one per phase-2 unit and row tile and split:
  * d_out's l-tiles, or in one phase ceil(l-tiles / lspan). */
 int64_t fuser_stream_lgroups(const fuser_plan *p);

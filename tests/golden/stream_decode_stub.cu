@@ -22,7 +22,6 @@ struct Plan {
     static constexpr int PHASES = 1;
     static constexpr int LSPAN = 32;
     static constexpr int ROWSUM = 1;
-    static constexpr int STAGES2 = 0;
     static constexpr int SMEM_BYTES = 215040;
 };
 } // namespace

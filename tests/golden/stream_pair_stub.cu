@@ -22,7 +22,6 @@ struct Plan {
     static constexpr int PHASES = 2;
     static constexpr int LSPAN = 1;
     static constexpr int ROWSUM = 0;
-    static constexpr int STAGES2 = 0;
     static constexpr int SMEM_BYTES = 206848;
 };
 } // namespace

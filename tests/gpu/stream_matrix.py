@@ -2,9 +2,8 @@
 layout (bm 16 and 32 swap-AB, 64, 128) x plain / gated x the four activations x bias or not x bfloat16 /
 float16 x K splits of either phase (none, some, many), over ragged token counts (one row tile, or several
 with a partial last one) and widths (448 -> 1472 -> 200: odd K step counts, a partial output tile),
-192-wide tiles, 96- and 112-wide n-tiles, phase 2's own ring after deep phase-1 slots, cluster pairs sharing an
-operand (both kinds, with ghost units), one-phase plans (units of one l-tile or of several, with many d_ff
-splits), and swap-AB tiles of many splits.
+192-wide tiles, 96- and 112-wide n-tiles, cluster pairs sharing an operand (both kinds, with ghost units),
+one-phase plans (units of one l-tile or of several, with many d_ff splits), and swap-AB tiles of many splits.
 
 Each case forces a stream plan with its bm and splits, draws fresh random inputs, poisons the output with
 NaN, and checks: the relative error against a float64 reference is at most twice PyTorch eager's own
@@ -64,16 +63,6 @@ def cases():
                    s1=splits[0], s2=splits[1], m=m, d_model=shape[0], d_ff=shape[1], d_out=shape[2], cluster=cl,
                    **tiles)
 
-    # phase 2's own ring (RING2): 128-row tiles of four 48 KB phase-1 slots (gated bn 128, plain bn 256) switch
-    # to six or eight smaller slots for phase 2; one row tile or several (blocks switch after different
-    # units, some with no phase-1 unit at all), split or not
-    for j, (gated, m, shape, tiles, splits) in enumerate((
-            (True, 77, SHAPES[2], dict(bn=128, bl=128), (1, 2)),
-            (True, 2 * 128 + 50, SHAPES[2], dict(bn=128, bl=64), (2, 3)),
-            (False, 128, SHAPES[3], dict(bn=256, bl=128), (1, 4)),
-            (True, 1, SHAPES[1], dict(bn=128, bl=128), (4, 8)))):
-        yield dict(bm=128, gated=gated, activation=ACTS[j], bias=j % 2 == 1, dtype=("bfloat16", "float16")[j % 2],
-                   s1=splits[0], s2=splits[1], m=m, d_model=shape[0], d_ff=shape[1], d_out=shape[2], **tiles)
     # 96-wide n-tiles (wgmma N 96; 128-row tiles): a partial last n-tile (1472 = 15 x 96 + 32, 4096 = 42 x 96 + 64)
     # whose columns straddle phase 2's 64-column K steps, one and several row tiles, K splits of either phase
     for j, (gated, m, shape, bl, splits) in enumerate((

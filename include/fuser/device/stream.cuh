@@ -139,17 +139,6 @@ struct Stream {
     static constexpr int BYTES2 = TOK + BL * SW_ROW_BYTES;
     static constexpr int STAGE_BYTES =
         ceil_div(cmax(BYTES1, X_BYTES + BL * SW_ROW_BYTES), SW_GROUP_BYTES) * SW_GROUP_BYTES;
-    /* Phase 2's ring (RING2): a phase-2 slot needs only a token tile and a W_down tile (32 KB at bm = bl = 128,
-     * against phase 1's 48 KB with a gated bn of 128), so after its last phase-1 unit a block cuts the same
-     * shared memory into more, smaller slots with barriers of their own (switch_ring): phase 2 then keeps
-     * more of W_down in flight per SM (its units waited for data with four slots of 48 KB). */
-    static constexpr int STAGE2_BYTES = ceil_div(BYTES2, SW_GROUP_BYTES) * SW_GROUP_BYTES;
-    static constexpr bool RING2 = C::STAGES2 > 0; /* (fuser_stream_stages2: 0, or the slots) */
-    static constexpr int STAGES2 = RING2 ? C::STAGES2 : 1;
-    static_assert(!RING2 || (C::PHASES == 2 && C::PAIR == 0 && STAGES2 > STAGES &&
-                             STAGES2 * STAGE2_BYTES <= STAGES * STAGE_BYTES),
-                  "phase 2's own ring: two phases, no pairs, more slots than phase 1's in the same bytes");
-    static constexpr int SWITCH = -3; /* a slot's tag: the rest of the units use phase 2's ring */
     static_assert(BM == 16 || BM == 32 || BM == 64 || BM == 128, "BM");
     static_assert(!SWAP || (BN == 128 && BL == 128), "swap-AB: each consumer takes 64 weight rows of a 128-row tile");
     static_assert((BN % 64 == 0 || ((BN == 96 || BN == 112) && MT == 2)) && BN <= 256 && BL % 32 == 0 && BL <= 256,
@@ -201,8 +190,6 @@ struct Stream {
         alignas(1024) unsigned char hs[H_BYTES > 0 ? H_BYTES : 16];
         Ring<STAGES> ring;
         int unit[STAGES]; /* the unit whose first K step a slot holds (-1: no more units), set by the producer */
-        Ring<STAGES2> ring2; /* RING2: phase 2's slots, over the same bytes as stage[] */
-        int unit2[STAGES2];
         int last;
         int box;                    /* pairs: the claimed pair block 0 hands to block 1 */
         int xslice;                 /* quantize_x: the slice of x the consumers claimed */
@@ -303,32 +290,6 @@ struct Stream {
         return ghost ? u | GHOST : u;
     }
 
-    /* A cursor over the ring in use: phase 1's (stage[], ring, unit) or, once a block has switched
-     * (RING2), phase 2's (STAGES2 slots of STAGE2_BYTES over the same memory, ring2, unit2). */
-    struct Cur {
-        int stage = 0;
-        uint32_t phase = 0;
-        bool second = false;
-        FUSER_DEVICE bool two() const { return RING2 && second; }
-        FUSER_DEVICE void next()
-        {
-            if (++stage == (two() ? STAGES2 : STAGES)) {
-                stage = 0;
-                phase ^= 1;
-            }
-        }
-    };
-    FUSER_DEVICE unsigned char *slot(const Cur &c) const
-    {
-        return c.two() ? &s.stage[0][0] + c.stage * STAGE2_BYTES : s.stage[c.stage];
-    }
-    FUSER_DEVICE uint64_t *full(const Cur &c) const { return c.two() ? &s.ring2.full[c.stage] : &s.ring.full[c.stage]; }
-    FUSER_DEVICE uint64_t *empty(const Cur &c) const
-    {
-        return c.two() ? &s.ring2.empty[c.stage] : &s.ring.empty[c.stage];
-    }
-    FUSER_DEVICE int &tag(const Cur &c) const { return c.two() ? s.unit2[c.stage] : s.unit[c.stage]; }
-
     /* ---------------- producer ---------------- */
 
     /* The n-tiles whose columns overlap phase-2 split sp's d_ff range (that split's ready count). */
@@ -344,19 +305,19 @@ struct Stream {
      * or the split's ready counter) unless `ready`. So HBM keeps streaming while a dependency resolves:
      * up to a ring of weight tiles is in flight before the first token tile is requested. */
     template <class Weights, class Tokens, class Dep>
-    FUSER_DEVICE void fill(Cur &c, int u, int k0, int k1, uint32_t bytes, bool ready, Weights weights,
+    FUSER_DEVICE void fill(Cursor<STAGES> &c, int u, int k0, int k1, uint32_t bytes, bool ready, Weights weights,
                            Tokens tokens, Dep dep) const
     {
-        Cur first = c; /* the first slot still without its token tile */
+        Cursor<STAGES> first = c; /* the first slot still without its token tile */
         int held = 0;
         for (int kb = k0; kb < k1; kb++, c.next()) {
-            mbar_wait(empty(c), c.phase ^ 1);
-            tag(c) = u; /* published by the arrive below (release) */
-            uint64_t *bar = full(c);
+            mbar_wait(&s.ring.empty[c.stage], c.phase ^ 1);
+            s.unit[c.stage] = u; /* published by the arrive below (release) */
+            uint64_t *bar = &s.ring.full[c.stage];
             mbar_arrive_expect_tx(bar, bytes);
-            weights(slot(c), bar, kb);
+            weights(s.stage[c.stage], bar, kb);
             if (ready) {
-                tokens(slot(c), bar, kb);
+                tokens(s.stage[c.stage], bar, kb);
                 continue;
             }
             /* a full ring of slots waiting for their token tiles, or the unit's last: resolve, then request them */
@@ -365,7 +326,7 @@ struct Stream {
             dep();
             ready = true;
             for (int i = held - 1; i >= 0; i--, first.next())
-                tokens(slot(first), full(first), kb - i);
+                tokens(s.stage[first.stage], &s.ring.full[first.stage], kb - i);
         }
     }
 
@@ -425,29 +386,18 @@ struct Stream {
     }
 
     /* A slot without data whose tag tells the consumers something (they release it). */
-    FUSER_DEVICE void mark(Cur &c, int tag) const
+    FUSER_DEVICE void mark(Cursor<STAGES> &c, int tag) const
     {
-        mbar_wait(empty(c), c.phase ^ 1);
-        this->tag(c) = tag;
-        mbar_arrive(full(c));
+        mbar_wait(&s.ring.empty[c.stage], c.phase ^ 1);
+        s.unit[c.stage] = tag;
+        mbar_arrive(&s.ring.full[c.stage]);
         c.next();
-    }
-
-    /* RING2, before a block's first phase-2 unit: tell the consumers (SWITCH), wait until they have released
-     * every slot of phase 1's ring (the new slots overlay its bytes), then walk phase 2's from its start. */
-    FUSER_DEVICE void switch_ring(Cur &c) const
-    {
-        mark(c, SWITCH);
-        for (int i = 0; i < STAGES; i++, c.next())
-            mbar_wait(empty(c), c.phase ^ 1);
-        c = Cur();
-        c.second = true;
     }
 
     /* STEAL, a block with no unit left: take l-tiles of the slices' counters (one slice until it is
      * exhausted, then the next slice of a shared counter), each as a piece: the slice's H tiles (once its
      * unit stored them) and the l-tile's W_down tiles. Until every l-tile is taken. */
-    FUSER_DEVICE void help(Cur &c) const
+    FUSER_DEVICE void help(Cursor<STAGES> &c) const
     {
         const int slices = rt() * S2;
         int j = -1;
@@ -486,7 +436,7 @@ struct Stream {
 
     FUSER_DEVICE void produce() const
     {
-        Cur c;
+        Cursor<STAGES> c;
         /* Block b's first entry is entry b (cluster b's, in pairs), known without a claim, so its weights are
          * requested before the previous kernel is waited for; later entries are claimed in order from a
          * counter, which the previous launch resets as it ends. A phase-2 unit waits only for phase-1 units
@@ -508,9 +458,9 @@ struct Stream {
             if (q >= q1() + q2()) { /* tell the consumers: no more units */
                 if constexpr (STEAL)
                     help(c);
-                mbar_wait(empty(c), c.phase ^ 1);
-                tag(c) = -1;
-                mbar_arrive(full(c));
+                mbar_wait(&s.ring.empty[c.stage], c.phase ^ 1);
+                s.unit[c.stage] = -1;
+                mbar_arrive(&s.ring.full[c.stage]);
                 return;
             }
             const int tagged = member(q), u = tagged & ~GHOST;
@@ -547,9 +497,6 @@ struct Stream {
                 if (p.trace && !ghost)
                     p.trace[u * TRACE_WORDS + 8] = global_ns();
             } else {
-                if constexpr (RING2)
-                    if (!c.two())
-                        switch_ring(c);
                 const Unit t = unit2(u - u1());
                 const int sp = t.split, m0 = t.row * BM;
                 int *ready = sync_of(t.row, READY + sp);
@@ -621,10 +568,10 @@ struct Stream {
      * 64 token rows (or, swap-AB, 64 weight rows), B its columns (or the tokens). The token tiles are the
      * slots' (X or H by TMA) or, at own_tokens, the unit's H in shared memory, one tile per K step. */
     template <int NW>
-    FUSER_DEVICE void operands(const Cur &c, int kb, int k0, uint32_t own_tokens, uint32_t &a,
+    FUSER_DEVICE void operands(const Cursor<STAGES> &c, int kb, int k0, uint32_t own_tokens, uint32_t &a,
                                uint32_t &b) const
     {
-        const uint32_t st = smem_addr(slot(c));
+        const uint32_t st = smem_addr(s.stage[c.stage]);
         const uint32_t w_rows = st + X_BYTES + (SWAP ? w * 64 : MT == 2 ? 0 : w * NW) * SW_ROW_BYTES;
         const uint32_t tokens =
             (own_tokens ? own_tokens + (kb - k0) * TOK : st) + (MT == 2 ? w * 64 * SW_ROW_BYTES : 0);
@@ -632,14 +579,14 @@ struct Stream {
         b = SWAP ? tokens : w_rows;
     }
 
-    FUSER_DEVICE void wait_slot(const Cur &c, bool timed, uint64_t &waited) const
+    FUSER_DEVICE void wait_slot(const Cursor<STAGES> &c, bool timed, uint64_t &waited) const
     {
         if (timed) {
             const uint64_t t0 = global_ns();
-            mbar_wait(full(c), c.phase);
+            consume_wait(s.ring, c);
             waited += global_ns() - t0;
         } else {
-            mbar_wait(full(c), c.phase);
+            consume_wait(s.ring, c);
         }
     }
 
@@ -647,7 +594,7 @@ struct Stream {
      * b_rows rows on). The token tiles are the slots' or, at own_tokens, tiles in shared memory the
      * consumers wrote. */
     template <int NW, bool TWO, int R>
-    FUSER_DEVICE void mainloop(Cur &c, int k0, int k1, int b_rows, float (&acc)[R], float (&acc2)[R],
+    FUSER_DEVICE void mainloop(Cursor<STAGES> &c, int k0, int k1, int b_rows, float (&acc)[R], float (&acc2)[R],
                                uint64_t *trace, uint32_t own_tokens = 0) const
     {
         uint64_t waited = 0; /* traced: ns this thread waited for full slots after the unit's first */
@@ -668,10 +615,10 @@ struct Stream {
             for (int kb = k0; kb < k1; kb++, c.next()) {
                 if (trace && kb > k0) {
                     const uint64_t t0 = global_ns();
-                    mbar_wait(full(c), c.phase);
+                    consume_wait(s.ring, c);
                     waited += global_ns() - t0;
                 } else {
-                    mbar_wait(full(c), c.phase);
+                    consume_wait(s.ring, c);
                 }
                 uint32_t a, b;
                 operands<NW>(c, kb, k0, own_tokens, a, b);
@@ -683,14 +630,14 @@ struct Stream {
                 wgmma_commit();
                 wgmma_wait<1>();
                 if (prev >= 0)
-                    release(prev, c.two());
+                    release(prev);
                 prev = c.stage;
             }
             wgmma_wait<0>();
             fence_operands(acc);
             if constexpr (TWO)
                 fence_operands(acc2);
-            release(prev, c.two());
+            release(prev);
         }
         if (trace) {
             trace[6] = global_ns();
@@ -709,7 +656,7 @@ struct Stream {
      * part (if any) reuses the sum after the up part's is added. Nothing is in flight across the loop's back
      * edge: ptxas serialises MMAs whose sums are read while other groups are in flight there (C7514). */
     template <int NW, bool TWO, int R>
-    FUSER_DEVICE void promoted_steps(Cur &c, int k0, int k1, int b_rows, float (&acc)[R],
+    FUSER_DEVICE void promoted_steps(Cursor<STAGES> &c, int k0, int k1, int b_rows, float (&acc)[R],
                                      float (&acc2)[R], bool timed, uint64_t &waited, uint32_t own_tokens) const
     {
         constexpr int NS = TWO ? SUMS : 1;
@@ -752,7 +699,7 @@ struct Stream {
                     add(s0, acc2);
                 }
             }
-            release(c);
+            release(c.stage);
         }
     }
 
@@ -800,26 +747,22 @@ struct Stream {
     /* This warp no longer reads the slot: its tiles (wgmma) or its unit id. Every consumer warp arrives
      * (the warp's reads ordered before its lanes' arrives), in pairs in both blocks, so a producer
      * refills or rewrites the slot only after all of them. */
-    FUSER_DEVICE void release(int stage, bool two) const
+    FUSER_DEVICE void release(int stage) const
     {
         __syncwarp();
-        if (RING2 && two)
-            consume_release<CS>(s.ring2, stage, lane);
-        else
-            consume_release<CS>(s.ring, stage, lane);
+        consume_release<CS>(s.ring, stage, lane);
     }
-    FUSER_DEVICE void release(const Cur &c) const { release(c.stage, c.two()); }
 
     /* A ghost unit (the partner's unit u): its slots hold only the shared tiles, for the partner; wait
      * for each (the partner's loads land here too) and release it. */
-    FUSER_DEVICE void idle(Cur &c, int u) const
+    FUSER_DEVICE void idle(Cursor<STAGES> &c, int u) const
     {
         const bool one = u < u1();
         const int sp = one ? unit1(u).split : unit2(u - u1()).split;
         const int k0 = sp * (one ? KS1 : KS2), k1 = cmin(one ? KT1 : KT2, k0 + (one ? KS1 : KS2));
         for (int kb = k0; kb < k1; kb++, c.next()) {
-            mbar_wait(full(c), c.phase);
-            release(c);
+            consume_wait(s.ring, c);
+            release(c.stage);
         }
     }
 
@@ -1020,7 +963,7 @@ struct Stream {
     /* where consumer thread 0 records its unit's mainloop (null: no trace, or another thread) */
     FUSER_DEVICE uint64_t *unit_trace(int u) const { return p.trace && lt == 0 ? p.trace + u * TRACE_WORDS : nullptr; }
 
-    FUSER_DEVICE void phase1(Cur &c, int u) const
+    FUSER_DEVICE void phase1(Cursor<STAGES> &c, int u) const
     {
         const Unit t = unit1(u);
         const int nt = t.tile, sp = t.split;
@@ -1122,7 +1065,7 @@ struct Stream {
      * over the whole K), activated and rounded as phase 1 stores it, at the place TMA would put the H
      * buffer's tiles: K step j of the range is an MP x 64 tile, row r's 16-byte chunk q at chunk q ^ (r % 8)
      * (the 128-byte swizzle). Columns beyond d_ff are zeros (their W_down columns are too). */
-    FUSER_DEVICE void local_h(Cur &c, int sp) const
+    FUSER_DEVICE void local_h(Cursor<STAGES> &c, int sp) const
     {
         const int n_lo = sp * KS2 * SW_COLS, n_hi = cmin(C::N, n_lo + KS2 * SW_COLS);
         consumers_sync(); /* every warp has finished reading the previous unit's H */
@@ -1174,7 +1117,7 @@ struct Stream {
         consumers_sync();
     }
 
-    FUSER_DEVICE void phase2(Cur &c, int u) const
+    FUSER_DEVICE void phase2(Cursor<STAGES> &c, int u) const
     {
         const Unit t = unit2(u);
         const int sp = t.split;
@@ -1185,10 +1128,10 @@ struct Stream {
                 red_release_gpu_add(sync_of(t.row, READY + sp), 1);
             int done = 0;
             for (;; done++) { /* the l-tiles the producer took, then its END */
-                mbar_wait(full(c), c.phase);
-                const int l_t = tag(c);
+                consume_wait(s.ring, c);
+                const int l_t = s.unit[c.stage];
                 if (l_t == END) {
-                    release(c);
+                    release(c.stage);
                     c.next();
                     break;
                 }
@@ -1231,7 +1174,7 @@ struct Stream {
     }
 
     /* STEAL: one piece taken by this block as a helper: l-tile k of slice j, H from the slots. */
-    FUSER_DEVICE void piece(Cur &c, int id) const
+    FUSER_DEVICE void piece(Cursor<STAGES> &c, int id) const
     {
         const int j = id / LT, k = id % LT, row = j / S2, sp = j % S2;
         float acc[NW2 / 2];
@@ -1402,19 +1345,13 @@ struct Stream {
         w = lt / 128;
         warp = lt % 128 / 32;
         lane = lt % 32;
-        Cur c;
+        Cursor<STAGES> c;
         int helped = 0; /* STEAL: pieces this block computed as a helper */
         if constexpr (Q)
             quantize_x();
         for (;;) {
-            mbar_wait(full(c), c.phase); /* the unit's first slot says which unit it is */
-            const int u = tag(c);
-            if (RING2 && u == SWITCH) { /* the rest from phase 2's ring (switch_ring) */
-                release(c);
-                c = Cur();
-                c.second = true;
-                continue;
-            }
+            consume_wait(s.ring, c); /* the unit's first slot says which unit it is */
+            const int u = s.unit[c.stage];
             if (u < 0)
                 break;
             if (STEAL && (u & PIECE)) {
@@ -1482,8 +1419,6 @@ struct Stream {
         const int tid = (int)threadIdx.x;
         if (tid == 0) {
             sm.ring.init(CS * CONSUMER_WARPS);
-            if constexpr (RING2)
-                sm.ring2.init(CS * CONSUMER_WARPS);
             mbar_init(&sm.box_full, 1);
             mbar_init(&sm.box_empty, 1);
             fence_mbar_init();
