@@ -99,9 +99,9 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
     if (p->bn != 64 && p->bn != 96 && p->bn != 112 && p->bn != 128 && p->bn != 192 && p->bn != 256)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: bn = %d: must be 64, 96, 112, 128, 192 or 256", p->bn);
     /* 96- and 112-wide n-tiles (one wgmma of N 96 or 112 per part): for d_ff widths whose 128-wide tiles leave
-     * SMs without a phase-1 unit (11008: 86 tiles of 128, 115 of 96; 14336: 112 of 128, 128 of 112); wgmma has
-     * no N 48 or 56, so only where each consumer warpgroup takes every column (128-row tiles), in two phases,
-     * 16-bit, unpaired */
+     * SMs without a phase-1 unit (11008: 86 tiles of 128, 115 of 96; 14336: 112 of 128, 128 of 112); only where
+     * each consumer warpgroup takes every column (128-row tiles: bm 64's halves would need N 48 and 56, which have
+     * no wrapper in wgmma_ops.cuh and were not measured), in two phases, 16-bit, unpaired */
     if ((p->bn == 96 || p->bn == 112) && (p->bm != 128 || swap || p->phases != 2 || p->cls_m != 1 || p->cls_n != 1))
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: bn = %d needs bm = 128 (16-bit), two phases and no cluster "
                           "pair; got bm = %d%s, phases = %d, cluster (%d, %d, %d, %d)", p->bn, p->bm,
