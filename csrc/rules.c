@@ -189,9 +189,9 @@ static int r_stream_fill(const fuser_plan *p, const fuser_target *t)
                                                           : most_units(rt * p->lt2, kt2, 16)));
 }
 
-/* CHOICE: 96-wide n-tiles only where the last 128-row tile holds more than 64 tokens: on the H200 such plans
- * ran slower as a tile's real rows fell below that (LLaMA-2-7B 81.5 us at 128 tokens, 83.4 at 77, 89.4 at 64,
- * 93.6 at 48), which the cost model does not see; bm 64 plans serve those counts. */
+/* CHOICE: 96- and 112-wide n-tiles only where the last row tile is more than half full: on the H200 128-row
+ * plans ran slower as a tile's real rows fell below that (LLaMA-2-7B 81.5 us at 128 tokens, 83.4 at 77, 89.4 at
+ * 64, 93.6 at 48), which the cost model does not see; smaller tiles serve those counts. */
 static int r_stream_bn96(const fuser_plan *p, const fuser_target *t)
 {
     (void)t;
@@ -255,7 +255,7 @@ const fuser_rule fuser_rules[] = {
      "but a decode phase whose weights fit L2; a phase 1 of one 128-row tile (and its phase 2 after one "
      "split), half the SMs",
      FUSER_LEVEL_CHOICE, r_stream_fill},
-    {"stream_bn96", "stream kernel: 96- and 112-wide n-tiles where the last 128-row tile holds more than 64 tokens",
+    {"stream_bn96", "stream kernel: 96- and 112-wide n-tiles where the last row tile is more than half full",
      FUSER_LEVEL_CHOICE, r_stream_bn96},
     {"smem_capacity", "shared memory within the per-block limit", FUSER_LEVEL_FULL, r_smem_capacity},
     {"registers", "estimated registers within the per-thread budget", FUSER_LEVEL_FULL, r_registers},

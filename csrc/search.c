@@ -22,7 +22,7 @@ static const int grid_n_targets[] = {1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20,
 /* the stream family: token rows of a row tile, tiles, K splits of either phase; stages: the most that fit */
 static const int stream_bm_set[] = {16, 32, 64, 128};
 static const int stream_tile_set[] = {64, 128, 192, 256};
-static const int stream_bn_set[] = {64, 96, 112, 128, 192, 256}; /* 96, 112: 128-row tiles only (plan.c) */
+static const int stream_bn_set[] = {64, 96, 112, 128, 192, 256}; /* 96, 112: bm 64 and 128 only (plan.c) */
 const int fuser_stream_splits[] = {1, 2, 3, 4, 6, 8, 12, 16};
 const int fuser_num_stream_splits = (int)(sizeof fuser_stream_splits / sizeof fuser_stream_splits[0]);
 #define stream_split_set fuser_stream_splits

@@ -73,6 +73,13 @@ def cases():
         yield dict(bm=128, gated=gated, activation=ACTS[(j + 2) % 4], bias=j % 2 == 0,
                    dtype=("bfloat16", "float16")[j % 2], s1=splits[0], s2=splits[1], m=m, d_model=shape[0],
                    d_ff=shape[1], d_out=shape[2], bn=96, bl=bl)
+    # ... and at bm 64, where each consumer warpgroup takes half the columns (wgmma N 48 and 56)
+    for j, (bn, gated, m, shape, bl, splits) in enumerate((
+            (96, True, 50, SHAPES[3], 128, (2, 3)),
+            (112, False, 2 * 64 + 40, SHAPES[2], 64, (1, 2)),
+            (112, True, 64, SHAPES[1], 128, (3, 4)))):
+        yield dict(bm=64, gated=gated, activation=ACTS[j], bias=j % 2 == 0, dtype=("bfloat16", "float16")[j % 2],
+                   s1=splits[0], s2=splits[1], m=m, d_model=shape[0], d_ff=shape[1], d_out=shape[2], bn=bn, bl=bl)
     # 112-wide n-tiles (wgmma N 112: three chunks of 32 columns and a tail of 16 in the H stores), likewise
     for j, (gated, m, shape, bl, splits) in enumerate((
             (True, 100, SHAPES[3], 128, (1, 3)),

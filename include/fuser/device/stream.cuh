@@ -141,7 +141,7 @@ struct Stream {
         ceil_div(cmax(BYTES1, X_BYTES + BL * SW_ROW_BYTES), SW_GROUP_BYTES) * SW_GROUP_BYTES;
     static_assert(BM == 16 || BM == 32 || BM == 64 || BM == 128, "BM");
     static_assert(!SWAP || (BN == 128 && BL == 128), "swap-AB: each consumer takes 64 weight rows of a 128-row tile");
-    static_assert((BN % 64 == 0 || ((BN == 96 || BN == 112) && MT == 2)) && BN <= 256 && BL % 32 == 0 && BL <= 256,
+    static_assert((BN % 64 == 0 || ((BN == 96 || BN == 112) && !SWAP)) && BN <= 256 && BL % 32 == 0 && BL <= 256,
                   "tiles");
     static_assert((S1 - 1) * KS1 < KT1 && (S2 - 1) * KS2 < KT2, "every split has K steps");
     static_assert(C::N % 8 == 0 && C::L % 8 == 0 && C::K % 8 == 0, "16-byte rows");
@@ -901,7 +901,7 @@ struct Stream {
     template <int NW, class V>
     FUSER_DEVICE void store_tile(uint16_t *out, int width, int c0, int limit, V value) const
     {
-        static_assert(NW % 16 == 0, "whole chunks of 8 columns, in pairs");
+        static_assert(NW % 8 == 0, "whole chunks of 8 columns");
         const int q = lane % 4;
         /* the first of a lane's 8 columns (pair group q), in each of its two rows */
         const int c = c0 + col_of<NW>(0) + 6 * q;
@@ -924,7 +924,8 @@ struct Stream {
                              make_uint4(v[h][0], v[h][1], v[h][2], v[h][3]));
             }
         }
-        /* a width of 32 k + 16 (112): its last two chunks as each lane's own pairs, 4 bytes a store */
+        /* a width that is not a multiple of 32 (48, 56, 112): its last chunks as each lane's own pairs, 4 bytes a
+         * store */
 #pragma unroll
         for (int j = NW / 32 * 4; j < NW / 8; j++) {
             float f[4];
