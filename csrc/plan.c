@@ -101,7 +101,7 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
     /* 96- and 112-wide n-tiles (wgmma N 96 or 112 per part at bm 128, the halves 48 or 56 per warpgroup at bm 64):
      * for d_ff widths whose 128-wide tiles leave SMs without a phase-1 unit (11008: 86 tiles of 128, 115 of 96;
      * 14336: 112 of 128, 128 of 112); tokens on wgmma's M side (bm 64 or 128, 16-bit), two phases, unpaired */
-    if ((p->bn == 96 || p->bn == 112) && (p->bm < 64 || swap || p->phases != 2 || p->cls_m != 1 || p->cls_n != 1))
+    if (fuser_stream_narrow_bn(p->bn) && (p->bm < 64 || swap || p->phases != 2 || p->cls_m != 1 || p->cls_n != 1))
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: bn = %d needs bm = 64 or 128 (16-bit), two phases and no "
                           "cluster pair; got bm = %d%s, phases = %d, cluster (%d, %d, %d, %d)", p->bn, p->bm,
                           swap ? " swap-AB" : "", p->phases, p->cls_m, p->cls_n, p->cls_k, p->cls_l);

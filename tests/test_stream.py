@@ -169,7 +169,7 @@ def test_96_and_112_wide_n_tiles_put_phase_1_on_more_sms():
             assert p.fused and (p.tiles["bm"], p.tiles["bn"]) == (64, bn), p.summary()
     kw = dict(gated=True, activation="silu", target="h200", fused=True, kind="stream", s1=1, s2=4)
     for bn in (96, 112):
-        with pytest.raises(ValueError, match="stream_bn96"):   # a 128-row tile of 48 tokens
+        with pytest.raises(ValueError, match="stream_narrow_n"):   # a 128-row tile of 48 tokens
             fuser.plan(48, 4096, 11008, bm=128, bn=bn, **{k: v for k, v in kw.items() if k not in ("s1", "s2")})
         for bad in (dict(bm=16), dict(bm=128, cluster=(2, 1, 1, 1)), dict(bm=128, phases=1)):
             with pytest.raises(ValueError, match=f"bn = {bn} needs bm = 64 or 128|bn and bl must be 128"):

@@ -174,6 +174,11 @@ int fuser_stream_max_s1(const fuser_plan *p);
  * d_ff splits), and a quantized chain's tiles of 128 tokens. */
 int fuser_stream_row_partials(const fuser_plan *p);
 
+/** Whether bn is one of the stream kernel's narrow n-tile widths (96, 112): 16-bit tiles of 64 or 128 token rows
+ * in two phases only (wgmma N 48 / 56 per warpgroup at bm 64), for d_ff widths whose 128-wide tiles leave SMs
+ * without a phase-1 unit. */
+static inline int fuser_stream_narrow_bn(int bn) { return bn == 96 || bn == 112; }
+
 /** Groups of l-tiles along d_out of a derived stream plan, one per phase-2 unit and row tile and split:
  * d_out's l-tiles, or in one phase ceil(l-tiles / lspan). */
 int64_t fuser_stream_lgroups(const fuser_plan *p);
