@@ -76,7 +76,7 @@ static int align128(int64_t v) { return (int)((v + 127) / 128 * 128); }
  * or H tile of bm rows and the weight tiles, 128 bytes a row, rounded to the 1024-byte swizzle alignment. */
 static int64_t stream_stage_bytes(const fuser_plan *p)
 {
-    const int64_t x = p->xstages ? 0 : (int64_t)p->bm * 128; /* (a token ring: the slots hold weights only) */
+    const int64_t x = (int64_t)p->bm * 128;
     const int64_t b1 = x + (int64_t)p->parts * p->bn * 128, b2 = x + (int64_t)p->bl * 128;
     return (fuser_max64(b1, b2) + 1023) / 1024 * 1024;
 }
@@ -112,13 +112,6 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
                           "128, got %d", p->bn);
     if (p->stages < 2 || p->stages > 8)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: stages = %d: must be in [2, 8]", p->stages);
-    /* a ring of its own for the token tiles (X, H): tokens on wgmma's M side, 16-bit, two phases, unpaired */
-    if (p->xstages < 0 || p->xstages > p->stages || p->xstages == 1 ||
-        (p->xstages && (p->bm < 64 || swap || p->phases == 1 || p->cls_m != 1 || p->cls_n != 1)))
-        return fuser_fail(err, FUSER_E_VALUE, "stream plan: xstages = %d: 0 (token tiles in the weights' slots), or a "
-                          "token ring of 2 to stages (%d) slots, which needs bm = 64 or 128 (16-bit), two phases and no "
-                          "cluster pair; got bm = %d%s, phases = %d, cluster (%d, %d, %d, %d)", p->xstages, p->stages,
-                          p->bm, swap ? " swap-AB" : "", p->phases, p->cls_m, p->cls_n, p->cls_k, p->cls_l);
     const int pair_rows = p->cls_m == 2 && p->cls_n == 1 && p->cls_l == 1,
               pair_tiles = p->cls_m == 1 && p->cls_n == 2 && p->cls_l == 2;
     if (!(pair_rows || pair_tiles || (p->cls_m == 1 && p->cls_n == 1 && p->cls_l == 1)) || p->cls_k != 1 ||
@@ -215,7 +208,7 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
     p->m_pad = p->grid_m * p->bm;
     p->threads = FUSER_STREAM_THREADS;
     const int64_t stage = stream_stage_bytes(p);
-    p->smem_pipe = (int)(stage * p->stages + (int64_t)p->xstages * p->bm * 128);
+    p->smem_pipe = (int)(stage * p->stages);
     p->smem_xbuf = 0;
     p->smem_hg = p->phases == 1 ? (int)(range / kc * p->bm * 128) : 0; /* one phase: the unit's H */
     /* barriers and flag; slack to align the ring to 1024 bytes */

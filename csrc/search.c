@@ -221,7 +221,6 @@ static void search_stream(const fuser_chain *c, const fuser_target *t, const fus
         for (int s = 8; s >= 2 && !fit; s--) { /* the deepest ring that fits (or the constrained depth) */
             q = p;
             q.stages = s;
-            q.xstages = cons->xstages > 0 ? cons->xstages : 0;
             if (!free_or(cons->stages, s) || fuser_plan_derive(&q, NULL) != FUSER_OK)
                 continue;
             fit = q.smem_bytes <= t->smem_per_block;
@@ -229,7 +228,6 @@ static void search_stream(const fuser_chain *c, const fuser_target *t, const fus
         if (!fit) { /* the shallowest ring (derived where it can be), for the rules to refuse */
             q = p;
             q.stages = cons->stages > 0 ? cons->stages : 2;
-            q.xstages = cons->xstages > 0 ? cons->xstages : 0;
             fuser_err e;
             fuser_err_clear(&e);
             if (fuser_plan_derive(&q, why ? &e : NULL) != FUSER_OK && why)
@@ -293,7 +291,7 @@ int fuser_search(const fuser_chain *c, const fuser_target *t, const fuser_constr
     fuser_plan_unfused(c, &p);
     p.fused = 1;
     if ((cons.kind >= 0 && cons.kind != FUSER_KIND_CLUSTER) || cons.s1 > 1 || cons.s2 > 1 || cons.phases > 0 ||
-        cons.lspan > 0 || cons.xstages > 0) {
+        cons.lspan > 0) {
         st->constrained += leaves_all(c);
         goto done;
     }

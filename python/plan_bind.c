@@ -66,7 +66,7 @@ typedef struct {
 static const searched_field searched[] = {
     SF(bm, 16, 128), SF(bn, 32, 256), SF(bl, 32, 256), SF(n_iters, 1, 4096), SF(stages, 1, 8), SF(s1, 1, 4096),
     SF(s2, 1, 4096), SF(cls_m, 1, 16), SF(cls_n, 1, 16), SF(cls_k, 1, 16), SF(cls_l, 1, 16), SF(phases, 1, 2),
-    SF(lspan, 1, 4096), SF(xstages, -1, 8),
+    SF(lspan, 1, 4096),
 };
 enum { N_TILES = 5 };
 
@@ -441,12 +441,11 @@ static PyObject *plan_to_dict(const fuser_plan *p)
     Py_XDECREF(tr);
     Py_XDECREF(cost);
     if (!bad && p->fused) {
-        PyObject *params = Py_BuildValue("{s:s,s:(iiii),s:i,s:i,s:i,s:i,s:i,s:s,s:s,s:i,s:i,s:i,s:i,s:i}", "kind",
+        PyObject *params = Py_BuildValue("{s:s,s:(iiii),s:i,s:i,s:i,s:i,s:i,s:s,s:s,s:i,s:i,s:i,s:i}", "kind",
                                          kind_names[p->kind], "cluster", p->cls_m, p->cls_n, p->cls_k, p->cls_l, "bm",
                                          p->bm, "bn", p->bn, "bl", p->bl, "n_iters", p->n_iters, "stages", p->stages,
                                          "order", order_names[p->order], "gate_mode", gate_names[p->gate_mode], "s1",
-                                         p->s1, "s2", p->s2, "phases", p->phases, "lspan", p->lspan,
-                                         "xstages", p->xstages);
+                                         p->s1, "s2", p->s2, "phases", p->phases, "lspan", p->lspan);
         PyObject *derived = PyDict_New();
         bad = !params || !derived || put_fields(derived, p, plan_derived, sizeof plan_derived / sizeof plan_derived[0]) ||
               PyDict_SetItemString(d, "params", params) || PyDict_SetItemString(d, "derived", derived);
@@ -526,13 +525,11 @@ static int params_from_dict(PyObject *pd, fuser_plan *p)
     p->s1 = p->s2 = stream;
     p->phases = 2 * stream;
     p->lspan = stream;
-    p->xstages = 0;
-    /* and its phases (2 where the dict has none; a cluster plan has none: 0), l-tiles per unit (1 where
-     * the dict has none) and token ring (0 where the dict has none: token tiles in the weights' slots) */
+    /* and its phases (2 where the dict has none; a cluster plan has none: 0) and l-tiles per unit (1 where
+     * the dict has none) */
     return get_int(pd, "s1", what, stream, 4096, 0, &p->s1) || get_int(pd, "s2", what, stream, 4096, 0, &p->s2) ||
            get_int(pd, "phases", what, stream, 2 * stream, 0, &p->phases) ||
-           get_int(pd, "lspan", what, stream, 4096 * stream, 0, &p->lspan) ||
-           get_int(pd, "xstages", what, 0, 8 * stream, 0, &p->xstages);
+           get_int(pd, "lspan", what, stream, 4096 * stream, 0, &p->lspan);
 }
 
 /* A plan from a dict: chain + fused + params; everything else is re-derived and re-costed on t. */

@@ -113,9 +113,6 @@ typedef struct fuser_plan {
                                         as 2 */
     int lspan;                       /* stream, one phase: l-tiles each unit computes (GEMM1 runs once per
                                         unit); 0 reads as 1 */
-    int xstages;                     /* stream: 0, each ring slot holds a K step's token tile beside its weight
-                                        tiles; else the token tiles have a ring of their own of this depth
-                                        (stages then counts the weight slots) */
     /* --- derived by fuser_plan_derive --- */
     int cluster_size;                /* cls_m * cls_n * cls_k */
     int cls_shuffle, cls_reduce;     /* cls_l / cls_k, cls_n * cls_k / cls_l */

@@ -52,7 +52,6 @@ typedef struct {
     int s1, s2;         /* stream plans: the K splits of phase 1 and phase 2 */
     int phases;         /* stream plans: 2 or 1 (see fuser_plan.phases) */
     int lspan;          /* stream plans, one phase: l-tiles per unit (see fuser_plan.lspan) */
-    int xstages;        /* stream plans: the token ring's depth (see fuser_plan.xstages); -1: none */
     int dataflows_all;  /* every one of these FUSER_DF_* bits must be used */
     int dataflows_none; /* none of these bits may be used */
 } fuser_constraints;

@@ -21,7 +21,6 @@ struct Plan {
     static constexpr int PAIR = 0;
     static constexpr int PHASES = 2;
     static constexpr int LSPAN = 1;
-    static constexpr int XSTAGES = 0;
     static constexpr int ROWSUM = 0;
     static constexpr int SMEM_BYTES = 210944;
 };

@@ -3,8 +3,7 @@ layout (bm 16 and 32 swap-AB, 64, 128) x plain / gated x the four activations x 
 float16 x K splits of either phase (none, some, many), over ragged token counts (one row tile, or several
 with a partial last one) and widths (448 -> 1472 -> 200: odd K step counts, a partial output tile),
 192-wide tiles, 96- and 112-wide n-tiles, cluster pairs sharing an operand (both kinds, with ghost units),
-one-phase plans (units of one l-tile or of several, with many d_ff splits), token tiles in a ring of their own,
-and swap-AB tiles of many splits.
+one-phase plans (units of one l-tile or of several, with many d_ff splits), and swap-AB tiles of many splits.
 
 Each case forces a stream plan with its bm and splits, draws fresh random inputs, poisons the output with
 NaN, and checks: the relative error against a float64 reference is at most twice PyTorch eager's own
@@ -111,18 +110,6 @@ def cases():
             (32, False, 9, SHAPES[3], 12, 2))):
         yield dict(bm=bm, gated=gated, activation=ACTS[j % 4], bias=j % 2 == 1, dtype=("bfloat16", "float16")[j % 2],
                    s1=1, s2=s2, m=m, d_model=shape[0], d_ff=shape[1], d_out=shape[2], phases=1, lspan=lspan)
-    # a ring of their own for the token tiles (xstages): both depths, bm 64 and 128, 64- to 128-wide n-tiles, one
-    # and several row tiles (phase 2's H waits in the token producer), K splits of either phase, a unit's K steps
-    # fewer than the token ring (d_model 256 in 4 steps of a 2-way split)
-    for j, (bm, bn, gated, m, shape, xs, splits) in enumerate((
-            (128, 128, True, 128, SHAPES[2], 2, (1, 4)),
-            (128, 96, True, 77, SHAPES[3], 3, (2, 3)),
-            (128, 112, False, 2 * 128 + 40, SHAPES[2], 3, (1, 2)),
-            (64, 128, False, 3 * 64 + 9, SHAPES[1], 2, (3, 4)),
-            (128, 64, True, 5, SHAPES[0], 3, (2, 8)))):
-        yield dict(bm=bm, gated=gated, activation=ACTS[(j + 3) % 4], bias=j % 2 == 0,
-                   dtype=("bfloat16", "float16")[j % 2], s1=splits[0], s2=splits[1], m=m, d_model=shape[0],
-                   d_ff=shape[1], d_out=shape[2], bn=bn, bl=128, xstages=xs)
     # many splits at bm 32 (swap-AB): more partials than the last split can hold in flight at once, summed
     # four splits at a time in the same order
     for j, (gated, s1, s2, m) in enumerate(((True, 8, 16, 37), (False, 4, 16, 1))):
@@ -136,7 +123,7 @@ ROWS, TILES = (2, 1, 1, 1), (1, 2, 1, 2)   # the stream kernel's cluster pairs
 def plan_of(c):
     return fuser.plan(c["m"], c["d_model"], c["d_ff"], d_out=c["d_out"], gated=c["gated"], activation=c["activation"],
                       bias=c["bias"], dtype=c["dtype"], target="h200", fused=True, kind="stream", bm=c["bm"],
-                      s1=c["s1"], s2=c["s2"], **{k: c[k] for k in ("bn", "bl", "cluster", "phases", "lspan", "xstages") if k in c})
+                      s1=c["s1"], s2=c["s2"], **{k: c[k] for k in ("bn", "bl", "cluster", "phases", "lspan") if k in c})
 
 
 def run_case(c, gen):

@@ -134,14 +134,11 @@ struct Stream {
     static constexpr int NW1 = SWAP ? BM : MT == 2 ? BN : BN / 2;
     static constexpr int NW2 = SWAP ? BM : MT == 2 ? BL : BL / 2;
     static constexpr int TOK = MP * SW_ROW_BYTES;           /* a token tile of one K step: X or H */
-    /* XR: the token tiles in a ring of their own (XSTAGES slots), the weight ring's slots hold weights only */
-    static constexpr int XSTAGES = C::XSTAGES;
-    static constexpr bool XR = XSTAGES > 0;
-    static constexpr int X_BYTES = XR ? 0 : TOK;             /* a slot's token region, before its weight tiles */
-    static constexpr int BYTES1 = TOK + PARTS * BN * SW_ROW_BYTES; /* a K step's bytes: phase 1, phase 2 */
+    static constexpr int X_BYTES = TOK;                      /* a slot's token region, before its weight tiles */
+    static constexpr int BYTES1 = X_BYTES + PARTS * BN * SW_ROW_BYTES; /* a slot's bytes: phase 1, phase 2 */
     static constexpr int BYTES2 = TOK + BL * SW_ROW_BYTES;
     static constexpr int STAGE_BYTES =
-        ceil_div(X_BYTES + cmax(PARTS * BN, BL) * SW_ROW_BYTES, SW_GROUP_BYTES) * SW_GROUP_BYTES;
+        ceil_div(cmax(BYTES1, X_BYTES + BL * SW_ROW_BYTES), SW_GROUP_BYTES) * SW_GROUP_BYTES;
     static_assert(BM == 16 || BM == 32 || BM == 64 || BM == 128, "BM");
     static_assert(!SWAP || (BN == 128 && BL == 128), "swap-AB: each consumer takes 64 weight rows of a 128-row tile");
     static_assert((BN % 64 == 0 || ((BN == 96 || BN == 112) && !SWAP)) && BN <= 256 && BL % 32 == 0 && BL <= 256,
@@ -152,8 +149,6 @@ struct Stream {
     /* one phase: the unit's H, GEMM2's token operand, one MP x 64 swizzled tile per K step of its split */
     static constexpr int H_BYTES = ONE ? KS2 * TOK : 0;
     static_assert(C::PHASES == 1 || C::PHASES == 2, "PHASES");
-    static_assert(!XR || (!Q && !SWAP && C::PHASES == 2 && C::PAIR == 0 && XSTAGES <= STAGES),
-                  "a token ring: 16-bit tokens on wgmma's M side, two phases, no pairs, at most the weights' depth");
     static_assert(!Q || (!ONE && C::PAIR == 0 && (BM <= 64 || !C::GATED || S1 == 1)), "a quantized chain: two "
                   "phases, no pairs, gated tiles of 128 tokens without K splits in phase 1");
     static_assert(!ONE || (S1 == 1 && KS2 * SW_COLS % BN == 0 && C::PAIR == 0),
@@ -191,14 +186,9 @@ struct Stream {
 
     struct Smem {
         alignas(1024) unsigned char stage[STAGES][STAGE_BYTES];
-        /* one phase: the unit's H; XR: the token ring's slots (xslot), each freed (xempty) by every consumer warp */
-        alignas(1024) unsigned char hs[cmax(H_BYTES, XR ? XSTAGES * TOK : 16)];
+        /* one phase: the unit's H */
+        alignas(1024) unsigned char hs[H_BYTES > 0 ? H_BYTES : 16];
         Ring<STAGES> ring;
-        uint64_t xempty[XR ? XSTAGES : 1];
-        /* XR: a weight slot's K step is announced (issued, by the weight producer) to the token producer,
-         * which reads its unit and K step */
-        uint64_t issued[XR ? STAGES : 1];
-        int kb[XR ? STAGES : 1];
         int unit[STAGES]; /* the unit whose first K step a slot holds (-1: no more units), set by the producer */
         int last;
         int box;                    /* pairs: the claimed pair block 0 hands to block 1 */
@@ -208,7 +198,6 @@ struct Stream {
 
     const StreamParams &p;
     Smem &s;
-    FUSER_DEVICE unsigned char *xslot(int i) const { return s.hs + i * TOK; }
     int lt, warp, lane, w;   /* consumer thread: index in the consumers, warp in its warpgroup, lane, warpgroup */
     int m0;                  /* consumer: the first token row of the current unit's row tile */
 
@@ -314,8 +303,7 @@ struct Stream {
      * (weights(stage, bar, kb)) and its token tile (tokens(...): X, or H from phase 1). Weights are read
      * only, so they are requested at once; the token tiles wait for `dep` (the stream's previous kernel,
      * or the split's ready counter) unless `ready`. So HBM keeps streaming while a dependency resolves:
-     * up to a ring of weight tiles is in flight before the first token tile is requested. With a token ring
-     * (XR) the token producer requests the token tiles (produce_tokens): here each slot is announced to it. */
+     * up to a ring of weight tiles is in flight before the first token tile is requested. */
     template <class Weights, class Tokens, class Dep>
     FUSER_DEVICE void fill(Cursor<STAGES> &c, int u, int k0, int k1, uint32_t bytes, bool ready, Weights weights,
                            Tokens tokens, Dep dep) const
@@ -328,11 +316,6 @@ struct Stream {
             uint64_t *bar = &s.ring.full[c.stage];
             mbar_arrive_expect_tx(bar, bytes);
             weights(s.stage[c.stage], bar, kb);
-            if constexpr (XR) {
-                s.kb[c.stage] = kb;
-                mbar_arrive(&s.issued[c.stage]); /* (release: the unit and K step above) */
-                continue;
-            }
             if (ready) {
                 tokens(s.stage[c.stage], bar, kb);
                 continue;
@@ -478,8 +461,6 @@ struct Stream {
                 mbar_wait(&s.ring.empty[c.stage], c.phase ^ 1);
                 s.unit[c.stage] = -1;
                 mbar_arrive(&s.ring.full[c.stage]);
-                if constexpr (XR)
-                    mbar_arrive(&s.issued[c.stage]);
                 return;
             }
             const int tagged = member(q), u = tagged & ~GHOST;
@@ -494,7 +475,7 @@ struct Stream {
             if (u < u1()) {
                 const Unit t = unit1(u);
                 const int nt = t.tile, sp = t.split, m0 = t.row * BM;
-                const uint32_t bytes = (own_t ? TOK : 0) + (own_w ? PARTS * BN * SW_ROW_BYTES : 0);
+                const uint32_t bytes = (own_t ? X_BYTES : 0) + (own_w ? PARTS * BN * SW_ROW_BYTES : 0);
                 fill(c, tagged, sp * KS1, cmin(KT1, (sp + 1) * KS1), bytes, (after_prev && x_ok) || !own_t,
                      [&](unsigned char *st, uint64_t *bar, int kb) {
                          if (own_w)
@@ -511,7 +492,7 @@ struct Stream {
                              fence_proxy_async_global();
                          }
                      });
-                after_prev = after_prev || (own_t && !XR); /* (XR: the token producer waited, not this thread) */
+                after_prev = after_prev || own_t;
                 x_ok = x_ok || own_t;
                 if (p.trace && !ghost)
                     p.trace[u * TRACE_WORDS + 8] = global_ns();
@@ -534,8 +515,8 @@ struct Stream {
                              [&] { griddep_wait(); });
                     after_prev = true;
                 }
-                bool now = XR || ONE || !own_t || ld_acquire_gpu(ready) >= tiles_in(sp);
-                if (now && own_t && !ONE && !XR)
+                bool now = ONE || !own_t || ld_acquire_gpu(ready) >= tiles_in(sp);
+                if (now && own_t && !ONE)
                     h_ready();
                 const uint32_t bytes = (own_t && !ONE ? TOK : 0) + (own_w ? BL * SW_ROW_BYTES : 0);
                 if constexpr (STEAL) { /* the slice's l-tiles, as long as the helpers leave some */
@@ -577,57 +558,7 @@ struct Stream {
         }
     }
 
-    /* XR: the token tiles, each K step's in the token ring's next slot, completing on the weight slot's full
-     * barrier (whose bytes the weight producer announced with the step's). The weight producer announces each
-     * slot's unit and K step (fill); this thread requests its token tile once the token slot is free, which is
-     * XSTAGES steps behind the consumers, while the weights run STAGES steps ahead: the token tiles, from L2,
-     * need less lead than the weights from HBM. Phase 2's H waits here for its split's n-tiles, so the weight
-     * producer never waits for another unit. */
-    FUSER_DEVICE void produce_tokens() const
-    {
-        Cursor<STAGES> c;
-        Cursor<XR ? XSTAGES : 1> x;
-        bool after_prev = false;
-        int held = -1; /* the phase-2 unit whose H is known ready */
-        for (;; c.next(), x.next()) {
-            mbar_wait(&s.issued[c.stage], c.phase);
-            const int u = s.unit[c.stage], kb = s.kb[c.stage];
-            if (u < 0)
-                return;
-            mbar_wait(&s.xempty[x.stage], x.phase ^ 1);
-            uint64_t *bar = &s.ring.full[c.stage];
-            if (u < u1()) {
-                if (!after_prev)
-                    griddep_wait();
-                after_prev = true;
-                load_x(xslot(x.stage), bar, kb, unit1(u).row * BM);
-            } else {
-                const Unit t = unit2(u - u1());
-                if (u != held) { /* the H columns of the split exist and are visible to TMA */
-                    wait_flag(sync_of(t.row, READY + t.split), tiles_in(t.split));
-                    fence_proxy_async_global();
-                    if (p.trace)
-                        p.trace[u * TRACE_WORDS + 2] = global_ns();
-                    held = u;
-                }
-                load_rows(xslot(x.stage), &p.h, bar, kb, t.row * BM, BM, false);
-            }
-        }
-    }
-
     /* ---------------- consumers ---------------- */
-
-    /* A consumer's place in the rings: the weight ring's slot and pass, and (XR) the token ring's slot, one
-     * per K step like the weight slots. */
-    struct Slot : Cursor<STAGES> {
-        int x = 0;
-        FUSER_DEVICE void next()
-        {
-            Cursor<STAGES>::next();
-            if constexpr (XR)
-                x = x + 1 == XSTAGES ? 0 : x + 1;
-        }
-    };
 
     FUSER_DEVICE int row_of(int h) const { return m0 + (MT == 2 ? 64 * w : 0) + 16 * warp + lane / 4 + 8 * h; }
     template <int NW>
@@ -637,19 +568,18 @@ struct Stream {
      * 64 token rows (or, swap-AB, 64 weight rows), B its columns (or the tokens). The token tiles are the
      * slots' (X or H by TMA) or, at own_tokens, the unit's H in shared memory, one tile per K step. */
     template <int NW>
-    FUSER_DEVICE void operands(const Slot &c, int kb, int k0, uint32_t own_tokens, uint32_t &a,
+    FUSER_DEVICE void operands(const Cursor<STAGES> &c, int kb, int k0, uint32_t own_tokens, uint32_t &a,
                                uint32_t &b) const
     {
         const uint32_t st = smem_addr(s.stage[c.stage]);
         const uint32_t w_rows = st + X_BYTES + (SWAP ? w * 64 : MT == 2 ? 0 : w * NW) * SW_ROW_BYTES;
-        const uint32_t slot_tokens = XR ? smem_addr(xslot(c.x)) : st;
         const uint32_t tokens =
-            (own_tokens ? own_tokens + (kb - k0) * TOK : slot_tokens) + (MT == 2 ? w * 64 * SW_ROW_BYTES : 0);
+            (own_tokens ? own_tokens + (kb - k0) * TOK : st) + (MT == 2 ? w * 64 * SW_ROW_BYTES : 0);
         a = SWAP ? w_rows : tokens;
         b = SWAP ? tokens : w_rows;
     }
 
-    FUSER_DEVICE void wait_slot(const Slot &c, bool timed, uint64_t &waited) const
+    FUSER_DEVICE void wait_slot(const Cursor<STAGES> &c, bool timed, uint64_t &waited) const
     {
         if (timed) {
             const uint64_t t0 = global_ns();
@@ -664,7 +594,7 @@ struct Stream {
      * b_rows rows on). The token tiles are the slots' or, at own_tokens, tiles in shared memory the
      * consumers wrote. */
     template <int NW, bool TWO, int R>
-    FUSER_DEVICE void mainloop(Slot &c, int k0, int k1, int b_rows, float (&acc)[R], float (&acc2)[R],
+    FUSER_DEVICE void mainloop(Cursor<STAGES> &c, int k0, int k1, int b_rows, float (&acc)[R], float (&acc2)[R],
                                uint64_t *trace, uint32_t own_tokens = 0) const
     {
         uint64_t waited = 0; /* traced: ns this thread waited for full slots after the unit's first */
@@ -677,7 +607,7 @@ struct Stream {
         if constexpr (Q) {
             promoted_steps<NW, TWO>(c, k0, k1, b_rows, acc, acc2, trace != nullptr, waited, own_tokens);
         } else {
-            int prev = -1, prev_x = 0;
+            int prev = -1;
             /* not unrolled: an unrolled copy puts the (one-thread) slot release between wgmma groups, where
              * ptxas serialises the MMAs (C7520); the wait written out, not wait_slot, whose call ptxas
              * schedules differently here */
@@ -700,15 +630,14 @@ struct Stream {
                 wgmma_commit();
                 wgmma_wait<1>();
                 if (prev >= 0)
-                    release(prev, prev_x);
+                    release(prev);
                 prev = c.stage;
-                prev_x = c.x;
             }
             wgmma_wait<0>();
             fence_operands(acc);
             if constexpr (TWO)
                 fence_operands(acc2);
-            release(prev, prev_x);
+            release(prev);
         }
         if (trace) {
             trace[6] = global_ns();
@@ -727,7 +656,7 @@ struct Stream {
      * part (if any) reuses the sum after the up part's is added. Nothing is in flight across the loop's back
      * edge: ptxas serialises MMAs whose sums are read while other groups are in flight there (C7514). */
     template <int NW, bool TWO, int R>
-    FUSER_DEVICE void promoted_steps(Slot &c, int k0, int k1, int b_rows, float (&acc)[R],
+    FUSER_DEVICE void promoted_steps(Cursor<STAGES> &c, int k0, int k1, int b_rows, float (&acc)[R],
                                      float (&acc2)[R], bool timed, uint64_t &waited, uint32_t own_tokens) const
     {
         constexpr int NS = TWO ? SUMS : 1;
@@ -770,7 +699,7 @@ struct Stream {
                     add(s0, acc2);
                 }
             }
-            release(c.stage, c.x);
+            release(c.stage);
         }
     }
 
@@ -818,24 +747,22 @@ struct Stream {
     /* This warp no longer reads the slot: its tiles (wgmma) or its unit id. Every consumer warp arrives
      * (the warp's reads ordered before its lanes' arrives), in pairs in both blocks, so a producer
      * refills or rewrites the slot only after all of them. */
-    FUSER_DEVICE void release(int stage, int x = 0) const
+    FUSER_DEVICE void release(int stage) const
     {
         __syncwarp();
         consume_release<CS>(s.ring, stage, lane);
-        if (XR && lane == 0)
-            mbar_arrive(&s.xempty[x]);
     }
 
     /* A ghost unit (the partner's unit u): its slots hold only the shared tiles, for the partner; wait
      * for each (the partner's loads land here too) and release it. */
-    FUSER_DEVICE void idle(Slot &c, int u) const
+    FUSER_DEVICE void idle(Cursor<STAGES> &c, int u) const
     {
         const bool one = u < u1();
         const int sp = one ? unit1(u).split : unit2(u - u1()).split;
         const int k0 = sp * (one ? KS1 : KS2), k1 = cmin(one ? KT1 : KT2, k0 + (one ? KS1 : KS2));
         for (int kb = k0; kb < k1; kb++, c.next()) {
             consume_wait(s.ring, c);
-            release(c.stage, c.x);
+            release(c.stage);
         }
     }
 
@@ -1037,7 +964,7 @@ struct Stream {
     /* where consumer thread 0 records its unit's mainloop (null: no trace, or another thread) */
     FUSER_DEVICE uint64_t *unit_trace(int u) const { return p.trace && lt == 0 ? p.trace + u * TRACE_WORDS : nullptr; }
 
-    FUSER_DEVICE void phase1(Slot &c, int u) const
+    FUSER_DEVICE void phase1(Cursor<STAGES> &c, int u) const
     {
         const Unit t = unit1(u);
         const int nt = t.tile, sp = t.split;
@@ -1139,7 +1066,7 @@ struct Stream {
      * over the whole K), activated and rounded as phase 1 stores it, at the place TMA would put the H
      * buffer's tiles: K step j of the range is an MP x 64 tile, row r's 16-byte chunk q at chunk q ^ (r % 8)
      * (the 128-byte swizzle). Columns beyond d_ff are zeros (their W_down columns are too). */
-    FUSER_DEVICE void local_h(Slot &c, int sp) const
+    FUSER_DEVICE void local_h(Cursor<STAGES> &c, int sp) const
     {
         const int n_lo = sp * KS2 * SW_COLS, n_hi = cmin(C::N, n_lo + KS2 * SW_COLS);
         consumers_sync(); /* every warp has finished reading the previous unit's H */
@@ -1191,7 +1118,7 @@ struct Stream {
         consumers_sync();
     }
 
-    FUSER_DEVICE void phase2(Slot &c, int u) const
+    FUSER_DEVICE void phase2(Cursor<STAGES> &c, int u) const
     {
         const Unit t = unit2(u);
         const int sp = t.split;
@@ -1248,7 +1175,7 @@ struct Stream {
     }
 
     /* STEAL: one piece taken by this block as a helper: l-tile k of slice j, H from the slots. */
-    FUSER_DEVICE void piece(Slot &c, int id) const
+    FUSER_DEVICE void piece(Cursor<STAGES> &c, int id) const
     {
         const int j = id / LT, k = id % LT, row = j / S2, sp = j % S2;
         float acc[NW2 / 2];
@@ -1419,7 +1346,7 @@ struct Stream {
         w = lt / 128;
         warp = lt % 128 / 32;
         lane = lt % 32;
-        Slot c;
+        Cursor<STAGES> c;
         int helped = 0; /* STEAL: pieces this block computed as a helper */
         if constexpr (Q)
             quantize_x();
@@ -1493,12 +1420,6 @@ struct Stream {
         const int tid = (int)threadIdx.x;
         if (tid == 0) {
             sm.ring.init(CS * CONSUMER_WARPS);
-            if constexpr (XR) {
-                for (int i = 0; i < XSTAGES; i++)
-                    mbar_init(&sm.xempty[i], CONSUMER_WARPS);
-                for (int i = 0; i < STAGES; i++)
-                    mbar_init(&sm.issued[i], 1);
-            }
             mbar_init(&sm.box_full, 1);
             mbar_init(&sm.box_empty, 1);
             fence_mbar_init();
@@ -1520,8 +1441,6 @@ struct Stream {
             setmaxnreg_dec<PRODUCER_REGS>();
             if (tid == 0)
                 Stream(p, sm).produce();
-            else if (XR && tid == 32)
-                Stream(p, sm).produce_tokens();
         } else {
             setmaxnreg_inc<CONSUMER_REGS>();
             Stream(p, sm).consume(tid);
