@@ -41,8 +41,11 @@ fuser_state *fuser_get_state(PyObject *module);
 
 /* The attribute names kept_eager reads (eager_bind.c), in the order of fuser_state.kept_names. */
 #define KEPT_NAMES "forward", "_compiled_call_impl", "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", \
-                   "_backward_pre_hooks", "training", "_modules", "stale"
-enum { KN_FORWARD, KN_COMPILED, KN_HOOKS, KN_TRAINING = KN_HOOKS + 4, KN_MODULES, KN_STALE, KN_COUNT };
+                   "_backward_pre_hooks", "training", "_modules", "stale", "_kept", "fast", "__call__"
+enum {
+    KN_FORWARD, KN_COMPILED, KN_HOOKS, KN_TRAINING = KN_HOOKS + 4, KN_MODULES, KN_STALE, KN_KEPT, KN_FAST, KN_CALL,
+    KN_COUNT
+};
 
 /* The pointer in a capsule of type `name` (fuser's own handles), or NULL with a TypeError saying
  * "<what>: expected <expected>". */
@@ -119,6 +122,7 @@ PyObject *fuser_py_kept_match(PyObject *module, PyObject *const *args, Py_ssize_
 PyObject *fuser_py_eager(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_kept_eager(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_after_ffn(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fuser_py_install_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fuser_py_ffn_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_env(PyObject *module, PyObject *args, PyObject *kwargs);

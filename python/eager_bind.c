@@ -179,25 +179,98 @@ static PyObject *after_ffn(fuser_state *st, PyObject *d, PyObject *name, PyObjec
     return out;
 }
 
+/* The kept eager route `kt` (a tuple of K_FIELDS) of the module whose __dict__ is d, on x: y, or None where
+ * it does not serve the call, or NULL with an exception set. */
+static PyObject *kept_eager(PyObject *module, PyObject *d, PyObject *x, PyObject *kt)
+{
+    fuser_state *st = fuser_get_state(module);
+    PyObject *const *k = &PyTuple_GET_ITEM(kt, 0);
+    int ok = plain_call(st, d, k);
+    if (ok <= 0)
+        return ok < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *match[5] = {x, k[K_SIGNATURE], k[K_HELD], k[K_LAYOUT], k[K_LAID]};
+    PyObject *same = fuser_py_kept_match(module, match, 5);
+    if (!same || same == Py_None)
+        return same;
+    Py_DECREF(same);
+    PyObject *t[7] = {x, k[K_TENSORS], k[K_TENSORS + 1], k[K_TENSORS + 2], k[K_TENSORS + 3], k[K_TENSORS + 4],
+                      k[K_TENSORS + 5]};
+    PyObject *y = run_eager(k[K_LINEAR], k[K_ACT], t);
+    return !y || k[K_POST] == Py_None ? y : after_ffn(st, d, k[K_POST], k[K_DROPOUTS], y);
+}
+
 /* kept_eager(d, x, k) -> y or None */
 PyObject *fuser_py_kept_eager(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 3 || !PyDict_Check(args[0]) || !PyTuple_Check(args[2]) || PyTuple_GET_SIZE(args[2]) != K_FIELDS)
         return PyErr_Format(PyExc_TypeError, "kept_eager(d: dict, x, k: tuple of %d)", (int)K_FIELDS);
-    fuser_state *st = fuser_get_state(module);
-    PyObject *const *k = &PyTuple_GET_ITEM(args[2], 0);
-    int ok = plain_call(st, args[0], k);
-    if (ok <= 0)
-        return ok < 0 ? NULL : Py_NewRef(Py_None);
-    PyObject *match[5] = {args[1], k[K_SIGNATURE], k[K_HELD], k[K_LAYOUT], k[K_LAID]};
-    PyObject *same = fuser_py_kept_match(module, match, 5);
-    if (!same || same == Py_None)
-        return same;
-    Py_DECREF(same);
-    PyObject *t[7] = {args[1], k[K_TENSORS], k[K_TENSORS + 1], k[K_TENSORS + 2], k[K_TENSORS + 3],
-                      k[K_TENSORS + 4], k[K_TENSORS + 5]};
-    PyObject *y = run_eager(k[K_LINEAR], k[K_ACT], t);
-    return !y || k[K_POST] == Py_None ? y : after_ffn(st, args[0], k[K_POST], k[K_DROPOUTS], y);
+    return kept_eager(module, args[0], args[1], args[2]);
+}
+
+/* FusedFFN's call slot (install_call): `m(x)` served by the module's kept eager route without a Python frame,
+ * exactly where FusedFFN.__call__ would serve it from there (one input, no keyword, not compiling, a kept route
+ * whose checks C reads); every other call, and every call that route declines, goes to the class's __call__
+ * as written in Python, which is also what `FusedFFN.__call__` names and what torch.compile traces. The slot's
+ * objects: the extension module (its state) and torch.compiler.is_compiling, one pair per process. */
+static PyObject *slot_module, *slot_compiling;
+
+static PyObject *python_call(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    fuser_state *st = fuser_get_state(slot_module);
+    PyObject *fn = PyObject_GetAttr((PyObject *)Py_TYPE(self), PyTuple_GET_ITEM(st->kept_names, KN_CALL));
+    if (!fn)
+        return NULL;
+    const Py_ssize_t n = PyTuple_GET_SIZE(args);
+    PyObject *all = PyTuple_New(n + 1);
+    if (!all) {
+        Py_DECREF(fn);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(all, 0, Py_NewRef(self));
+    for (Py_ssize_t i = 0; i < n; i++)
+        PyTuple_SET_ITEM(all, i + 1, Py_NewRef(PyTuple_GET_ITEM(args, i)));
+    PyObject *out = PyObject_Call(fn, all, kwargs);
+    Py_DECREF(all);
+    Py_DECREF(fn);
+    return out;
+}
+
+static PyObject *fused_call(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    if (PyTuple_GET_SIZE(args) != 1 || (kwargs && PyDict_GET_SIZE(kwargs)))
+        return python_call(self, args, kwargs);
+    fuser_state *st = fuser_get_state(slot_module);
+    PyObject *d = PyObject_GenericGetDict(self, NULL);
+    if (!d)
+        return NULL;
+    PyObject *kept = PyDict_GetItemWithError(d, PyTuple_GET_ITEM(st->kept_names, KN_KEPT));
+    PyObject *fast = kept ? PyObject_GetAttr(kept, PyTuple_GET_ITEM(st->kept_names, KN_FAST)) : NULL;
+    PyObject *y = NULL;
+    if (fast && PyTuple_Check(fast) && PyTuple_GET_SIZE(fast) == K_FIELDS) {
+        PyObject *compiling = PyObject_CallNoArgs(slot_compiling);
+        if (compiling == Py_False)
+            y = kept_eager(slot_module, d, PyTuple_GET_ITEM(args, 0), fast);
+        Py_XDECREF(compiling);
+    }
+    Py_XDECREF(fast);
+    Py_DECREF(d);
+    if (y && y != Py_None)
+        return y;
+    Py_XDECREF(y);
+    return PyErr_Occurred() ? NULL : python_call(self, args, kwargs);
+}
+
+/* install_call(cls, is_compiling): cls's instances called through fused_call (cls: FusedFFN) */
+PyObject *fuser_py_install_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyType_Check(args[0]) || !(((PyTypeObject *)args[0])->tp_flags & Py_TPFLAGS_HEAPTYPE) ||
+        !PyCallable_Check(args[1]))
+        return PyErr_Format(PyExc_TypeError, "install_call(cls: a class, is_compiling: callable)");
+    Py_XSETREF(slot_module, Py_NewRef(module));
+    Py_XSETREF(slot_compiling, Py_NewRef(args[1]));
+    ((PyTypeObject *)args[0])->tp_call = fused_call;
+    PyType_Modified((PyTypeObject *)args[0]);
+    Py_RETURN_NONE;
 }
 
 /* after_ffn(d, name, dropouts, y) -> the output */
