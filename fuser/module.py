@@ -507,7 +507,9 @@ class FusedFFN(nn.Module):
 # m(x) goes through a C call slot: where __call__ above would hand the call to the kept eager route
 # (_C.kept_eager), the slot does so without __call__'s Python frame; every other call, and every one that route
 # declines, runs __call__ as written here, which stays what `FusedFFN.__call__` names and torch.compile traces.
-_C.install_call(FusedFFN, _is_compiling)
+# The slot reads torch.compiler's flag that is_compiling() returns outside TorchScript, where torch has it.
+_C.install_call(FusedFFN, _is_compiling, torch.compiler,
+                "_is_compiling_flag" if isinstance(getattr(torch.compiler, "_is_compiling_flag", None), bool) else None)
 
 
 # ---- the kept route of the last input shape --------------------------------------------------------

@@ -211,8 +211,21 @@ PyObject *fuser_py_kept_eager(PyObject *module, PyObject *const *args, Py_ssize_
  * exactly where FusedFFN.__call__ would serve it from there (one input, no keyword, not compiling, a kept route
  * whose checks C reads); every other call, and every call that route declines, goes to the class's __call__
  * as written in Python, which is also what `FusedFFN.__call__` names and what torch.compile traces. The slot's
- * objects: the extension module (its state) and torch.compiler.is_compiling, one pair per process. */
-static PyObject *slot_module, *slot_compiling;
+ * objects, one set per process: the extension module (its state), torch.compiler.is_compiling, and where
+ * torch keeps the flag that function returns outside TorchScript (torch.compiler's `_is_compiling_flag`,
+ * read directly: C code is never scripted), its module and name, or NULL to call the function. */
+static PyObject *slot_module, *slot_compiling, *slot_flag_owner, *slot_flag;
+
+/* 1 where torch is compiling or exporting (torch.compiler.is_compiling()), 0 where not, -1 with an exception. */
+static int compiling(void)
+{
+    PyObject *v = slot_flag ? PyObject_GetAttr(slot_flag_owner, slot_flag) : PyObject_CallNoArgs(slot_compiling);
+    if (!v)
+        return -1;
+    const int on = v != Py_False;
+    Py_DECREF(v);
+    return on;
+}
 
 static PyObject *python_call(PyObject *self, PyObject *args, PyObject *kwargs)
 {
@@ -246,12 +259,8 @@ static PyObject *fused_call(PyObject *self, PyObject *args, PyObject *kwargs)
     PyObject *kept = PyDict_GetItemWithError(d, PyTuple_GET_ITEM(st->kept_names, KN_KEPT));
     PyObject *fast = kept ? PyObject_GetAttr(kept, PyTuple_GET_ITEM(st->kept_names, KN_FAST)) : NULL;
     PyObject *y = NULL;
-    if (fast && PyTuple_Check(fast) && PyTuple_GET_SIZE(fast) == K_FIELDS) {
-        PyObject *compiling = PyObject_CallNoArgs(slot_compiling);
-        if (compiling == Py_False)
-            y = kept_eager(slot_module, d, PyTuple_GET_ITEM(args, 0), fast);
-        Py_XDECREF(compiling);
-    }
+    if (fast && PyTuple_Check(fast) && PyTuple_GET_SIZE(fast) == K_FIELDS && compiling() == 0)
+        y = kept_eager(slot_module, d, PyTuple_GET_ITEM(args, 0), fast);
     Py_XDECREF(fast);
     Py_DECREF(d);
     if (y && y != Py_None)
@@ -260,14 +269,18 @@ static PyObject *fused_call(PyObject *self, PyObject *args, PyObject *kwargs)
     return PyErr_Occurred() ? NULL : python_call(self, args, kwargs);
 }
 
-/* install_call(cls, is_compiling): cls's instances called through fused_call (cls: FusedFFN) */
+/* install_call(cls, is_compiling, flag_owner, flag): cls's instances called through fused_call (cls: FusedFFN);
+ * flag_owner.flag (flag a str) is what is_compiling returns outside TorchScript, or flag is None */
 PyObject *fuser_py_install_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2 || !PyType_Check(args[0]) || !(((PyTypeObject *)args[0])->tp_flags & Py_TPFLAGS_HEAPTYPE) ||
-        !PyCallable_Check(args[1]))
-        return PyErr_Format(PyExc_TypeError, "install_call(cls: a class, is_compiling: callable)");
+    if (nargs != 4 || !PyType_Check(args[0]) || !(((PyTypeObject *)args[0])->tp_flags & Py_TPFLAGS_HEAPTYPE) ||
+        !PyCallable_Check(args[1]) || !(args[3] == Py_None || PyUnicode_Check(args[3])))
+        return PyErr_Format(PyExc_TypeError, "install_call(cls: a class, is_compiling: callable, flag_owner, "
+                                             "flag: str or None)");
     Py_XSETREF(slot_module, Py_NewRef(module));
     Py_XSETREF(slot_compiling, Py_NewRef(args[1]));
+    Py_XSETREF(slot_flag_owner, args[3] == Py_None ? NULL : Py_NewRef(args[2]));
+    Py_XSETREF(slot_flag, args[3] == Py_None ? NULL : Py_NewRef(args[3]));
     ((PyTypeObject *)args[0])->tp_call = fused_call;
     PyType_Modified((PyTypeObject *)args[0]);
     Py_RETURN_NONE;

@@ -178,6 +178,28 @@ def test_kept_eager_route_runs_checks_and_ops_in_one_c_call(monkeypatch, exchang
     assert isinstance(inspect.getattr_static(fm.FusedFFN, "__call__"), types.FunctionType)
 
 
+def test_the_call_slot_leaves_calls_while_compiling_to_python(monkeypatch, exchange):
+    """While torch compiles or exports (torch.compiler.is_compiling(), whose flag the C call slot reads), m(x) is
+    FusedFFN.__call__'s, which hands it to nn.Module.__call__ and so to forward, as before the slot existed."""
+    import fuser.module as fm
+    m, x = _kept_module(nn.Linear(8, 24), nn.GELU(), nn.Linear(24, 8))
+    monkeypatch.setattr(torch.compiler, "_is_compiling_flag", True, raising=False)
+    frames = []
+    here = os.path.dirname(fm.__file__)
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(here):
+            frames.append(frame.f_code.co_name)
+    with torch.no_grad():
+        sys.setprofile(profile)
+        try:
+            y = m(x)
+        finally:
+            sys.setprofile(None)
+    assert torch.equal(y, reference(m, x))
+    assert frames[:1] == ["__call__"] and "forward" in frames
+
+
 def _declined(how, m, x):
     """Whether ``_C.kept_eager`` declines m's call with x after `how` changed what it must check."""
     from fuser import _C
