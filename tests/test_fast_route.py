@@ -150,16 +150,10 @@ def test_eager_ops_in_c_are_the_reference_ops_bitwise_with_the_same_gradients(ga
         _C.eager(torch.nn.functional.linear, ACTIVATIONS[act], t["x"])
 
 
-def test_kept_eager_route_runs_checks_and_ops_in_one_c_call(monkeypatch, exchange):
-    """With the exchange API, a kept eager route's call m(x) runs in C from FusedFFN's call slot: no Python frame
-    of fuser's runs (not FusedFFN.__call__, not the Python ops); without it, __call__ runs the route's checks and
-    ops in Python. FusedFFN.__call__ itself stays the Python function (what torch.compile traces)."""
+def _fuser_frames(m, x):
+    """m(x) under no_grad, and the names of the Python functions of fuser's package that it ran, in order."""
     import fuser.module as fm
-    m, x = _kept_module(nn.Linear(8, 24), nn.GELU(), nn.Linear(24, 8))
-    py_ops, frames = [], []
-    real_py = fm.eager
-    monkeypatch.setattr(fm, "eager", lambda *a: py_ops.append(1) or real_py(*a))
-    here = os.path.dirname(fm.__file__)
+    here, frames = os.path.dirname(fm.__file__), []
 
     def profile(frame, event, arg):
         if event == "call" and frame.f_code.co_filename.startswith(here):
@@ -170,6 +164,19 @@ def test_kept_eager_route_runs_checks_and_ops_in_one_c_call(monkeypatch, exchang
             y = m(x)
         finally:
             sys.setprofile(None)
+    return y, frames
+
+
+def test_kept_eager_route_runs_checks_and_ops_in_one_c_call(monkeypatch, exchange):
+    """With the exchange API, a kept eager route's call m(x) runs in C from FusedFFN's call slot: no Python frame
+    of fuser's runs (not FusedFFN.__call__, not the Python ops); without it, __call__ runs the route's checks and
+    ops in Python. FusedFFN.__call__ itself stays the Python function (what torch.compile traces)."""
+    import fuser.module as fm
+    m, x = _kept_module(nn.Linear(8, 24), nn.GELU(), nn.Linear(24, 8))
+    py_ops = []
+    real_py = fm.eager
+    monkeypatch.setattr(fm, "eager", lambda *a: py_ops.append(1) or real_py(*a))
+    y, frames = _fuser_frames(m, x)
     assert torch.equal(y, reference(m, x))
     if exchange:
         assert (frames, py_ops) == ([], [])
@@ -181,21 +188,9 @@ def test_kept_eager_route_runs_checks_and_ops_in_one_c_call(monkeypatch, exchang
 def test_the_call_slot_leaves_calls_while_compiling_to_python(monkeypatch, exchange):
     """While torch compiles or exports (torch.compiler.is_compiling(), whose flag the C call slot reads), m(x) is
     FusedFFN.__call__'s, which hands it to nn.Module.__call__ and so to forward, as before the slot existed."""
-    import fuser.module as fm
     m, x = _kept_module(nn.Linear(8, 24), nn.GELU(), nn.Linear(24, 8))
     monkeypatch.setattr(torch.compiler, "_is_compiling_flag", True, raising=False)
-    frames = []
-    here = os.path.dirname(fm.__file__)
-
-    def profile(frame, event, arg):
-        if event == "call" and frame.f_code.co_filename.startswith(here):
-            frames.append(frame.f_code.co_name)
-    with torch.no_grad():
-        sys.setprofile(profile)
-        try:
-            y = m(x)
-        finally:
-            sys.setprofile(None)
+    y, frames = _fuser_frames(m, x)
     assert torch.equal(y, reference(m, x))
     assert frames[:1] == ["__call__"] and "forward" in frames
 
