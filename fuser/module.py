@@ -246,6 +246,13 @@ class FusedFFN(nn.Module):
         return eager(x, w["up"], w["down"], w["gate"], w["b_up"], w["b_gate"], w["b_down"],
                      ACTIVATIONS[self.spec.activation], mid)
 
+    def __init_subclass__(cls, **kwargs):
+        # a class statement gives a subclass the generic call slot; one whose __call__ is still FusedFFN's gets
+        # the C slot too (_install_call)
+        super().__init_subclass__(**kwargs)
+        if cls.__call__ is FusedFFN.__call__:
+            _install_call(cls)
+
     def __call__(self, *args, **kwargs):
         # nn.Module.__call__, less its two frames where they would only reach forward: with one input, no
         # hook (the module's or global), not compiled (module.compile()), forward not replaced on the
@@ -504,12 +511,17 @@ class FusedFFN(nn.Module):
         return self.plan_summary()
 
 
-# m(x) goes through a C call slot: where __call__ above would hand the call to the kept eager route
-# (_C.kept_eager), the slot does so without __call__'s Python frame; every other call, and every one that route
-# declines, runs __call__ as written here, which stays what `FusedFFN.__call__` names and torch.compile traces.
-# The slot reads torch.compiler's flag that is_compiling() returns outside TorchScript, where torch has it.
-_C.install_call(FusedFFN, _is_compiling, torch.compiler,
-                "_is_compiling_flag" if isinstance(getattr(torch.compiler, "_is_compiling_flag", None), bool) else None)
+def _install_call(cls):
+    """m(x) of cls's instances through a C call slot: where FusedFFN.__call__ would hand the call to the kept
+    eager route (_C.kept_eager), the slot does so without __call__'s Python frame; every other call, and every
+    one that route declines, runs __call__ as written, which stays what `cls.__call__` names and torch.compile
+    traces. The slot reads torch.compiler's flag that is_compiling() returns outside TorchScript, where torch
+    has it."""
+    flag = "_is_compiling_flag" if isinstance(getattr(torch.compiler, "_is_compiling_flag", None), bool) else None
+    _C.install_call(cls, _is_compiling, torch.compiler, flag)
+
+
+_install_call(FusedFFN)
 
 
 # ---- the kept route of the last input shape --------------------------------------------------------

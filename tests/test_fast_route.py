@@ -195,6 +195,34 @@ def test_the_call_slot_leaves_calls_while_compiling_to_python(monkeypatch, excha
     assert frames[:1] == ["__call__"] and "forward" in frames
 
 
+def test_subclasses_get_the_call_slot_unless_they_define_their_own_call(exchange):
+    """A subclass of FusedFFN whose __call__ is FusedFFN's gets the C call slot (no Python frame of fuser's for a
+    kept route's call, with exchange); one that defines __call__, or inherits another class's, runs that one,
+    which may reach FusedFFN's through super()."""
+    class Plain(FusedFFN):
+        pass
+
+    class Doubled(FusedFFN):
+        def __call__(self, x):
+            return 2 * super().__call__(x)
+
+    class StillDoubled(Doubled):
+        pass
+
+    for cls in (Plain, Doubled, StillDoubled):
+        torch.manual_seed(0)
+        m = cls.from_module(nn.Sequential(nn.Linear(8, 24), nn.GELU(), nn.Linear(24, 8))).eval()
+        x = torch.randn(4, 8)
+        with torch.no_grad():
+            m(x)
+        y, frames = _fuser_frames(m, x)
+        want = reference(m, x)
+        if cls is Plain:
+            assert torch.equal(y, want) and (frames == [] if exchange else "__call__" in frames)
+        else:
+            assert torch.equal(y, 2 * want) and "__call__" in frames
+
+
 def _declined(how, m, x):
     """Whether ``_C.kept_eager`` declines m's call with x after `how` changed what it must check."""
     from fuser import _C
