@@ -518,7 +518,7 @@ def _install_call(cls):
     traces. The slot reads torch.compiler's flag that is_compiling() returns outside TorchScript, where torch
     has it."""
     flag = "_is_compiling_flag" if isinstance(getattr(torch.compiler, "_is_compiling_flag", None), bool) else None
-    _C.install_call(cls, _is_compiling, torch.compiler, flag)
+    _C.install_call(cls, _is_compiling, torch.compiler, flag, _Module)
 
 
 _install_call(FusedFFN)

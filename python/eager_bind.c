@@ -214,7 +214,7 @@ PyObject *fuser_py_kept_eager(PyObject *module, PyObject *const *args, Py_ssize_
  * objects, one set per process: the extension module (its state), torch.compiler.is_compiling, and where
  * torch keeps the flag that function returns outside TorchScript (torch.compiler's `_is_compiling_flag`,
  * read directly: C code is never scripted), its module and name, or NULL to call the function. */
-static PyObject *slot_module, *slot_compiling, *slot_flag_owner, *slot_flag;
+static PyObject *slot_module, *slot_compiling, *slot_flag_owner, *slot_flag, *slot_nn_module;
 
 /* 1 where torch is compiling or exporting (torch.compiler.is_compiling()), 0 where not, -1 with an exception. */
 static int compiling(void)
@@ -227,10 +227,11 @@ static int compiling(void)
     return on;
 }
 
-static PyObject *python_call(PyObject *self, PyObject *args, PyObject *kwargs)
+/* owner.__call__(self, *args, **kwargs), the method looked up at this call (so patches of it apply) */
+static PyObject *python_call(PyObject *owner, PyObject *self, PyObject *args, PyObject *kwargs)
 {
     fuser_state *st = fuser_get_state(slot_module);
-    PyObject *fn = PyObject_GetAttr((PyObject *)Py_TYPE(self), PyTuple_GET_ITEM(st->kept_names, KN_CALL));
+    PyObject *fn = PyObject_GetAttr(owner, PyTuple_GET_ITEM(st->kept_names, KN_CALL));
     if (!fn)
         return NULL;
     const Py_ssize_t n = PyTuple_GET_SIZE(args);
@@ -248,16 +249,20 @@ static PyObject *python_call(PyObject *self, PyObject *args, PyObject *kwargs)
     return out;
 }
 
+/* A call the kept eager route declined goes where FusedFFN.__call__ sends it then, nn.Module.__call__, without
+ * running the route's checks a second time; every other call the slot does not serve goes to cls.__call__. */
 static PyObject *fused_call(PyObject *self, PyObject *args, PyObject *kwargs)
 {
+    PyObject *cls = (PyObject *)Py_TYPE(self);
     if (PyTuple_GET_SIZE(args) != 1 || (kwargs && PyDict_GET_SIZE(kwargs)))
-        return python_call(self, args, kwargs);
+        return python_call(cls, self, args, kwargs);
     fuser_state *st = fuser_get_state(slot_module);
     PyObject *d = PyObject_GenericGetDict(self, NULL);
     if (!d)
         return NULL;
     PyObject *kept = PyDict_GetItemWithError(d, PyTuple_GET_ITEM(st->kept_names, KN_KEPT));
-    PyObject *fast = kept ? PyObject_GetAttr(kept, PyTuple_GET_ITEM(st->kept_names, KN_FAST)) : NULL;
+    PyObject *fast = kept && kept != Py_None ? PyObject_GetAttr(kept, PyTuple_GET_ITEM(st->kept_names, KN_FAST))
+                                             : NULL;
     PyObject *y = NULL;
     if (fast && PyTuple_Check(fast) && PyTuple_GET_SIZE(fast) == K_FIELDS && compiling() == 0)
         y = kept_eager(slot_module, d, PyTuple_GET_ITEM(args, 0), fast);
@@ -265,19 +270,24 @@ static PyObject *fused_call(PyObject *self, PyObject *args, PyObject *kwargs)
     Py_DECREF(d);
     if (y && y != Py_None)
         return y;
+    const int declined = y == Py_None;
     Py_XDECREF(y);
-    return PyErr_Occurred() ? NULL : python_call(self, args, kwargs);
+    if (PyErr_Occurred())
+        return NULL;
+    return python_call(declined ? slot_nn_module : cls, self, args, kwargs);
 }
 
-/* install_call(cls, is_compiling, flag_owner, flag): cls's instances called through fused_call (cls: FusedFFN);
- * flag_owner.flag (flag a str) is what is_compiling returns outside TorchScript, or flag is None */
+/* install_call(cls, is_compiling, flag_owner, flag, nn_module): cls's instances called through fused_call (cls:
+ * FusedFFN); flag_owner.flag (flag a str) is what is_compiling returns outside TorchScript, or flag is None;
+ * nn_module: torch.nn.Module, whose __call__ takes the calls the kept route declines */
 PyObject *fuser_py_install_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4 || !PyType_Check(args[0]) || !(((PyTypeObject *)args[0])->tp_flags & Py_TPFLAGS_HEAPTYPE) ||
-        !PyCallable_Check(args[1]) || !(args[3] == Py_None || PyUnicode_Check(args[3])))
+    if (nargs != 5 || !PyType_Check(args[0]) || !(((PyTypeObject *)args[0])->tp_flags & Py_TPFLAGS_HEAPTYPE) ||
+        !PyCallable_Check(args[1]) || !(args[3] == Py_None || PyUnicode_Check(args[3])) || !PyType_Check(args[4]))
         return PyErr_Format(PyExc_TypeError, "install_call(cls: a class, is_compiling: callable, flag_owner, "
-                                             "flag: str or None)");
+                                             "flag: str or None, nn_module: a class)");
     Py_XSETREF(slot_module, Py_NewRef(module));
+    Py_XSETREF(slot_nn_module, Py_NewRef(args[4]));
     Py_XSETREF(slot_compiling, Py_NewRef(args[1]));
     Py_XSETREF(slot_flag_owner, args[3] == Py_None ? NULL : Py_NewRef(args[2]));
     Py_XSETREF(slot_flag, args[3] == Py_None ? NULL : Py_NewRef(args[3]));

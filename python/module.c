@@ -128,9 +128,10 @@ static PyMethodDef module_methods[] = {
      "than call forward, the route is stale, a dropout between the GEMMs or the module's own training\n"
      "forward is active, or kept_match(x, ...) fails; else the eager ops' output."},
     {"install_call", (PyCFunction)(void (*)(void))fuser_py_install_call, METH_FASTCALL,
-     "install_call(cls, is_compiling, flag_owner, flag): instances of cls (FusedFFN) called as m(x) run its kept\n"
-     "eager route from C where FusedFFN.__call__ would run it; every other call goes to cls.__call__ as written in\n"
-     "Python. flag_owner.flag: what is_compiling() returns outside TorchScript (flag None: call is_compiling)."},
+     "install_call(cls, is_compiling, flag_owner, flag, nn_module): instances of cls (FusedFFN) called as m(x) run\n"
+     "its kept eager route from C where FusedFFN.__call__ would run it; a call that route declines goes to\n"
+     "nn_module.__call__ (as FusedFFN.__call__ sends it), every other call to cls.__call__ as written in Python.\n"
+     "flag_owner.flag: what is_compiling() returns outside TorchScript (flag None: call is_compiling)."},
     {"after_ffn", (PyCFunction)(void (*)(void))fuser_py_after_ffn, METH_FASTCALL,
      "after_ffn(d, name, dropouts, y) -> the output: the dropout `name` after a FusedFFN (d: its __dict__)\n"
      "applied to y, its call left out where it is exactly one of `dropouts`, not training, with no hook of\n"

@@ -195,6 +195,20 @@ def test_the_call_slot_leaves_calls_while_compiling_to_python(monkeypatch, excha
     assert frames[:1] == ["__call__"] and "forward" in frames
 
 
+def test_the_call_slot_sends_declined_calls_to_module_call_once(exchange):
+    """A call the kept eager route declines (another shape) goes from the C call slot straight to
+    nn.Module.__call__ and forward, the route's checks not run again through FusedFFN.__call__; a module whose
+    route could not be kept (its `_kept` None) is called as FusedFFN.__call__ calls it."""
+    m, x = _kept_module(nn.Linear(8, 24), nn.GELU(), nn.Linear(24, 8))
+    x2 = torch.randn(2, 3, 8)
+    y, frames = _fuser_frames(m, x2)
+    assert torch.equal(y, reference(m, x2))
+    assert "forward" in frames and ("__call__" not in frames if exchange else frames[0] == "__call__")
+    m.__dict__["_kept"] = None
+    y, frames = _fuser_frames(m, x)
+    assert torch.equal(y, reference(m, x)) and "forward" in frames
+
+
 def test_subclasses_get_the_call_slot_unless_they_define_their_own_call(exchange):
     """A subclass of FusedFFN whose __call__ is FusedFFN's gets the C call slot (no Python frame of fuser's for a
     kept route's call, with exchange); one that defines __call__, or inherits another class's, runs that one,
