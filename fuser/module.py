@@ -513,9 +513,9 @@ class FusedFFN(nn.Module):
 
 def _install_call(cls):
     """m(x) of cls's instances through a C call slot: where FusedFFN.__call__ would hand the call to the kept
-    eager route (_C.kept_eager), the slot does so without __call__'s Python frame; every other call, and every
-    one that route declines, runs __call__ as written, which stays what `cls.__call__` names and torch.compile
-    traces. The slot reads torch.compiler's flag that is_compiling() returns outside TorchScript, where torch
+    eager route (_C.kept_eager), the slot does so without __call__'s Python frame, and a call that route declines
+    goes on to nn.Module.__call__ as __call__ would send it; every other call runs __call__ as written, which
+    stays what `cls.__call__` names and torch.compile traces. The slot reads torch.compiler's flag that is_compiling() returns outside TorchScript, where torch
     has it."""
     flag = "_is_compiling_flag" if isinstance(getattr(torch.compiler, "_is_compiling_flag", None), bool) else None
     _C.install_call(cls, _is_compiling, torch.compiler, flag, _Module)
