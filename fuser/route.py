@@ -21,7 +21,7 @@ import torch
 
 from fuser import _C, fp8, interop, runtime
 from fuser.planner import CHAIN_FIELDS
-from fuser.reference import ACTIVATIONS, eager
+from fuser.reference import ACTIVATIONS
 
 __all__ = ["Route", "FusedRoute", "HostBoundRoute", "route_for", "forget"]
 
@@ -33,15 +33,18 @@ _raw_stream = interop.raw_stream
 _current_device = interop.current_device
 _kept_scratch = runtime.kept_scratch
 _ffn_run = getattr(_C, "ffn_run", None)
+_eager = _C.eager
+_linear = torch.nn.functional.linear
 _capturing = runtime.capturing
 _MAX_PREPARED = 64                 # prepared launches a route keeps (one per layer it serves, per stream)
 
 
 class Route:
-    """The eager route: the FFN in PyTorch ops (``fuser.reference.eager``; a quantized chain's, with
-    `scales`: ``fuser.fp8.eager``). Taken where the tensors are not on a CUDA device, not 16-bit (or
-    e4m3), hold no tokens, where the device has no fused path, and where the planner's plan (``plan``;
-    None where nothing was planned) is unfused."""
+    """The eager route: the FFN in PyTorch ops (``fuser.reference.eager``'s, run from C by ``_C.eager``,
+    where a gated chain's activation and product are one gate kernel wherever it applies, with the same
+    result; a quantized chain's, with `scales`: ``fuser.fp8.eager``). Taken where the tensors are not on a
+    CUDA device, not 16-bit (or e4m3), hold no tokens, where the device has no fused path, and where the
+    planner's plan (``plan``; None where nothing was planned) is unfused."""
 
     fused = False
     graphs_eager = False   # True: the eager ops while a CUDA graph is captured, the plan's launch otherwise
@@ -65,7 +68,7 @@ class Route:
             y = fp8.eager(x, w_up, w_down, fp8.Scales(x=s_x, up=s_up, down=s_down, h=s_h, gate=s_gate),
                           w_gate=w_gate, b_up=b_up, b_gate=b_gate, b_down=b_down, activation=activation)
         else:
-            y = eager(x, w_up, w_down, w_gate, b_up, b_gate, b_down, ACTIVATIONS[activation])
+            y = _eager(_linear, ACTIVATIONS[activation], x, w_up, w_down, w_gate, b_up, b_gate, b_down)
         if out is None:
             return y
         if y.requires_grad:

@@ -2,7 +2,9 @@
 needed), kernels loaded per device, the scratch that launches on one stream share, the plan a chain
 runs (a ``fuser.tune`` winner first, else the planner's choice, cached), and ``Launch``: one fused plan
 loaded on one device, the only caller of ``_C.ffn_launch``. Every ``_C`` call that loads or launches a
-kernel is in this file. Nothing here synchronises the device.
+kernel is in this file, but for the eager route's gate kernel, which C loads and launches by itself from
+the eager ops (``_C.eager``) with the CUBIN and torch's predicates registered here (``_gate_cubin``).
+Nothing here synchronises the device.
 """
 from __future__ import annotations
 
@@ -11,16 +13,19 @@ import dataclasses
 import statistics
 import threading
 import time
+import warnings
 
 import torch
 
-from fuser import _C, jit, planner
-from fuser._C import CompileError
+from fuser import _C, interop, jit, planner
+from fuser._C import CompileError, FuserError
 from fuser._env import env
+from fuser.reference import ACTIVATIONS
 from fuser.target import default_target, tuned_plan
 
 __all__ = ["Kernel", "compile", "MATH_SUBROUTINES", "Launch", "launch_for", "fused_available", "plan_for", "tuned",
-           "forget_plans", "host_op_us", "host_bound", "host_bound_plan", "host_bound_fused"]
+           "forget_plans", "host_op_us", "host_bound", "host_bound_plan", "host_bound_fused",
+           "GATE_ACTS", "gate_cubin"]
 
 _lock = threading.Lock()
 
@@ -427,3 +432,36 @@ def host_bound_fused(chain, target, graph_plan, host_us):
     if not host_bound(graph_plan.predicted_us, fused.predicted_us, host_us, chain["gated"]):
         return None
     return fused
+
+
+# ---- the eager route's gate kernel ---------------------------------------------------------------------
+
+#: The order of the C core's activations (FUSER_ACT_*), in which ``_C.gate_setup`` takes their functions
+GATE_ACTS = ("relu", "gelu", "gelu_tanh", "silu")
+
+
+def gate_cubin(device):
+    """The CUBIN of the eager route's gate kernels (``_C.gate_source()``, through the disk cache) for CUDA
+    device `device`, or a str saying why there is none: C calls this the first time a gated eager route
+    could run them on that device, and loads what it returns; the device then runs PyTorch's two ops
+    (the activation, then the product) wherever the kernel is unavailable. A compile that fails warns once.
+
+    Example:
+        >>> from fuser import runtime
+        >>> isinstance(runtime.gate_cubin(0), (bytes, str))  # doctest: +SKIP
+        True
+    """
+    ok, why = fused_available(device)
+    if not ok:
+        return why
+    try:
+        return jit.compile_source(_C.gate_source(), "fuser_gate.cu").cubin
+    except FuserError as e:   # a compile or cache error: the ops stay correct, say why once
+        warnings.warn(f"fuser: the gate kernel is not available, gated eager routes run PyTorch's two ops: {e}",
+                      RuntimeWarning, stacklevel=2)
+        return f"{type(e).__name__}: {e}"
+
+
+_C.gate_setup(gate_cubin, tuple(ACTIVATIONS[a] for a in GATE_ACTS), capturing,
+              torch._C._len_torch_dispatch_stack, torch._C._is_torch_function_mode_enabled, interop.current_device,
+              interop.raw_stream, interop.disabled)

@@ -123,6 +123,14 @@ PyObject *fuser_py_eager(PyObject *module, PyObject *const *args, Py_ssize_t nar
 PyObject *fuser_py_kept_eager(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_after_ffn(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_install_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fuser_py_gate_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fuser_py_gate(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fuser_py_gate_info(PyObject *module, PyObject *noargs);
+PyObject *fuser_py_gate_source(PyObject *module, PyObject *noargs);
+
+/* The eager route's gate step act(g) * u as fuser's gate kernel, in place of g, where it applies (gate_bind.c):
+ * 1 when it ran, 0 where the caller runs PyTorch's ops, -1 with an exception set. */
+int fuser_gate_try(fuser_state *st, PyObject *act, PyObject *g, PyObject *u);
 PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fuser_py_ffn_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_env(PyObject *module, PyObject *args, PyObject *kwargs);

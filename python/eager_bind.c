@@ -5,8 +5,10 @@
 #include "binding.h"
 
 /* linear(x, w_up, b_up); with w_gate act(linear(x, w_gate, b_gate)) * that, else act(that); then
- * linear(h, w_down, b_down). t: x, w_up, w_down, w_gate, b_up, b_gate, b_down (None where absent). */
-static PyObject *run_eager(PyObject *linear, PyObject *act, PyObject *const *t)
+ * linear(h, w_down, b_down). t: x, w_up, w_down, w_gate, b_up, b_gate, b_down (None where absent). The gate
+ * step runs as fuser's gate kernel where it applies (fuser_gate_try: the same values, one kernel instead of
+ * two, in place of the gate GEMM's result), else as the two ops. */
+static PyObject *run_eager(fuser_state *st, PyObject *linear, PyObject *act, PyObject *const *t)
 {
     PyObject *a[3] = {t[0], t[1], t[4]};
     PyObject *h = PyObject_Vectorcall(linear, a, 3, NULL);
@@ -16,10 +18,17 @@ static PyObject *run_eager(PyObject *linear, PyObject *act, PyObject *const *t)
     if (t[3] != Py_None) {
         PyObject *b[3] = {t[0], t[3], t[5]};
         PyObject *pre = PyObject_Vectorcall(linear, b, 3, NULL);
-        PyObject *ga = pre ? PyObject_CallOneArg(act, pre) : NULL;
-        Py_XDECREF(pre);
-        g = ga ? PyNumber_Multiply(ga, h) : NULL;
-        Py_XDECREF(ga);
+        const int gated = pre ? fuser_gate_try(st, act, pre, h) : -1;
+        if (gated) {
+            g = gated > 0 ? pre : NULL;
+            if (gated < 0)
+                Py_XDECREF(pre);
+        } else {
+            PyObject *ga = PyObject_CallOneArg(act, pre);
+            Py_DECREF(pre);
+            g = ga ? PyNumber_Multiply(ga, h) : NULL;
+            Py_XDECREF(ga);
+        }
     } else {
         g = PyObject_CallOneArg(act, h);
     }
@@ -35,12 +44,11 @@ static PyObject *run_eager(PyObject *linear, PyObject *act, PyObject *const *t)
 /* eager(linear, act, x, w_up, w_down, w_gate, b_up, b_gate, b_down) -> y */
 PyObject *fuser_py_eager(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    (void)module;
     if (nargs != 9)
         return PyErr_Format(PyExc_TypeError,
                             "eager(linear, act, x, w_up, w_down, w_gate, b_up, b_gate, b_down): 9 arguments, got %zd",
                             nargs);
-    return run_eager(args[0], args[1], args + 2);
+    return run_eager(fuser_get_state(module), args[0], args[1], args + 2);
 }
 
 /* The fields of kept_eager's `k`, in the order of fuser.module's _KeptEagerFast (a kept eager route's `fast`). */
@@ -195,7 +203,7 @@ static PyObject *kept_eager(PyObject *module, PyObject *d, PyObject *x, PyObject
     Py_DECREF(same);
     PyObject *t[7] = {x, k[K_TENSORS], k[K_TENSORS + 1], k[K_TENSORS + 2], k[K_TENSORS + 3], k[K_TENSORS + 4],
                       k[K_TENSORS + 5]};
-    PyObject *y = run_eager(k[K_LINEAR], k[K_ACT], t);
+    PyObject *y = run_eager(st, k[K_LINEAR], k[K_ACT], t);
     return !y || k[K_POST] == Py_None ? y : after_ffn(st, d, k[K_POST], k[K_DROPOUTS], y);
 }
 

@@ -132,6 +132,20 @@ static PyMethodDef module_methods[] = {
      "its kept eager route from C where FusedFFN.__call__ would run it; a call that route declines goes to\n"
      "nn_module.__call__ (as FusedFFN.__call__ sends it), every other call to cls.__call__ as written in Python.\n"
      "flag_owner.flag: what is_compiling() returns outside TorchScript (flag None: call is_compiling)."},
+    {"gate_setup", (PyCFunction)(void (*)(void))fuser_py_gate_setup, METH_FASTCALL,
+     "gate_setup(loader, acts, capturing, dispatch_len, function_mode, current_device, raw_stream, disabled): what\n"
+     "the eager route's gate kernel needs (fuser.runtime registers it at import): loader(device) -> the gate\n"
+     "kernels' CUBIN (bytes) or why there is none (str); acts: the activation functions in FUSER_ACT_* order;\n"
+     "then torch's predicates and fuser's FUSER_DISABLE, read at each call."},
+    {"gate", (PyCFunction)(void (*)(void))fuser_py_gate, METH_FASTCALL,
+     "gate(g, u, act) -> bool: g = act(g) * u in place by fuser's gate kernel (bitwise PyTorch's two ops) where\n"
+     "it applies: plain compact 16-bit CUDA tensors of one shape on the current device, no autograd, no torch\n"
+     "mode, FUSER_DISABLE unset, act a value of fuser.reference.ACTIVATIONS. False (g untouched) elsewhere: run\n"
+     "the ops."},
+    {"gate_info", fuser_py_gate_info, METH_NOARGS,
+     "gate_info() -> {'launches': n, 'devices': {device: 'ready' | 'loading' | 'unavailable: why'}}"},
+    {"gate_source", fuser_py_gate_source, METH_NOARGS,
+     "gate_source() -> str: the CUDA translation unit of the gate kernels"},
     {"after_ffn", (PyCFunction)(void (*)(void))fuser_py_after_ffn, METH_FASTCALL,
      "after_ffn(d, name, dropouts, y) -> the output: the dropout `name` after a FusedFFN (d: its __dict__)\n"
      "applied to y, its call left out where it is exactly one of `dropouts`, not training, with no hook of\n"

@@ -1,0 +1,264 @@
+/* gate_bind.c: when the eager route's gate step, act(g) * u, runs as fuser's gate kernel (include/fuser/gate.h)
+ * instead of PyTorch's two ops: for two plain 16-bit CUDA tensors of one shape, compact and aligned, on the
+ * current device, that record no autograd, outside any torch dispatch or function mode, with an activation of
+ * fuser.reference.ACTIVATIONS, while FUSER_DISABLE does not ask for PyTorch's ops everywhere. Then g is overwritten with the result (bitwise what the ops return); anywhere
+ * else the caller runs the ops. The kernels are compiled by a loader fuser.runtime registers (gate_setup: the
+ * CUBIN through fuser.jit, or why there is none) and loaded once per device, in the context current then (the
+ * device's, which every launch checks): like every fuser kernel they stay loaded for the process. */
+#include "binding.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "fuser/chain.h"
+#include "fuser/gate.h"
+
+#define GATE_DEVICES 64
+
+/* Per device: not tried yet, being loaded (a call meanwhile runs the ops), loaded, or not available. */
+enum { GATE_UNTRIED = 0, GATE_LOADING, GATE_READY, GATE_UNAVAILABLE };
+typedef struct {
+    int state;
+    char why[256];                        /* GATE_UNAVAILABLE: the reason */
+    fuser_kernel k[FUSER_GATE_KERNELS];
+} gate_device;
+
+/* What gate_setup registered (NULL before): the loader (device -> CUBIN bytes, or a str saying why none),
+ * the activation functions in FUSER_ACT_* order, and the per-call predicates (torch's capturing(),
+ * len(dispatch stack), function mode enabled, current device, current raw stream of a device; fuser's
+ * FUSER_DISABLE). */
+enum { H_LOADER, H_ACTS, H_CAPTURING, H_DISPATCH, H_FUNCTION, H_DEVICE, H_STREAM, H_DISABLED, H_COUNT };
+static PyObject *hooks, *s_requires_grad;
+static gate_device *devices[GATE_DEVICES];
+static unsigned long long launches;
+
+/* The FUSER_ACT_* of act (one of the registered activation functions), or -1. */
+static int act_index(PyObject *act)
+{
+    PyObject *acts = PyTuple_GET_ITEM(hooks, H_ACTS);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(acts); i++)
+        if (PyTuple_GET_ITEM(acts, i) == act)
+            return (int)i;
+    return -1;
+}
+
+/* 1 where obj's requires_grad is False, 0 otherwise (an exception cleared). */
+static int no_grad(PyObject *obj)
+{
+    PyObject *v = PyObject_GetAttr(obj, s_requires_grad);
+    if (!v) {
+        PyErr_Clear();
+        return 0;
+    }
+    Py_DECREF(v);
+    return v == Py_False;
+}
+
+/* The value of hook i called with no argument, or with `arg` (a new reference), or NULL with an exception. */
+static PyObject *call_hook(int i, PyObject *arg)
+{
+    PyObject *fn = PyTuple_GET_ITEM(hooks, i);
+    return arg ? PyObject_CallOneArg(fn, arg) : PyObject_CallNoArgs(fn);
+}
+
+/* 1 where hook i returns something false (0, False), 0 where true, -1 with an exception. */
+static int hook_false(int i)
+{
+    PyObject *v = call_hook(i, NULL);
+    if (!v)
+        return -1;
+    const int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t < 0 ? -1 : !t;
+}
+
+/* Load the gate kernels of `device` (the current device) through the registered loader; the device's
+ * state says how it went. 0, or -1 with an exception set (the loader raised). */
+static int load(gate_device *d, int device)
+{
+    d->state = GATE_LOADING;
+    PyObject *dev = PyLong_FromLong(device);
+    PyObject *cubin = dev ? call_hook(H_LOADER, dev) : NULL;
+    Py_XDECREF(dev);
+    if (!cubin) {
+        d->state = GATE_UNTRIED;
+        return -1;
+    }
+    d->state = GATE_UNAVAILABLE;
+    if (!PyBytes_Check(cubin)) {
+        PyObject *s = PyObject_Str(cubin);
+        const char *why = s ? PyUnicode_AsUTF8(s) : NULL;
+        snprintf(d->why, sizeof d->why, "%s", why ? why : "the loader gave no CUBIN");
+        if (!why)
+            PyErr_Clear();
+        Py_XDECREF(s);
+        Py_DECREF(cubin);
+        return 0;
+    }
+    fuser_err err;
+    fuser_err_clear(&err);
+    const fuser_driver *drv = fuser_driver_get(&err);
+    int rc = drv ? FUSER_OK : err.code, i = 0;
+    for (; !rc && i < FUSER_GATE_KERNELS; i++)
+        rc = fuser_kernel_load(drv, device, PyBytes_AS_STRING(cubin), fuser_gate_name(i), &d->k[i], &err);
+    if (rc) {
+        fuser_err ignored;
+        for (int j = 0; j < i - 1; j++)
+            fuser_kernel_unload(drv, &d->k[j], &ignored);
+        snprintf(d->why, sizeof d->why, "%s", err.msg);
+    } else {
+        d->state = GATE_READY;
+    }
+    Py_DECREF(cubin);
+    return 0;
+}
+
+/* The gate kernel for act on g and u where it applies (see the top of this file): 1 when it ran (g then holds
+ * the result), 0 where the caller runs the ops, -1 with an exception set (a launch that failed). */
+int fuser_gate_try(fuser_state *st, PyObject *act, PyObject *g, PyObject *u)
+{
+    if (!hooks)
+        return 0;
+    const int a = act_index(act);
+    if (a < 0)
+        return 0;
+    DLTensor dl[2];
+    fuser_held h[2];
+    memset(h, 0, sizeof h);
+    fuser_tensor t[2];
+    fuser_err err;
+    fuser_err_clear(&err);
+    int ok = fuser_exchange_describe(st, g, &dl[0], &h[0]) && fuser_exchange_describe(st, u, &dl[1], &h[1]) &&
+             !fuser_tensor_from_dl(&dl[0], "g", &t[0], &err) && !fuser_tensor_from_dl(&dl[1], "u", &t[1], &err);
+    int rc = 0;
+    if (!ok || t[0].device != FUSER_CUDA || t[1].device != FUSER_CUDA || t[0].device_id != t[1].device_id ||
+        t[0].dtype != t[1].dtype || t[0].ndim != t[1].ndim || t[0].numel < 1 ||
+        memcmp(t[0].shape, t[1].shape, sizeof(int64_t) * (size_t)t[0].ndim) || t[0].device_id < 0 ||
+        t[0].device_id >= GATE_DEVICES || fuser_tensors_overlap(&t[0], &t[1]))
+        goto done;
+    const int k = fuser_gate_index(t[0].dtype, a), device = t[0].device_id;
+    if (k < 0 || !no_grad(g) || !no_grad(u))
+        goto done;
+    /* no mode that would expect to see the ops, fuser not switched off, and the tensors' device current (its
+     * context is the one the kernels were loaded in) */
+    int yes = hook_false(H_DISPATCH);
+    if (yes > 0)
+        yes = hook_false(H_FUNCTION);
+    if (yes > 0)
+        yes = hook_false(H_DISABLED);
+    if (yes <= 0) {
+        rc = yes;
+        goto done;
+    }
+    PyObject *cur = call_hook(H_DEVICE, NULL);
+    if (!cur) {
+        rc = -1;
+        goto done;
+    }
+    const long current = PyLong_AsLong(cur);
+    Py_DECREF(cur);
+    if (current != device) {
+        rc = current == -1 && PyErr_Occurred() ? -1 : 0;
+        goto done;
+    }
+    gate_device *d = devices[device];
+    if (!d && !(d = devices[device] = PyMem_RawCalloc(1, sizeof *d))) {
+        PyErr_NoMemory();
+        rc = -1;
+        goto done;
+    }
+    if (d->state == GATE_UNTRIED) {
+        /* loading is not for a stream being captured into a CUDA graph: the ops run then */
+        yes = hook_false(H_CAPTURING);
+        if (yes <= 0 || load(d, device) < 0) {
+            rc = yes < 0 || PyErr_Occurred() ? -1 : 0;
+            goto done;
+        }
+    }
+    if (d->state != GATE_READY)
+        goto done;
+    PyObject *dev = PyLong_FromLong(device);
+    PyObject *s = dev ? call_hook(H_STREAM, dev) : NULL;
+    Py_XDECREF(dev);
+    const unsigned long long stream = s ? PyLong_AsUnsignedLongLong(s) : 0;
+    Py_XDECREF(s);
+    if (!s || PyErr_Occurred()) {
+        rc = -1;
+        goto done;
+    }
+    const fuser_driver *drv = fuser_driver_get(&err);
+    if (!drv || fuser_gate_launch(drv, &d->k[k], t[0].data, t[1].data, t[0].numel,
+                                  (fuser_cu_stream)(uintptr_t)stream, &err)) {
+        fuser_raise(st, &err);
+        rc = -1;
+        goto done;
+    }
+    launches++;
+    rc = 1;
+done:
+    fuser_release(&h[0]);
+    fuser_release(&h[1]);
+    return rc;
+}
+
+/* gate_setup(loader, acts, capturing, dispatch_len, function_mode, current_device, raw_stream, disabled) */
+PyObject *fuser_py_gate_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != H_COUNT || !PyTuple_Check(args[H_ACTS]) || PyTuple_GET_SIZE(args[H_ACTS]) != FUSER_ACT_SILU + 1)
+        return PyErr_Format(PyExc_TypeError, "gate_setup(loader, acts: a tuple of %d functions, capturing, "
+                                             "dispatch_len, function_mode, current_device, raw_stream, disabled)",
+                            FUSER_ACT_SILU + 1);
+    for (int i = 0; i < H_COUNT; i++)
+        if (i != H_ACTS && !PyCallable_Check(args[i]))
+            return PyErr_Format(PyExc_TypeError, "gate_setup: argument %d is not callable", i + 1);
+    if (!s_requires_grad && !(s_requires_grad = PyUnicode_InternFromString("requires_grad")))
+        return NULL;
+    PyObject *t = PyTuple_New(H_COUNT);
+    if (!t)
+        return NULL;
+    for (int i = 0; i < H_COUNT; i++)
+        PyTuple_SET_ITEM(t, i, Py_NewRef(args[i]));
+    Py_XSETREF(hooks, t);
+    Py_RETURN_NONE;
+}
+
+/* gate(g, u, act) -> True where the gate kernel ran (g holds act(g) * u), False where the ops must */
+PyObject *fuser_py_gate(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3)
+        return PyErr_Format(PyExc_TypeError, "gate(g, u, act): 3 arguments, got %zd", nargs);
+    const int rc = fuser_gate_try(fuser_get_state(module), args[2], args[0], args[1]);
+    return rc < 0 ? NULL : PyBool_FromLong(rc);
+}
+
+/* gate_info() -> {"launches": n, "devices": {device: "ready" | "loading" | "unavailable: why"}} */
+PyObject *fuser_py_gate_info(PyObject *module, PyObject *noargs)
+{
+    (void)module, (void)noargs;
+    PyObject *devs = PyDict_New(), *res = NULL;
+    for (int i = 0; devs && i < GATE_DEVICES; i++) {
+        const gate_device *d = devices[i];
+        if (!d || d->state == GATE_UNTRIED)
+            continue;
+        PyObject *k = PyLong_FromLong(i);
+        PyObject *v = d->state == GATE_READY     ? PyUnicode_FromString("ready")
+                      : d->state == GATE_LOADING ? PyUnicode_FromString("loading")
+                                                 : PyUnicode_FromFormat("unavailable: %s", d->why);
+        if (!k || !v || PyDict_SetItem(devs, k, v))
+            Py_CLEAR(devs);
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+    }
+    if (devs)
+        res = Py_BuildValue("{s:K,s:O}", "launches", launches, "devices", devs);
+    Py_XDECREF(devs);
+    return res;
+}
+
+/* gate_source() -> the CUDA translation unit of the gate kernels (for fuser.jit) */
+PyObject *fuser_py_gate_source(PyObject *module, PyObject *noargs)
+{
+    (void)module, (void)noargs;
+    return PyUnicode_FromString(fuser_gate_source());
+}

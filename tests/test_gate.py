@@ -1,0 +1,205 @@
+"""The eager route's gate kernel (include/fuser/device/gate.cuh, python/gate_bind.c): a gated chain's
+activation and product, act(g) * u, in one kernel in place of g, bitwise what PyTorch's two ops return.
+
+On any machine: the kernels compile for every dtype and activation without spills, and ``_C.gate`` declines
+what it cannot take (CPU tensors, unknown activations). On a Hopper GPU (marked gpu): every bfloat16 and
+float16 value of g against the ops, ragged lengths, everything it must decline (autograd, strided or
+misaligned views, mixed dtypes, a torch mode), the eager route of ``fuser.ffn`` and ``_C.eager`` using it,
+CUDA graphs, and a first use during graph capture."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import fuser
+from fuser import _C, jit, runtime
+from fuser.reference import ACTIVATIONS, eager
+
+ACTS = runtime.GATE_ACTS
+KERNELS = {f"fuser_gate_{dt}_{a}" for dt in ("bf16", "f16") for a in ACTS}
+
+
+def launches():
+    return _C.gate_info()["launches"]
+
+
+def ops(g, u, act):
+    return ACTIVATIONS[act](g) * u
+
+
+def test_the_gate_kernels_compile_for_every_dtype_and_activation():
+    if not fuser.env().nvrtc_found:
+        pytest.skip("NVRTC is not installed (pip install nvidia-cuda-nvrtc, or set $FUSER_NVRTC)")
+    c = jit.compile_source(_C.gate_source(), "fuser_gate.cu")
+    assert {k["name"] for k in c.kernels} == KERNELS
+    assert c.spill_bytes == 0 and all(k["stack_bytes"] == 0 for k in c.kernels), c.log
+
+
+def test_the_gate_declines_cpu_tensors_and_unknown_activations():
+    g, u = torch.randn(4, 16).bfloat16(), torch.randn(4, 16).bfloat16()
+    before, n = g.clone(), launches()
+    assert _C.gate(g, u, ACTIVATIONS["silu"]) is False
+    assert _C.gate(g, u, torch.sigmoid) is False and _C.gate(g, u, "silu") is False
+    assert torch.equal(g, before) and launches() == n
+    with pytest.raises(TypeError, match="3 arguments"):
+        _C.gate(g, u)
+
+
+def test_gate_setup_checks_its_arguments():
+    with pytest.raises(TypeError, match="a tuple of 4 functions"):
+        _C.gate_setup(runtime.gate_cubin, (F.relu,), *[len] * 6)
+    with pytest.raises(TypeError, match="argument 3 is not callable"):
+        _C.gate_setup(runtime.gate_cubin, tuple(ACTIVATIONS[a] for a in ACTS), 1, len, len, len, len, len)
+
+
+def test_the_cpu_eager_route_still_runs_the_ops():
+    x, wu, wg, wd = (torch.randn(*s).bfloat16() for s in ((5, 16), (48, 16), (48, 16), (16, 48)))
+    n = launches()
+    y = _C.eager(F.linear, ACTIVATIONS["silu"], x, wu, wd, wg, None, None, None)
+    assert torch.equal(y, eager(x, wu, wd, wg, None, None, None, ACTIVATIONS["silu"])) and launches() == n
+
+
+# ---- on a Hopper GPU ----------------------------------------------------------------------------------
+
+def every_value(dtype):
+    """Every 16-bit pattern as `dtype` (NaNs and infinities included), on the GPU."""
+    return torch.arange(-32768, 32768, dtype=torch.int32, device="cuda").to(torch.int16).view(dtype)
+
+
+def same(a, b):
+    """Bitwise equal where not NaN, NaN at the same places (NaN payloads may differ)."""
+    na, nb = torch.isnan(a), torch.isnan(b)
+    bits = a.view(torch.int16) == b.view(torch.int16)
+    return bool(torch.equal(na, nb) and bits[~na].all())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("act", ACTS)
+def test_the_gate_kernel_is_bitwise_the_ops_on_every_value(dtype, act):
+    g0 = every_value(dtype)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for u in (torch.ones_like(g0), torch.randn(g0.shape, device="cuda", generator=gen).to(dtype),
+              every_value(dtype).flip(0)):
+        g, n = g0.clone(), launches()
+        assert _C.gate(g, u, ACTIVATIONS[act]) is True and launches() == n + 1
+        assert same(g, ops(g0, u, act)), (dtype, act)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1,), (7,), (8,), (9,), (3, 5), (1023,), (4099,), (64, 14336)])
+def test_the_gate_kernel_on_ragged_lengths(shape):
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    g0, u0 = (torch.randn(shape, device="cuda", generator=gen).bfloat16() * 4 for _ in range(2))
+    g, u = g0.clone(), u0.clone()
+    assert _C.gate(g, u, ACTIVATIONS["silu"]) is True
+    assert same(g, ops(g0, u0, "silu")) and torch.equal(u, u0)
+
+
+@pytest.mark.gpu
+def test_the_gate_declines_what_the_ops_must_run():
+    class Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    g, u = (torch.randn(64, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    silu = ACTIVATIONS["silu"]
+    cases = {
+        "requires grad": (g.clone().requires_grad_(), u),
+        "strided": (g.clone().t(), u),
+        "misaligned": (torch.randn(64 * 64 + 1, device="cuda", dtype=torch.bfloat16)[1:].view(64, 64), u),
+        "float32": (g.float(), u.float()),
+        "mixed dtypes": (g.clone(), u.half()),
+        "other shape": (g.clone(), u.reshape(32, 128)),
+        "cpu": (g.cpu(), u.cpu()),
+    }
+    n = launches()
+    for why, (a, b) in cases.items():
+        before = a.detach().clone()
+        with torch.no_grad() if why != "requires grad" else torch.enable_grad():
+            assert _C.gate(a, b, silu) is False, why
+        assert torch.equal(a.detach(), before), why
+    with Seen():
+        assert _C.gate(g.clone(), u, silu) is False
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FUSER_DISABLE", "1")
+        assert _C.gate(g.clone(), u, silu) is False
+        mp.setenv("FUSER_DISABLE", "maybe")
+        with pytest.raises(ValueError, match="FUSER_DISABLE"):
+            _C.gate(g.clone(), u, silu)
+    assert launches() == n
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", ACTS)
+def test_the_eager_route_runs_the_gate_kernel_with_the_ops_results(act):
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    x, wu, wg, wd = (torch.randn(*s, device="cuda", generator=gen).bfloat16() / 8
+                     for s in ((77, 256), (704, 256), (704, 256), (256, 704)))
+    ref = eager(x, wu, wd, wg, None, None, None, ACTIVATIONS[act])
+    n = launches()
+    with torch.no_grad():
+        y = _C.eager(F.linear, ACTIVATIONS[act], x, wu, wd, wg, None, None, None)
+        unfused = fuser.plan(77, 256, 704, gated=True, activation=act, fused=False)
+        z = fuser.ffn(x, wu, wd, w_gate=wg, activation=act, plan=unfused)
+    assert torch.equal(y, ref) and torch.equal(z, ref) and launches() == n + 2
+
+
+@pytest.mark.gpu
+def test_the_eager_route_records_autograd_with_the_ops():
+    x, wu, wg, wd = (torch.randn(*s, device="cuda").bfloat16().requires_grad_() for s in
+                     ((9, 64), (96, 64), (96, 64), (64, 96)))
+    n = launches()
+    y = _C.eager(F.linear, ACTIVATIONS["silu"], x, wu, wd, wg, None, None, None)
+    y.float().sum().backward()
+    assert launches() == n and x.grad is not None and wg.grad is not None
+
+
+@pytest.mark.gpu
+def test_the_gate_kernel_replays_in_a_cuda_graph():
+    x, wu, wg, wd = (torch.randn(*s, device="cuda").bfloat16() / 8 for s in ((33, 128), (352, 128), (352, 128),
+                                                                             (128, 352)))
+    silu = ACTIVATIONS["silu"]
+    with torch.no_grad():
+        _C.eager(F.linear, silu, x, wu, wd, wg, None, None, None)   # loaded before the capture
+        graph, n = torch.cuda.CUDAGraph(), launches()
+        with torch.cuda.graph(graph):
+            y = _C.eager(F.linear, silu, x, wu, wd, wg, None, None, None)
+        assert launches() == n + 1
+        for _ in range(2):
+            x.copy_(torch.randn_like(x) / 8)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(y, eager(x, wu, wd, wg, None, None, None, silu))
+
+
+FIRST_USE_IN_CAPTURE = """
+import torch, torch.nn.functional as F
+import fuser
+from fuser import _C
+from fuser.reference import ACTIVATIONS, eager
+x, wu, wg, wd = (torch.randn(*s, device="cuda").bfloat16() for s in ((8, 64), (96, 64), (96, 64), (64, 96)))
+with torch.no_grad():
+    torch.matmul(x, wu.t())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = _C.eager(F.linear, ACTIVATIONS["silu"], x, wu, wd, wg, None, None, None)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, eager(x, wu, wd, wg, None, None, None, ACTIVATIONS["silu"]))
+    assert _C.gate_info() == {"launches": 0, "devices": {}}, _C.gate_info()
+    _C.eager(F.linear, ACTIVATIONS["silu"], x, wu, wd, wg, None, None, None)
+    assert _C.gate_info() == {"launches": 1, "devices": {0: "ready"}}, _C.gate_info()
+print("ok")
+"""
+
+
+@pytest.mark.gpu
+def test_a_first_gated_call_inside_a_graph_capture_runs_the_ops_and_loads_nothing():
+    r = subprocess.run([sys.executable, "-c", FIRST_USE_IN_CAPTURE], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0")})
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr
