@@ -16,7 +16,9 @@ rounds carries that drift, a difference within one round (loops a few ms apart) 
 Eager route (bfloat16 shapes where the planner picks the PyTorch ops; on a machine without a GPU, small
 float32 FFNs on CPU tensors):
 
-  ops              the PyTorch ops fuser runs there (``fuser.reference.eager``), called directly
+  ops              the PyTorch ops of the FFN (``fuser.reference.eager``), called directly; on a gated FFN
+                   on the GPU fuser's eager route launches one kernel fewer (the gate kernel takes the
+                   activation and the product), so a plain FFN (gpt3-6.7b:2048) shows the routes' own cost
   fuser.ffn        the functional call                         target: at most 2 us over ops
   FusedFFN         an optimized module (after its first call)  target: at most 2 us over ops
   module           the original module, in PyTorch eager (context: its own container overhead)
@@ -69,7 +71,7 @@ SLEEP_CYCLES = 200_000_000
 #: loop of large FFNs that outran the sleep would time the GPU, not the host)
 QUEUED_GPU_US = 40_000
 #: The eager-route shapes of --set quick on a GPU (a spread of sizes, plain and gated)
-QUICK = ("gpt2:1", "gpt2:128", "llama3-8b:16", "llama3-8b:2048", "G4", "S8")
+QUICK = ("gpt2:1", "gpt2:128", "llama3-8b:16", "llama3-8b:2048", "gpt3-6.7b:2048", "G4", "S8")
 #: Without a GPU: small float32 FFNs on CPU tensors, where host time is most of a call
 CPU_SHAPES = ("8x32:relu:2", "8x32:silu-gated:2", "64x256:gelu:4")
 TARGETS = {"fuser.ffn": 2.0, "FusedFFN": 2.0}

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fuser
+import fuser.tools.timing
 from fuser import _C, jit, runtime
 from fuser.reference import ACTIVATIONS, eager
 
@@ -61,6 +62,15 @@ def test_the_cpu_eager_route_still_runs_the_ops():
     n = launches()
     y = _C.eager(F.linear, ACTIVATIONS["silu"], x, wu, wd, wg, None, None, None)
     assert torch.equal(y, eager(x, wu, wd, wg, None, None, None, ACTIVATIONS["silu"])) and launches() == n
+
+
+def test_the_gate_benchmark_says_what_it_needs_without_a_hopper_gpu():
+    if fuser.tools.timing.hopper_reason() is None:
+        pytest.skip("a Hopper GPU is present: the benchmark would run")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "eager_gate.py"), "--cells", "S8:128"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "eager_gate.py needs a Hopper GPU:" in r.stderr, r.stderr
 
 
 # ---- on a Hopper GPU ----------------------------------------------------------------------------------
