@@ -452,6 +452,9 @@ class Plan:
             out += ["  " + line for _, line in self.describe_dataflows()]
         else:
             out.append("Choice: unfused: PyTorch eager ops (library GEMMs, the intermediate through HBM)")
+            if self.chain["gated"] and self.chain["dtype"] in ("bfloat16", "float16"):
+                out.append("  on a Hopper GPU without autograd, the activation and the product run as fuser's gate "
+                           "kernel (one pass, same result; the prediction counts PyTorch's two ops)")
         top, val = self._bound()
         out.append(f"  predicted {b['total']:.1f} us = launch {b['launch']:.1f} + max(compute {b['compute']:.1f}, "
                    f"hbm {b['hbm']:.1f}, l2 {b['l2']:.1f}, dsm {b['dsm']:.1f}, smem {b['smem']:.1f}) + sync "

@@ -64,6 +64,14 @@ def test_the_cpu_eager_route_still_runs_the_ops():
     assert torch.equal(y, eager(x, wu, wd, wg, None, None, None, ACTIVATIONS["silu"])) and launches() == n
 
 
+def test_an_unfused_plan_says_where_the_gate_kernel_runs():
+    gated = fuser.plan(2048, 4096, 14336, gated=True, activation="silu", target="h200")
+    assert not gated.fused and "gate kernel" in gated.explain()
+    for other in (fuser.plan(2048, 4096, 16384, activation="gelu", target="h200"),
+                  fuser.plan(64, 64, 256, gated=True, activation="silu", dtype="float32", target="h200")):
+        assert not other.fused and "gate kernel" not in other.explain()
+
+
 def test_the_gate_benchmark_says_what_it_needs_without_a_hopper_gpu():
     if fuser.tools.timing.hopper_reason() is None:
         pytest.skip("a Hopper GPU is present: the benchmark would run")
