@@ -1,7 +1,9 @@
 /* eager_bind.c: the eager route's PyTorch ops called from C, so that a call that runs them (fuser.ffn, and
  * FusedFFN's kept eager route with its checks) crosses into C once instead of running two Python frames
  * of plumbing around the ops. The ops are the ones fuser.reference.eager calls, in the same order with
- * the same arguments, so the results are bitwise the same and autograd records the same graph. */
+ * the same arguments, so the results are bitwise the same and autograd records the same graph; a gated
+ * chain's activation and product are one gate kernel instead where no autograd records them (gate_bind.c),
+ * with the same values. */
 #include "binding.h"
 
 /* linear(x, w_up, b_up); with w_gate act(linear(x, w_gate, b_gate)) * that, else act(that); then
