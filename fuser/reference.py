@@ -59,7 +59,9 @@ def ffn_reference(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_dow
 
 
 def eager(x, w_up, w_down, w_gate, b_up, b_gate, b_down, act, mid=None):
-    """The FFN in PyTorch ops, arguments positional and unchecked: what every eager route runs.
+    """The FFN in PyTorch ops, arguments positional and unchecked: what every eager route computes (the routes
+    make the same calls from C, ``_C.eager``, where a gated chain's activation and product on a Hopper GPU are one
+    gate kernel instead, with bitwise the same result).
 
     ``act`` is the activation function (a value of ``ACTIVATIONS``); ``mid``, if given, is applied
     between the GEMMs (``FusedFFN``'s dropout there).
