@@ -25,7 +25,7 @@ from fuser.target import default_target, tuned_plan
 
 __all__ = ["Kernel", "compile", "MATH_SUBROUTINES", "Launch", "launch_for", "fused_available", "plan_for", "tuned",
            "forget_plans", "host_op_us", "host_bound", "host_bound_plan", "host_bound_fused",
-           "GATE_ACTS", "gate_cubin"]
+           "GATE_ACTS", "gate_compile", "gate_cubin"]
 
 _lock = threading.Lock()
 
@@ -440,6 +440,19 @@ def host_bound_fused(chain, target, graph_plan, host_us):
 GATE_ACTS = ("relu", "gelu", "gelu_tanh", "silu")
 
 
+def gate_compile():
+    """The eager route's gate kernels (``_C.gate_source()``) compiled for sm_90a through the disk cache: a
+    :class:`fuser.jit.Compiled` (needs NVRTC, or the cache entry, not a GPU; ``fuser.warmup`` calls it for models
+    with gated FFNs, so that their first eager call does not compile).
+
+    Example:
+        >>> from fuser import runtime
+        >>> runtime.gate_compile().spill_bytes  # doctest: +SKIP
+        0
+    """
+    return jit.compile_source(_C.gate_source(), "fuser_gate.cu")
+
+
 def gate_cubin(device):
     """The CUBIN of the eager route's gate kernels (``_C.gate_source()``, through the disk cache) for CUDA
     device `device`, or a str saying why there is none: C calls this the first time a gated eager route
@@ -455,7 +468,7 @@ def gate_cubin(device):
     if not ok:
         return why
     try:
-        return jit.compile_source(_C.gate_source(), "fuser_gate.cu").cubin
+        return gate_compile().cubin
     except FuserError as e:   # a compile or cache error: the ops stay correct, say why once
         warnings.warn(f"fuser: the gate kernel is not available, gated eager routes run PyTorch's two ops: {e}",
                       RuntimeWarning, stacklevel=2)

@@ -72,6 +72,33 @@ def test_an_unfused_plan_says_where_the_gate_kernel_runs():
         assert not other.fused and "gate kernel" not in other.explain()
 
 
+class SwiGLU(torch.nn.Module):
+    def __init__(self, d=64, f=192):
+        super().__init__()
+        self.w1, self.w3, self.w2 = torch.nn.Linear(d, f), torch.nn.Linear(d, f), torch.nn.Linear(f, d)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+def test_warmup_compiles_the_gate_kernel_for_gated_16_bit_ffns(tmp_path, monkeypatch):
+    if not fuser.env().nvrtc_found:
+        pytest.skip("NVRTC is not installed (pip install nvidia-cuda-nvrtc, or set $FUSER_NVRTC)")
+    monkeypatch.setenv("FUSER_CACHE_DIR", str(tmp_path))
+    lines = []
+    fuser.warmup(fuser.optimize(SwiGLU().bfloat16()), tokens=16, target="h200", log=lines.append)
+    assert any(line.startswith("the eager route's gate kernel: ") and ", 0 spill bytes, compiled, " in line
+               for line in lines), lines
+    lines.clear()
+    fuser.warmup(fuser.optimize(SwiGLU().bfloat16()), tokens=16, target="h200", log=lines.append)
+    assert any(line.startswith("the eager route's gate kernel: ") and "cache hit" in line for line in lines), lines
+    lines.clear()
+    plain = torch.nn.Sequential(torch.nn.Linear(64, 192), torch.nn.GELU(), torch.nn.Linear(192, 64))
+    for model in (plain.bfloat16(), SwiGLU()):   # plain, and gated in float32: no gate kernel
+        fuser.warmup(fuser.optimize(model), tokens=16, target="h200", log=lines.append)
+    assert not any("gate kernel" in line for line in lines), lines
+
+
 def test_the_gate_benchmark_says_what_it_needs_without_a_hopper_gpu():
     if fuser.tools.timing.hopper_reason() is None:
         pytest.skip("a Hopper GPU is present: the benchmark would run")

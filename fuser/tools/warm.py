@@ -86,7 +86,8 @@ def warmup(model, tokens=(1, 16, 128), *, target=None, log=None):
     are host-bound routes (the planner's best fused plan, launched outside CUDA graphs for a chain it runs
     eager in them: ``fuser.route.HostBoundRoute``).
     Each distinct kernel is compiled once (NVRTC, sm_90a) into the on-disk cache and this process's
-    kernel table. float32 FFNs always run PyTorch ops and need no kernel.
+    kernel table. float32 FFNs always run PyTorch ops and need no kernel. A model with gated 16-bit FFNs also
+    gets the eager route's gate kernel compiled (``runtime.gate_compile``; logged, not in the returned list).
 
     ``model`` must have been through ``fuser.optimize`` (a ``ValueError`` says so otherwise); ``tokens`` is
     a positive token count or an iterable of them (a ``TypeError`` or ``ValueError`` names it). ``log``, if
@@ -134,4 +135,10 @@ def warmup(model, tokens=(1, 16, 128), *, target=None, log=None):
                            else "cache hit" if kernel.cache_hit else "compiled")
                     log(f"{describe(args)}  tokens {m}  {which}: {plan.summary()}; {kernel.registers} registers, "
                         f"{kernel.spill_bytes} spill bytes, {how}, {seconds:.2f} s")
+    if any(args["gated"] and args["dtype"] in ("bfloat16", "float16") for args, _paths in shapes):
+        start = time.perf_counter()
+        gate = runtime.gate_compile()
+        if log:
+            log(f"the eager route's gate kernel: {gate.registers} registers, {gate.spill_bytes} spill bytes, "
+                f"{'cache hit' if gate.cache_hit else 'compiled'}, {time.perf_counter() - start:.2f} s")
     return kernels
