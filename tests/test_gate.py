@@ -248,3 +248,12 @@ def test_a_first_gated_call_inside_a_graph_capture_runs_the_ops_and_loads_nothin
     r = subprocess.run([sys.executable, "-c", FIRST_USE_IN_CAPTURE], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0")})
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr
+
+
+@pytest.mark.gpu
+def test_the_sanitizer_workload_leaves_its_guards_and_matches_the_ops():
+    """tests/gpu/sanitize_gate.py (what compute-sanitizer runs on the gate kernel) passes on its own: every length,
+    dtype and activation bitwise the ops, the NaN guards on both sides of g untouched."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu", "sanitize_gate.py")
+    r = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("all ok"), r.stdout[-2000:] + r.stderr[-2000:]
