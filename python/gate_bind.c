@@ -28,7 +28,7 @@ typedef struct {
  * len(dispatch stack), function mode enabled, current device, current raw stream of a device; fuser's
  * FUSER_DISABLE). */
 enum { H_LOADER, H_ACTS, H_CAPTURING, H_DISPATCH, H_FUNCTION, H_DEVICE, H_STREAM, H_DISABLED, H_COUNT };
-static PyObject *hooks, *s_requires_grad;
+static PyObject *hooks, *s_requires_grad, *s_is_cuda;
 static gate_device *devices[GATE_DEVICES];
 static unsigned long long launches;
 
@@ -42,16 +42,16 @@ static int act_index(PyObject *act)
     return -1;
 }
 
-/* 1 where obj's requires_grad is False, 0 otherwise (an exception cleared). */
-static int no_grad(PyObject *obj)
+/* 1 where obj's attribute `name` is `want` (True or False), 0 otherwise (an exception cleared). */
+static int attr_is(PyObject *obj, PyObject *name, PyObject *want)
 {
-    PyObject *v = PyObject_GetAttr(obj, s_requires_grad);
+    PyObject *v = PyObject_GetAttr(obj, name);
     if (!v) {
         PyErr_Clear();
         return 0;
     }
     Py_DECREF(v);
-    return v == Py_False;
+    return v == want;
 }
 
 /* The value of hook i called with no argument, or with `arg` (a new reference), or NULL with an exception. */
@@ -119,8 +119,9 @@ int fuser_gate_try(fuser_state *st, PyObject *act, PyObject *g, PyObject *u)
 {
     if (!hooks)
         return 0;
+    /* a tensor's is_cuda first: CPU tensors are not described (the exchange API is the costlier read) */
     const int a = act_index(act);
-    if (a < 0)
+    if (a < 0 || !attr_is(g, s_is_cuda, Py_True))
         return 0;
     DLTensor dl[2];
     fuser_held h[2];
@@ -137,7 +138,7 @@ int fuser_gate_try(fuser_state *st, PyObject *act, PyObject *g, PyObject *u)
         t[0].device_id >= GATE_DEVICES || fuser_tensors_overlap(&t[0], &t[1]))
         goto done;
     const int k = fuser_gate_index(t[0].dtype, a), device = t[0].device_id;
-    if (k < 0 || !no_grad(g) || !no_grad(u))
+    if (k < 0 || !attr_is(g, s_requires_grad, Py_False) || !attr_is(u, s_requires_grad, Py_False))
         goto done;
     /* no mode that would expect to see the ops, fuser not switched off, and the tensors' device current (its
      * context is the one the kernels were loaded in) */
@@ -212,7 +213,8 @@ PyObject *fuser_py_gate_setup(PyObject *module, PyObject *const *args, Py_ssize_
     for (int i = 0; i < H_COUNT; i++)
         if (i != H_ACTS && !PyCallable_Check(args[i]))
             return PyErr_Format(PyExc_TypeError, "gate_setup: argument %d is not callable", i + 1);
-    if (!s_requires_grad && !(s_requires_grad = PyUnicode_InternFromString("requires_grad")))
+    if ((!s_requires_grad && !(s_requires_grad = PyUnicode_InternFromString("requires_grad"))) ||
+        (!s_is_cuda && !(s_is_cuda = PyUnicode_InternFromString("is_cuda"))))
         return NULL;
     PyObject *t = PyTuple_New(H_COUNT);
     if (!t)
