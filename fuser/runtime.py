@@ -3,7 +3,7 @@ needed), kernels loaded per device, the scratch that launches on one stream shar
 runs (a ``fuser.tune`` winner first, else the planner's choice, cached), and ``Launch``: one fused plan
 loaded on one device, the only caller of ``_C.ffn_launch``. Every ``_C`` call that loads or launches a
 kernel is in this file, but for the eager route's gate kernel, which C loads and launches by itself from
-the eager ops (``_C.eager``) with the CUBIN and torch's predicates registered here (``_gate_cubin``).
+the eager ops (``_C.eager``) with the CUBIN and torch's predicates registered here (``gate_cubin``).
 Nothing here synchronises the device.
 """
 from __future__ import annotations
