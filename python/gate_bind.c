@@ -2,9 +2,10 @@
  * instead of PyTorch's two ops: for two plain 16-bit CUDA tensors of one shape, compact and aligned, on the
  * current device, that record no autograd, outside any torch dispatch or function mode, with an activation of
  * fuser.reference.ACTIVATIONS, while FUSER_DISABLE does not ask for PyTorch's ops everywhere. Then g is
- * overwritten with the result (bitwise what the ops return); anywhere else the caller runs the ops. The kernels are compiled by a loader fuser.runtime registers (gate_setup: the
- * CUBIN through fuser.jit, or why there is none) and loaded once per device, in the context current then (the
- * device's, which every launch checks): like every fuser kernel they stay loaded for the process. */
+ * overwritten with the result (bitwise what the ops return); anywhere else the caller runs the ops. The
+ * kernels are compiled by a loader fuser.runtime registers (gate_setup: the CUBIN through fuser.jit, or why
+ * there is none) and loaded once per device, in the context current then (the device's, which every launch
+ * checks): like every fuser kernel they stay loaded for the process. */
 #include "binding.h"
 
 #include <stdio.h>
