@@ -94,8 +94,11 @@ def test_warmup_compiles_every_kernel_clean(tmp_path):
     assert lines and all("best fused: fused " in line or "chosen: fused " in line for line in lines)
     assert all(" 0 spill bytes, compiled, " in line and " registers, " in line for line in lines), lines
     assert f"{len(lines)} kernel(s) ready, 0 spill bytes in all" in r.stdout
+    assert r.stdout.count("the eager route's gate kernel: ") == 1   # a gated LLaMA: its eager route's kernel too
     again = run_cli("warmup", *SMALL, "--tokens", "1,16,128", env=env)
-    assert again.returncode == 0 and again.stdout.count("0 spill bytes, cache hit") == len(lines)
+    hits = [line for line in again.stdout.splitlines() if "0 spill bytes, cache hit" in line]
+    assert again.returncode == 0 and len(hits) == len(lines) + 1, again.stdout
+    assert all(line.startswith(("FFN 128 -> 352 -> 128", "the eager route's gate kernel: ")) for line in hits)
 
 
 def test_warmup_without_nvrtc_exits_2(tmp_path):
