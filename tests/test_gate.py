@@ -1,11 +1,13 @@
 """The eager route's gate kernel (include/fuser/device/gate.cuh, python/gate_bind.c): a gated chain's
 activation and product, act(g) * u, in one kernel in place of g, bitwise what PyTorch's two ops return.
 
-On any machine: the kernels compile for every dtype and activation without spills, and ``_C.gate`` declines
-what it cannot take (CPU tensors, unknown activations). On a Hopper GPU (marked gpu): every bfloat16 and
-float16 value of g against the ops, ragged lengths, everything it must decline (autograd, strided or
-misaligned views, mixed dtypes, a torch mode), the eager route of ``fuser.ffn`` and ``_C.eager`` using it,
-CUDA graphs, and a first use during graph capture."""
+On any machine: the kernels compile for every dtype and activation without spills, ``_C.gate`` declines what it
+cannot take (CPU tensors, unknown activations), an unfused gated plan's explanation names the kernel,
+``fuser.warmup`` compiles it for gated 16-bit FFNs only, and the benchmark says what it needs without a GPU. On a
+Hopper GPU (marked gpu): every bfloat16 and float16 value of g against the ops, ragged lengths, everything it must
+decline (autograd, strided or misaligned views, mixed dtypes, a torch mode, FUSER_DISABLE), the eager route of
+``fuser.ffn`` and ``_C.eager`` using it, CUDA graphs, a first use during graph capture, and the compute-sanitizer
+workload (tests/gpu/sanitize_gate.py) with its NaN guards."""
 import os
 import subprocess
 import sys
