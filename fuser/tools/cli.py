@@ -377,7 +377,8 @@ def main(argv=None):
                    help="where torch.compile max-autotune runs (subset: models at 16, 128, 2048 tokens)")
     p.add_argument("--reps", type=_count, default=None, help="interleaved rounds per workload (default: ~0.3 s of timing)")
     p.add_argument("--budget-s", type=_seconds, default=None,
-                   help="skip torch.compile for workloads starting after this many seconds (0: for all)")
+                   help="skip torch.compile for workloads starting this many seconds or more into the run "
+                        "(0: skip it for every workload; default: never)")
     p.add_argument("--out", default="bench-out", help="folder for results.csv, results.md, meta.json, speedup.png")
     p.add_argument("--no-host", action="store_true", help="skip the host-cost measurements (JIT, load, per call)")
     p.add_argument("--plot", metavar="CSV", help="only redraw results.md-style tables and the plot from a saved CSV")
