@@ -128,6 +128,10 @@ PyObject *fuser_py_gate(PyObject *module, PyObject *const *args, Py_ssize_t narg
 PyObject *fuser_py_gate_info(PyObject *module, PyObject *noargs);
 PyObject *fuser_py_gate_source(PyObject *module, PyObject *noargs);
 
+/* 1 where obj's attribute `name` is `want` (Py_True or Py_False), 0 otherwise, an exception cleared
+ * (eager_bind.c). */
+int fuser_attr_is(PyObject *obj, PyObject *name, PyObject *want);
+
 /* The eager route's gate step act(g) * u as fuser's gate kernel, in place of g, where it applies (gate_bind.c):
  * 1 when it ran, 0 where the caller runs PyTorch's ops, -1 with an exception set. */
 int fuser_gate_try(fuser_state *st, PyObject *act, PyObject *g, PyObject *u);

@@ -67,17 +67,16 @@ static int empty_dict_at(PyObject *d, PyObject *name)
     return v && PyDict_Check(v) && PyDict_GET_SIZE(v) == 0;
 }
 
-/* 1 where obj's `training` is False. */
-static int not_training(PyObject *obj, PyObject *s_training)
+/* (binding.h) */
+int fuser_attr_is(PyObject *obj, PyObject *name, PyObject *want)
 {
-    PyObject *v = PyObject_GetAttr(obj, s_training);
+    PyObject *v = PyObject_GetAttr(obj, name);
     if (!v) {
         PyErr_Clear();
         return 0;
     }
-    int ok = v == Py_False;
     Py_DECREF(v);
-    return ok;
+    return v == want;
 }
 
 /* 1 where calling the module whose __dict__ is `d` would do nothing but call its forward: no hook of its
@@ -109,7 +108,7 @@ static PyObject *child(PyObject *const *s, PyObject *d, PyObject *name)
 static int inactive_dropout(PyObject *const *s, PyObject *post, PyObject *dropouts)
 {
     int listed = PyTuple_Check(dropouts) ? PySequence_Contains(dropouts, (PyObject *)Py_TYPE(post)) : 0;
-    if (listed <= 0 || !not_training(post, s[KN_TRAINING]))
+    if (listed <= 0 || !fuser_attr_is(post, s[KN_TRAINING], Py_False))
         return listed < 0 ? -1 : 0;
     PyObject *pd = PyObject_GenericGetDict(post, NULL);
     if (!pd)
@@ -144,7 +143,7 @@ static int plain_call(fuser_state *st, PyObject *d, PyObject *const *k)
     }
     if (k[K_MID] != Py_None) {
         PyObject *mid = child(s, d, k[K_MID]);
-        if (!mid || !not_training(mid, s[KN_TRAINING]))
+        if (!mid || !fuser_attr_is(mid, s[KN_TRAINING], Py_False))
             return PyErr_Occurred() ? -1 : 0;
     }
     if (k[K_POST] != Py_None && !child(s, d, k[K_POST]))

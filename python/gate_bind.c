@@ -43,18 +43,6 @@ static int act_index(PyObject *act)
     return -1;
 }
 
-/* 1 where obj's attribute `name` is `want` (True or False), 0 otherwise (an exception cleared). */
-static int attr_is(PyObject *obj, PyObject *name, PyObject *want)
-{
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (!v) {
-        PyErr_Clear();
-        return 0;
-    }
-    Py_DECREF(v);
-    return v == want;
-}
-
 /* The value of hook i called with no argument, or with `arg` (a new reference), or NULL with an exception. */
 static PyObject *call_hook(int i, PyObject *arg)
 {
@@ -122,7 +110,7 @@ int fuser_gate_try(fuser_state *st, PyObject *act, PyObject *g, PyObject *u)
         return 0;
     /* a tensor's is_cuda first: CPU tensors are not described (the exchange API is the costlier read) */
     const int a = act_index(act);
-    if (a < 0 || !attr_is(g, s_is_cuda, Py_True))
+    if (a < 0 || !fuser_attr_is(g, s_is_cuda, Py_True))
         return 0;
     DLTensor dl[2];
     fuser_held h[2];
@@ -139,7 +127,8 @@ int fuser_gate_try(fuser_state *st, PyObject *act, PyObject *g, PyObject *u)
         t[0].device_id >= GATE_DEVICES || fuser_tensors_overlap(&t[0], &t[1]))
         goto done;
     const int k = fuser_gate_index(t[0].dtype, a), device = t[0].device_id;
-    if (k < 0 || !attr_is(g, s_requires_grad, Py_False) || !attr_is(u, s_requires_grad, Py_False))
+    if (k < 0 || !fuser_attr_is(g, s_requires_grad, Py_False) ||
+        !fuser_attr_is(u, s_requires_grad, Py_False))
         goto done;
     /* no mode that would expect to see the ops, fuser not switched off, and the tensors' device current (its
      * context is the one the kernels were loaded in) */
