@@ -163,6 +163,7 @@ int fuser_exchange_describe(fuser_state *st, PyObject *obj, DLTensor *out, fuser
             return 0;
         }
         h->flags = v->flags;
+        *out = v->dl_tensor;   /* (its shape and strides live while h holds v) */
     }
     atomic_fetch_add_explicit(&st->n_exchanged, 1, memory_order_relaxed);
     return 1;
