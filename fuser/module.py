@@ -85,6 +85,54 @@ def _state_dict_hook(module, state_dict, prefix, local_metadata):
     return state_dict
 
 
+def _first_of(a, b):
+    """True where b's memory follows a's in the same storage (a first), False where a's follows b's, None
+    where they are not the two halves of one memory (or not both contiguous tensors of one dtype and device)."""
+    if (a.dtype != b.dtype or a.device != b.device or a.shape != b.shape or not a.is_contiguous()
+            or not b.is_contiguous() or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()):
+        return None
+    if b.data_ptr() == a.data_ptr() + a.nbytes:
+        return True
+    return False if a.data_ptr() == b.data_ptr() + b.nbytes else None
+
+
+def packed_gate_up(w_gate, w_up, b_gate=None, b_up=None, whole=None, whole_bias=None):
+    """The gate and up weights of a gated FFN as one tensor, for one GEMM of both (``_C.eager``'s ``packed``,
+    ``packed_bias``, ``pack``), where they are the two row halves of one memory (one Linear of both, as
+    Phi-3's ``gate_up_proj``, or packed by ``FusedFFN``) in the same order as their biases (both or neither);
+    else None. ``whole``/``whole_bias``: the Parameters they are row slices of, if any, used as they are where
+    they are exactly the two halves (autograd then records through them); otherwise a detached view, which
+    the eager route uses only where autograd records nothing through the weights (pack bit 2). Bit 1: the
+    gate's rows come first.
+
+    Example:
+        >>> import torch
+        >>> from fuser.module import packed_gate_up
+        >>> both = torch.randn(32, 8)
+        >>> w, b, bits = packed_gate_up(both[:16], both[16:])
+        >>> torch.equal(w, both), b, bits
+        (True, None, 3)
+        >>> packed_gate_up(torch.randn(16, 8), torch.randn(16, 8)) is None
+        True
+    """
+    if w_gate is None or w_gate.dim() != 2 or (b_gate is None) != (b_up is None):
+        return None
+    first = _first_of(w_gate, w_up)
+    if first is None or (b_gate is not None and _first_of(b_gate, b_up) is not first):
+        return None
+
+    def one(a, b, param):
+        lo = a if first else b
+        shape = (2 * a.shape[0], *a.shape[1:])
+        if param is not None and param.shape == shape and param.data_ptr() == lo.data_ptr() and param.is_contiguous():
+            return param, True
+        return lo.detach().as_strided(shape, (lo.stride(0),) + tuple(lo.stride()[1:])), False
+
+    w, w_grad = one(w_gate, w_up, whole)
+    b, b_grad = (None, True) if b_gate is None else one(b_gate, b_up, whole_bias)
+    return w, b, int(first) | (0 if w_grad and b_grad else 2)
+
+
 class FusedFFN(nn.Module):
     """A transformer FFN computed by ``torch.ops.fuser.ffn`` (one fused kernel on Hopper).
 
@@ -130,6 +178,7 @@ class FusedFFN(nn.Module):
         if spec.transposed:
             _transpose_weights(self, spec.transposed)
             self._register_state_dict_hook(_state_dict_hook)
+        self.pack()
 
     @classmethod
     def from_module(cls, module):
@@ -183,6 +232,7 @@ class FusedFFN(nn.Module):
         if self.__dict__.get("_restored"):
             return source
         self.__dict__["_restored"] = True
+        self.unpack()
         _transpose_weights(self, self.spec.transposed)
         for name, child in self.named_children():
             setattr(source, name, child)
@@ -232,6 +282,87 @@ class FusedFFN(nn.Module):
         if refs is None:   # the spec is fixed: list its roles once
             refs = self.__dict__["_refs"] = tuple((role, getattr(self.spec, role)) for role in _ROLES)
         return {role: None if ref is None else self._tensor(ref) for role, ref in refs}
+
+    # ---- the gate and up weights in one allocation ---------------------------------------------------
+
+    def _pair(self):
+        """The gate's and up's Parameters and those of their biases (None where absent), where they are
+        separate plain Parameters (not row slices of one), else None."""
+        s = self.spec
+        if not s.gated or s.gate.rows is not None or s.up.rows is not None:
+            return None
+        refs = (s.gate, s.up, s.b_gate, s.b_up)
+        ps = []
+        for ref in refs:
+            owner = None if ref is None else self._owner(ref)
+            p = None if ref is None else (owner._parameters.get(ref.name) if isinstance(owner, nn.Module) else None)
+            if ref is not None and (type(p) is not nn.Parameter or type(p.data) is not _Tensor):
+                return None
+            ps.append(p)
+        return None if ps[0] is ps[1] else tuple(ps)
+
+    def _gate_up(self, w):
+        """The gate and up weights of ``w`` (``weights()``) as one tensor (``packed_gate_up``), or None: the
+        Parameter they are row slices of where it is just the two (autograd records through it)."""
+        s = self.spec
+        if not s.gated:
+            return None
+        whole = [None, None]
+        for i, (a, b) in enumerate(((s.gate, s.up), (s.b_gate, s.b_up))):
+            if a is not None and b is not None and a.rows is not None and (a.owner, a.name) == (b.owner, b.name):
+                owner = self._owner(a)
+                whole[i] = owner._parameters.get(a.name) if isinstance(owner, nn.Module) else None
+        return packed_gate_up(w["gate"], w["up"], w["b_gate"], w["b_up"], *whole)
+
+    def pack(self):
+        """Put the gate and up weights of a gated 16-bit FFN on a CUDA device into one allocation, the gate's
+        rows first (their biases too, where both have one), so that its eager route computes both
+        projections as one GEMM (``packed_gate_up``), as PyTorch's cuBLAS does better than two at prefill
+        sizes. The same Parameters with the same values: only their memory moves (``.data``), once. Where
+        they already are (one Linear of both, or packed before), where anything else differs (dtypes,
+        devices, shapes, a bias on one of them only, Parameter subclasses), or elsewhere than on a CUDA
+        device, nothing changes. ``fuser.optimize`` does it for every gated FFN it swaps, and again when
+        called after ``model.to(...)`` made separate tensors; ``unpack`` (and ``fuser.revert``) undoes it.
+        Returns whether it moved them.
+
+        Example:
+            >>> import fuser
+            >>> from torch import nn
+            >>> f = fuser.FusedFFN.from_module(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8)))
+            >>> f.pack()   # not gated
+            False
+        """
+        pair = self._pair()
+        if pair is None:
+            return False
+        g, u, bg, bu = pair
+        if (g.device.type != "cuda" or g.dtype not in (torch.bfloat16, torch.float16) or g.dim() != 2
+                or (bg is None) != (bu is None) or packed_gate_up(g, u, bg, bu) is not None):
+            return False
+        for a, b in ((g, u), (bg, bu)):
+            if a is not None and (a.dtype != b.dtype or a.device != b.device or a.shape != b.shape):
+                return False
+        with torch.no_grad():
+            for a, b in ((g, u), (bg, bu)):
+                if a is not None:
+                    both = torch.cat((a.data.reshape(-1), b.data.reshape(-1))).view((2 * a.shape[0], *a.shape[1:]))
+                    a.data, b.data = both[:a.shape[0]], both[a.shape[0]:]
+        self.__dict__["_packed"] = True
+        self.__dict__.pop("_kept", None)
+        return True
+
+    def unpack(self):
+        """Give the gate and up weights (and biases) separate memory again where ``pack`` put them in one
+        allocation and they still are; returns whether it moved them."""
+        pair = self._pair()
+        if not self.__dict__.pop("_packed", False) or pair is None or packed_gate_up(*pair) is None:
+            return False
+        with torch.no_grad():
+            for p in pair:
+                if p is not None:
+                    p.data = p.data.clone()
+        self.__dict__.pop("_kept", None)
+        return True
 
     # ---- forward -------------------------------------------------------------------------------------
 
@@ -342,7 +473,7 @@ class FusedFFN(nn.Module):
             return torch.ops.fuser.ffn(x, *args)
         xr = interop.ready(x)
         route = ops.route(xr, *args)
-        y = route.run(xr, *args)
+        y = route.run(xr, *args) if route.fused else route.run(xr, *args, pack=self._gate_up(w))
         if (route.fused and ((_grad_enabled() and _any_requires_grad(x, *args[:6]))
                              or (route.graphs_eager and _capturing()))   # (a capture ran the eager ops)
                 or self.__dict__.get("_fp8") is not None):   # (quantized: only the calls fp8 cannot take)
@@ -582,13 +713,34 @@ class _Weights:
 
 
 #: What ``_C.kept_eager`` reads of a kept eager route, in the order of eager_bind.c's K_* fields: the ops
-#: (F.linear, the activation) and the weights, kept_match's arguments, the route (stale?), the dropouts
+#: (F.linear, the activation) and the weights, kept_match's arguments, the gate and up weights as one tensor
+#: where they are (``packed_gate_up``: packed, packed_bias, pack; None, None, 0 elsewhere), the route (stale?), the dropouts
 #: between the GEMMs and after the FFN (their names; the classes whose inactive instance after the FFN
 #: is the identity, its call left out), whether the module trains with its own forward, and what else
 #: nn.Module.__call__ would consult (the global hook dicts, torch.jit's tracing state).
 _KeptEagerFast = collections.namedtuple("_KeptEagerFast", (
-    "linear", "act", *_ROLES, "signature", "held", "layout", "laid", "route", "mid", "post", "dropouts",
+    "linear", "act", *_ROLES, "signature", "held", "layout", "laid", "packed", "packed_bias", "pack", "route",
+    "mid", "post", "dropouts",
     "train_source", "hooks", "tracing_state"))
+
+
+def _packed_rows(module, weights, w):
+    """A kept eager route's gate and up weights as one tensor (``packed_gate_up``: packed, packed_bias,
+    pack; None, None, 0 where they are not one memory) and the rows kept_match checks for address and layout
+    (a bit mask and their layout): the row slices, and where packed the gate's and up's rows (and their
+    biases'), since a packed view reads the memory they had when the route was kept."""
+    laid, layout = weights.sliced, weights.sliced_layout
+    if weights.layout is None:
+        return (None, None, 0), laid, layout
+    pk = module._gate_up(w)
+    if pk is None:
+        return (None, None, 0), laid, layout
+    row = {role: i for i, role in enumerate(role for role, ref in module.__dict__["_refs"] if ref is not None)}
+    for r in ("gate", "up", "b_gate", "b_up"):
+        if r in row:
+            laid |= 1 << row[r]
+    layout = _tensor_layout(*(p for i, p in enumerate(weights.params) if laid >> i & 1))
+    return pk, laid, layout
 
 
 class _KeptEager:
@@ -614,8 +766,9 @@ class _KeptEager:
         k.shape, k.dtype, k.device = x.shape, x.dtype, x.device
         # x's exact type, device, dtype and shape as C reads them (None: checked here, weights too)
         k.signature = None if weights.layout is None else _tensor_signature(x)
+        packed, laid, layout = _packed_rows(module, weights, w)
         k.fast = None if k.signature is None else _KeptEagerFast(
-            _linear, k.act, *k.w, k.signature, weights.held, weights.sliced_layout, weights.sliced, route,
+            _linear, k.act, *k.w, k.signature, weights.held, layout, laid, *packed, route,
             k.mid, k.post, DROPOUTS, bool(k.train_source), _GLOBAL_HOOKS, _tracing_state)
         return k
 

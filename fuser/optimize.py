@@ -96,6 +96,8 @@ def _swap(parent, name, new):
 def _visit(module, parent, name, path, entries, swap):
     """Walk one module; returns what stands at its place afterwards."""
     if isinstance(module, FusedFFN):
+        if swap:
+            module.pack()   # (again after model.to(...) gave its weights separate memory)
         entries.append(_swapped(path, module))
         return module
     if isinstance(module, FusedInto):
@@ -158,8 +160,10 @@ def optimize(model):
     LLaMA, Mistral, Qwen2/3, Gemma, Phi-3, GPT-2, GPT-NeoX, Falcon, BERT, T5; timm Mlp, GluMlp, SwiGLU).
     An FFN whose activation, dtype, layout, weights or hooks fuser does not support is left as it is;
     ``fuser.report(model)`` lists what was swapped and what was skipped, with the reason. The swapped
-    modules hold the original parameters under the original state_dict keys. Calling it twice is
-    harmless.
+    modules hold the original parameters under the original state_dict keys. A gated 16-bit FFN on a CUDA
+    device gets its gate and up weights in one allocation (``FusedFFN.pack``: the same Parameters and values,
+    their memory moved once, the old memory returned to the driver), so that its PyTorch-ops route runs both
+    projections as one GEMM. Calling it twice is harmless (and packs again after ``model.to(...)``).
 
     A model that is itself one FFN has no parent to swap it in, so it cannot change in place: the
     ``FusedFFN`` returned takes over its children (the same Parameters; GPT-2's Conv1D weights relaid
@@ -186,6 +190,8 @@ def optimize(model):
     out = _visit(model, None, "", "", Report(), swap=True)
     if out is not model:
         _replaced[model] = weakref.ref(out)
+    if torch.cuda.is_initialized() and any(m.__dict__.get("_packed") for m in out.modules() if isinstance(m, FusedFFN)):
+        torch.cuda.empty_cache()   # the gate and up weights' old memory, cached by torch since FusedFFN.pack
     return out
 
 

@@ -53,8 +53,9 @@ class Route:
     def __init__(self, plan=None):
         self.plan, self.stale = plan, False
 
-    def run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out=None, scales=None):
-        """The output for these (validated) tensors; written into `out` when given.
+    def run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out=None, scales=None, pack=None):
+        """The output for these (validated) tensors; written into `out` when given. `pack`: the gate and up
+        weights as one tensor where they are (``fuser.module.packed_gate_up``), for one GEMM of both.
 
         Example:
             >>> import torch
@@ -67,8 +68,10 @@ class Route:
             s_x, s_up, s_gate, s_down, s_h = scales
             y = fp8.eager(x, w_up, w_down, fp8.Scales(x=s_x, up=s_up, down=s_down, h=s_h, gate=s_gate),
                           w_gate=w_gate, b_up=b_up, b_gate=b_gate, b_down=b_down, activation=activation)
-        else:
+        elif pack is None:
             y = _eager(_linear, ACTIVATIONS[activation], x, w_up, w_down, w_gate, b_up, b_gate, b_down)
+        else:
+            y = _eager(_linear, ACTIVATIONS[activation], x, w_up, w_down, w_gate, b_up, b_gate, b_down, *pack)
         if out is None:
             return y
         if y.requires_grad:

@@ -477,4 +477,4 @@ def gate_cubin(device):
 
 _C.gate_setup(gate_cubin, tuple(ACTIVATIONS[a] for a in GATE_ACTS), capturing,
               torch._C._len_torch_dispatch_stack, torch._C._is_torch_function_mode_enabled, interop.current_device,
-              interop.raw_stream, interop.disabled)
+              interop.raw_stream, interop.disabled, torch.is_grad_enabled)

@@ -39,12 +39,12 @@ typedef struct {
 
 fuser_state *fuser_get_state(PyObject *module);
 
-/* The attribute names kept_eager reads (eager_bind.c), in the order of fuser_state.kept_names. */
+/* The attribute and method names eager_bind.c reads, in the order of fuser_state.kept_names. */
 #define KEPT_NAMES "forward", "_compiled_call_impl", "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", \
-                   "_backward_pre_hooks", "training", "_modules", "stale", "_kept", "fast", "__call__"
+                   "_backward_pre_hooks", "training", "_modules", "stale", "_kept", "fast", "__call__", "chunk", "_base", "requires_grad"
 enum {
     KN_FORWARD, KN_COMPILED, KN_HOOKS, KN_TRAINING = KN_HOOKS + 4, KN_MODULES, KN_STALE, KN_KEPT, KN_FAST, KN_CALL,
-    KN_COUNT
+    KN_CHUNK, KN_BASE, KN_REQUIRES_GRAD, KN_COUNT
 };
 
 /* The pointer in a capsule of type `name` (fuser's own handles), or NULL with a TypeError saying
@@ -87,8 +87,8 @@ enum {
 int fuser_take(fuser_state *st, PyObject *obj, const char *name, PyObject *stream, int opts, fuser_held *h);
 
 /* Describe `obj` through the registered DLPack C exchange API when its type is exactly one of the
- * exchange types (exchange.c): 1 with *out filled (or, where the producer has no describing function,
- * h->managed holding an owned DLManagedTensorVersioned, h->versioned and h->flags set); 0 when it is not
+ * exchange types (exchange.c): 1 with *out filled (where the producer has no describing function, a copy of
+ * the DLTensor of h->managed, an owned DLManagedTensorVersioned, with h->versioned and h->flags set); 0 when it is not
  * such an object or the producer could not describe it (no exception set; the exporter then says why). */
 int fuser_exchange_describe(fuser_state *st, PyObject *obj, DLTensor *out, fuser_held *h);
 
@@ -135,6 +135,11 @@ int fuser_attr_is(PyObject *obj, PyObject *name, PyObject *want);
 /* The eager route's gate step act(g) * u as fuser's gate kernel, in place of g, where it applies (gate_bind.c):
  * 1 when it ran, 0 where the caller runs PyTorch's ops, -1 with an exception set. */
 int fuser_gate_try(fuser_state *st, PyObject *act, PyObject *g, PyObject *u);
+
+/* 1 where autograd would record a call on the n tensors ts (None allowed): grad mode on and one of them
+ * requires grad, or the predicates gate_setup registers are not there yet; 0 where not; -1 with an exception
+ * set (gate_bind.c). */
+int fuser_gate_records(PyObject *const *ts, int n);
 PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fuser_py_ffn_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_env(PyObject *module, PyObject *args, PyObject *kwargs);

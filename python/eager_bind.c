@@ -6,35 +6,183 @@
  * with the same values. */
 #include "binding.h"
 
+#include <string.h>
+
+/* pk[2]'s bits: the gate's weight comes first in the packed tensor; the packed tensor is a detached view, so it
+ * serves only calls that autograd does not record through the separate weights. */
+enum { PK_GATE_FIRST = 1, PK_NO_AUTOGRAD = 2 };
+
+/* The gate step of a packed chain: linear(x, packed, packed_bias), one GEMM for the gate and up projections
+ * (pk: packed, packed_bias, its PK_* bits), whose result's two halves are g and u; act(g) * u in place of
+ * g by the gate kernel where it applies, else by the two ops. The product (a view of the GEMM's result: its
+ * rows are 2 d_ff apart), NULL with an exception set. */
+static PyObject *packed_gate(fuser_state *st, PyObject *linear, PyObject *act, PyObject *x, PyObject *const *pk)
+{
+    PyObject *a[3] = {x, pk[0], pk[1]};
+    PyObject *both = PyObject_Vectorcall(linear, a, 3, NULL);
+    if (!both)
+        return NULL;
+    PyObject *chunk[3] = {both, PyLong_FromLong(2), PyLong_FromLong(-1)};
+    PyObject *halves = chunk[1] && chunk[2] ? PyObject_VectorcallMethod(PyTuple_GET_ITEM(st->kept_names, KN_CHUNK), chunk, 3, NULL) : NULL;
+    Py_XDECREF(chunk[1]);
+    Py_XDECREF(chunk[2]);
+    Py_DECREF(both);
+    if (!halves)
+        return NULL;
+    if (!PyTuple_Check(halves) || PyTuple_GET_SIZE(halves) != 2) {
+        Py_DECREF(halves);
+        return PyErr_Format(PyExc_RuntimeError, "eager: chunk(2, -1) of the gate-and-up GEMM gave no two halves");
+    }
+    const int first = (PyLong_AsLong(pk[2]) & PK_GATE_FIRST) != 0;
+    PyObject *g = PyTuple_GET_ITEM(halves, first ? 0 : 1), *u = PyTuple_GET_ITEM(halves, first ? 1 : 0), *out;
+    const int gated = fuser_gate_try(st, act, g, u);
+    if (gated > 0) {
+        out = Py_NewRef(g);
+    } else if (gated < 0) {
+        out = NULL;
+    } else {
+        PyObject *ga = PyObject_CallOneArg(act, g);
+        out = ga ? PyNumber_Multiply(ga, u) : NULL;
+        Py_XDECREF(ga);
+    }
+    Py_DECREF(halves);
+    return out;
+}
+
+/* 1 where a gated chain's gate step runs packed (pk[0], see packed_gate): a packed tensor given, and where it
+ * is a detached view, no autograd to record through the separate weights t (w_gate, b_up, b_gate, w_up: t[3],
+ * t[4], t[5], t[1]); 0 where not, -1 with an exception set. */
+static int runs_packed(PyObject *const *t, PyObject *const *pk)
+{
+    if (!pk || pk[0] == Py_None || t[3] == Py_None)
+        return 0;
+    const long bits = PyLong_AsLong(pk[2]);
+    if (bits == -1 && PyErr_Occurred())
+        return -1;
+    if (!(bits & PK_NO_AUTOGRAD))
+        return 1;
+    PyObject *w[4] = {t[1], t[3], t[4], t[5]};
+    const int rec = fuser_gate_records(w, 4);
+    return rec < 0 ? -1 : !rec;
+}
+
+/* obj described through the exchange API as a compact tensor into t (h: released by the caller); 0 where not. */
+static int compact(fuser_state *st, PyObject *obj, fuser_tensor *t, fuser_held *h)
+{
+    DLTensor dl;
+    fuser_err err;
+    return fuser_exchange_describe(st, obj, &dl, h) && fuser_tensor_from_dl(&dl, "w", t, &err) == FUSER_OK;
+}
+
+/* The PK_GATE_FIRST bit where the compact tensors a and b (gate, up; or their biases) are the two halves of
+ * base's memory, in either order (0: gate second), or -1 where they are not. */
+static int halves_of(const fuser_tensor *base, const fuser_tensor *a, const fuser_tensor *b)
+{
+    if (a->dtype != base->dtype || b->dtype != base->dtype || a->ndim != base->ndim || b->ndim != base->ndim ||
+        a->numel != b->numel || base->numel != 2 * a->numel || base->shape[0] != 2 * a->shape[0] ||
+        memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) ||
+        memcmp(a->shape + 1, base->shape + 1, sizeof(int64_t) * (size_t)(a->ndim - 1)))
+        return -1;
+    const char *lo = base->data, *hi = lo + a->nbytes;
+    if (a->data == lo && b->data == hi)
+        return PK_GATE_FIRST;
+    return b->data == lo && a->data == hi ? 0 : -1;
+}
+
+/* Where the gate and up weights (t[3], t[1]) are the two row halves of one tensor, their `_base` (and their
+ * biases t[5], t[4] of one other, or both absent), each of the same requires_grad as its halves so that
+ * autograd records through it what it would through them: pk filled with new references to that base, the
+ * biases' base (or None) and the PK_GATE_FIRST bit as an int; 1. 0 where not (nothing set), -1 with an
+ * exception set. */
+static int base_pack(fuser_state *st, PyObject *const *t, PyObject **pk)
+{
+    if (t[3] == Py_None || (t[5] == Py_None) != (t[4] == Py_None))
+        return 0;
+    PyObject *name = PyTuple_GET_ITEM(st->kept_names, KN_BASE), *base[2] = {NULL, NULL};
+    int rc = 0, bits = -1;
+    for (int i = 0; i < 2; i++) {
+        PyObject *g = t[i ? 5 : 3], *u = t[i ? 4 : 1];
+        if (g == Py_None)
+            break;
+        PyObject *bg = PyObject_GetAttr(g, name), *bu = bg && bg != Py_None ? PyObject_GetAttr(u, name) : NULL;
+        const int same = bg && bu && bg == bu;
+        Py_XDECREF(bu);
+        if (!same) {
+            Py_XDECREF(bg);
+            rc = PyErr_Occurred() ? -1 : 0;
+            goto out;
+        }
+        base[i] = bg;
+        PyObject *rg = PyObject_GetAttr(bg, PyTuple_GET_ITEM(st->kept_names, KN_REQUIRES_GRAD));
+        Py_XDECREF(rg);
+        if (!rg || !fuser_attr_is(g, PyTuple_GET_ITEM(st->kept_names, KN_REQUIRES_GRAD), rg) ||
+            !fuser_attr_is(u, PyTuple_GET_ITEM(st->kept_names, KN_REQUIRES_GRAD), rg)) {
+            rc = rg ? 0 : -1;
+            goto out;
+        }
+        fuser_held h[3];
+        memset(h, 0, sizeof h);
+        fuser_tensor tb, tg, tu;
+        const int ok = compact(st, bg, &tb, &h[0]) && compact(st, g, &tg, &h[1]) && compact(st, u, &tu, &h[2]);
+        const int first = ok ? halves_of(&tb, &tg, &tu) : -1;
+        for (int j = 0; j < 3; j++)
+            fuser_release(&h[j]);
+        if (first < 0 || (i && first != bits))
+            goto out;
+        bits = first;
+    }
+    pk[0] = base[0];
+    pk[1] = base[1] ? base[1] : Py_NewRef(Py_None);
+    pk[2] = PyLong_FromLong(bits);
+    if (!pk[2]) {
+        Py_DECREF(pk[0]);
+        Py_DECREF(pk[1]);
+        return -1;
+    }
+    return 1;
+out:
+    Py_XDECREF(base[0]);
+    Py_XDECREF(base[1]);
+    return rc;
+}
+
 /* linear(x, w_up, b_up); with w_gate act(linear(x, w_gate, b_gate)) * that, else act(that); then
  * linear(h, w_down, b_down). t: x, w_up, w_down, w_gate, b_up, b_gate, b_down (None where absent). The gate
  * step runs as fuser's gate kernel where it applies (fuser_gate_try: the same values, one kernel instead of
- * two, in place of the gate GEMM's result), else as the two ops. */
-static PyObject *run_eager(fuser_state *st, PyObject *linear, PyObject *act, PyObject *const *t)
+ * two, in place of the gate GEMM's result), else as the two ops. pk (or NULL): the gate and up weights as one
+ * tensor, its bias and PK_* bits, for one GEMM in place of the gate's and up's where runs_packed says so. */
+static PyObject *run_eager(fuser_state *st, PyObject *linear, PyObject *act, PyObject *const *t, PyObject *const *pk)
 {
-    PyObject *a[3] = {t[0], t[1], t[4]};
-    PyObject *h = PyObject_Vectorcall(linear, a, 3, NULL);
-    if (!h)
-        return NULL;
     PyObject *g;
-    if (t[3] != Py_None) {
-        PyObject *b[3] = {t[0], t[3], t[5]};
-        PyObject *pre = PyObject_Vectorcall(linear, b, 3, NULL);
-        const int gated = pre ? fuser_gate_try(st, act, pre, h) : -1;
-        if (gated) {
-            g = gated > 0 ? pre : NULL;
-            if (gated < 0)
-                Py_XDECREF(pre);
-        } else {
-            PyObject *ga = PyObject_CallOneArg(act, pre);
-            Py_DECREF(pre);
-            g = ga ? PyNumber_Multiply(ga, h) : NULL;
-            Py_XDECREF(ga);
-        }
+    const int packed = runs_packed(t, pk);
+    if (packed < 0)
+        return NULL;
+    if (packed) {
+        g = packed_gate(st, linear, act, t[0], pk);
     } else {
-        g = PyObject_CallOneArg(act, h);
+        PyObject *a[3] = {t[0], t[1], t[4]};
+        PyObject *h = PyObject_Vectorcall(linear, a, 3, NULL);
+        if (!h)
+            return NULL;
+        if (t[3] != Py_None) {
+            PyObject *b[3] = {t[0], t[3], t[5]};
+            PyObject *pre = PyObject_Vectorcall(linear, b, 3, NULL);
+            const int gated = pre ? fuser_gate_try(st, act, pre, h) : -1;
+            if (gated) {
+                g = gated > 0 ? pre : NULL;
+                if (gated < 0)
+                    Py_XDECREF(pre);
+            } else {
+                PyObject *ga = PyObject_CallOneArg(act, pre);
+                Py_DECREF(pre);
+                g = ga ? PyNumber_Multiply(ga, h) : NULL;
+                Py_XDECREF(ga);
+            }
+        } else {
+            g = PyObject_CallOneArg(act, h);
+        }
+        Py_DECREF(h);
     }
-    Py_DECREF(h);
     if (!g)
         return NULL;
     PyObject *c[3] = {g, t[2], t[6]};
@@ -43,20 +191,35 @@ static PyObject *run_eager(fuser_state *st, PyObject *linear, PyObject *act, PyO
     return y;
 }
 
-/* eager(linear, act, x, w_up, w_down, w_gate, b_up, b_gate, b_down) -> y */
+/* eager(linear, act, x, w_up, w_down, w_gate, b_up, b_gate, b_down[, packed, packed_bias, pack]) -> y; with
+ * nine arguments, gate and up weights that are the two row halves of one tensor are packed as that tensor */
 PyObject *fuser_py_eager(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 9)
+    if (nargs != 9 && nargs != 12)
         return PyErr_Format(PyExc_TypeError,
-                            "eager(linear, act, x, w_up, w_down, w_gate, b_up, b_gate, b_down): 9 arguments, got %zd",
-                            nargs);
-    return run_eager(fuser_get_state(module), args[0], args[1], args + 2);
+                            "eager(linear, act, x, w_up, w_down, w_gate, b_up, b_gate, b_down[, packed, packed_bias, "
+                            "pack]): 9 or 12 arguments, got %zd", nargs);
+    if (nargs == 12 && args[9] != Py_None && !PyLong_Check(args[11]))
+        return PyErr_Format(PyExc_TypeError, "eager: pack must be an int (1: gate first, 2: no autograd), got %s",
+                            Py_TYPE(args[11])->tp_name);
+    fuser_state *st = fuser_get_state(module);
+    if (nargs == 12)
+        return run_eager(st, args[0], args[1], args + 2, args + 9);
+    PyObject *pk[3];
+    const int packed = base_pack(st, args + 2, pk);
+    if (packed <= 0)
+        return packed < 0 ? NULL : run_eager(st, args[0], args[1], args + 2, NULL);
+    PyObject *y = run_eager(st, args[0], args[1], args + 2, pk);
+    for (int i = 0; i < 3; i++)
+        Py_DECREF(pk[i]);
+    return y;
 }
 
 /* The fields of kept_eager's `k`, in the order of fuser.module's _KeptEagerFast (a kept eager route's `fast`). */
 enum {
     K_LINEAR, K_ACT, K_TENSORS,                      /* K_TENSORS..+5: w_up, w_down, w_gate, b_up, b_gate, b_down */
     K_SIGNATURE = K_TENSORS + 6, K_HELD, K_LAYOUT, K_LAID,   /* kept_match's arguments */
+    K_PACKED, K_PACKED_BIAS, K_PACK,                 /* run_eager's pk */
     K_ROUTE, K_MID, K_POST, K_DROPOUTS, K_TRAIN_SOURCE, K_HOOKS, K_TRACING, K_FIELDS
 };
 
@@ -204,7 +367,7 @@ static PyObject *kept_eager(PyObject *module, PyObject *d, PyObject *x, PyObject
     Py_DECREF(same);
     PyObject *t[7] = {x, k[K_TENSORS], k[K_TENSORS + 1], k[K_TENSORS + 2], k[K_TENSORS + 3], k[K_TENSORS + 4],
                       k[K_TENSORS + 5]};
-    PyObject *y = run_eager(st, k[K_LINEAR], k[K_ACT], t);
+    PyObject *y = run_eager(st, k[K_LINEAR], k[K_ACT], t, k[K_PACKED] == Py_None ? NULL : k + K_PACKED);
     return !y || k[K_POST] == Py_None ? y : after_ffn(st, d, k[K_POST], k[K_DROPOUTS], y);
 }
 

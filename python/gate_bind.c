@@ -1,5 +1,6 @@
 /* gate_bind.c: when the eager route's gate step, act(g) * u, runs as fuser's gate kernel (include/fuser/gate.h)
- * instead of PyTorch's two ops: for two plain 16-bit CUDA tensors of one shape, compact and aligned, on the
+ * instead of PyTorch's two ops: for two plain 16-bit CUDA tensors of one shape and layout, aligned, compact or
+ * rows of one stride (the two halves of one gate-and-up GEMM's result) whose elements do not overlap, on the
  * current device, that record no autograd, outside any torch dispatch or function mode, with an activation of
  * fuser.reference.ACTIVATIONS, while FUSER_DISABLE does not ask for PyTorch's ops everywhere. Then g is
  * overwritten with the result (bitwise what the ops return); anywhere else the caller runs the ops. The
@@ -27,8 +28,8 @@ typedef struct {
 /* What gate_setup registered (NULL before): the loader (device -> CUBIN bytes, or a str saying why none),
  * the activation functions in FUSER_ACT_* order, and the per-call predicates (torch's capturing(),
  * len(dispatch stack), function mode enabled, current device, current raw stream of a device; fuser's
- * FUSER_DISABLE). */
-enum { H_LOADER, H_ACTS, H_CAPTURING, H_DISPATCH, H_FUNCTION, H_DEVICE, H_STREAM, H_DISABLED, H_COUNT };
+ * FUSER_DISABLE; torch's is_grad_enabled()). */
+enum { H_LOADER, H_ACTS, H_CAPTURING, H_DISPATCH, H_FUNCTION, H_DEVICE, H_STREAM, H_DISABLED, H_GRAD, H_COUNT };
 static PyObject *hooks, *s_requires_grad, *s_is_cuda;
 static gate_device *devices[GATE_DEVICES];
 static unsigned long long launches;
@@ -102,6 +103,60 @@ static int load(gate_device *d, int device)
     return 0;
 }
 
+/* g or u as rows of `cols` elements `ld` apart: compact (ld == cols == numel), or, once dimensions of size one are
+ * left out, the last dimension dense, the one before it `ld` apart (ld > cols) and every one above dense over
+ * it (a row slice of a wider tensor, as a GEMM result's half). t is validated as the compact [rows, cols] tensor
+ * at the view's first element (type, device, alignment). 1 where it is such a tensor, else 0. */
+static int as_rows(const DLTensor *dl, const char *name, fuser_tensor *t, int64_t *cols, int64_t *ld, fuser_err *err)
+{
+    if (fuser_tensor_from_dl(dl, name, t, err) == FUSER_OK) {
+        *cols = *ld = t->numel;
+        return 1;
+    }
+    if (!dl->strides || dl->ndim < 2 || dl->ndim > FUSER_MAX_DIMS)
+        return 0;
+    int64_t size[FUSER_MAX_DIMS], stride[FUSER_MAX_DIMS];
+    int n = 0;
+    for (int i = 0; i < dl->ndim; i++)
+        if (dl->shape[i] != 1) {
+            size[n] = dl->shape[i];
+            stride[n++] = dl->strides[i];
+        }
+    if (n < 2 || size[n - 1] < 1 || stride[n - 1] != 1 || stride[n - 2] <= size[n - 1])
+        return 0;
+    int64_t rows = size[n - 2];
+    for (int i = n - 3; i >= 0; i--) {
+        if (stride[i] != stride[i + 1] * size[i + 1])
+            return 0;
+        rows *= size[i];
+    }
+    const int64_t shape[2] = {rows, size[n - 1]};
+    DLTensor flat = *dl;
+    flat.ndim = 2;
+    flat.shape = (int64_t *)shape;
+    flat.strides = NULL;
+    if (fuser_tensor_from_dl(&flat, name, t, err) != FUSER_OK)
+        return 0;
+    *cols = size[n - 1];
+    *ld = stride[n - 2];
+    return 1;
+}
+
+/* 1 where no element of g's rows is one of u's (n elements each in rows of cols, ld apart, es bytes each). */
+static int rows_disjoint(const fuser_tensor *g, const fuser_tensor *u, int64_t cols, int64_t ld)
+{
+    if (ld == cols)
+        return !fuser_tensors_overlap(g, u);
+    const int64_t es = fuser_dtype_size(g->dtype), span = (g->numel / cols - 1) * ld + cols;
+    const int64_t diff = (int64_t)((const char *)u->data - (const char *)g->data);
+    if (diff >= span * es || -diff >= span * es)
+        return 1;
+    if (diff % es)
+        return 0;
+    const int64_t r = ((diff / es) % ld + ld) % ld;
+    return r >= cols && r <= ld - cols;
+}
+
 /* The gate kernel for act on g and u where it applies (see the top of this file): 1 when it ran (g then holds
  * the result), 0 where the caller runs the ops, -1 with an exception set (a launch that failed). */
 int fuser_gate_try(fuser_state *st, PyObject *act, PyObject *g, PyObject *u)
@@ -116,15 +171,18 @@ int fuser_gate_try(fuser_state *st, PyObject *act, PyObject *g, PyObject *u)
     fuser_held h[2];
     memset(h, 0, sizeof h);
     fuser_tensor t[2];
+    int64_t cols[2], ld[2];
     fuser_err err;
     fuser_err_clear(&err);
     int ok = fuser_exchange_describe(st, g, &dl[0], &h[0]) && fuser_exchange_describe(st, u, &dl[1], &h[1]) &&
-             !fuser_tensor_from_dl(&dl[0], "g", &t[0], &err) && !fuser_tensor_from_dl(&dl[1], "u", &t[1], &err);
+             as_rows(&dl[0], "g", &t[0], &cols[0], &ld[0], &err) && as_rows(&dl[1], "u", &t[1], &cols[1], &ld[1], &err);
     int rc = 0;
     if (!ok || t[0].device != FUSER_CUDA || t[1].device != FUSER_CUDA || t[0].device_id != t[1].device_id ||
-        t[0].dtype != t[1].dtype || t[0].ndim != t[1].ndim || t[0].numel < 1 ||
-        memcmp(t[0].shape, t[1].shape, sizeof(int64_t) * (size_t)t[0].ndim) || t[0].device_id < 0 ||
-        t[0].device_id >= GATE_DEVICES || fuser_tensors_overlap(&t[0], &t[1]))
+        t[0].dtype != t[1].dtype || dl[0].ndim != dl[1].ndim || t[0].numel < 1 || t[0].numel != t[1].numel ||
+        memcmp(dl[0].shape, dl[1].shape, sizeof(int64_t) * (size_t)dl[0].ndim) || cols[0] != cols[1] ||
+        ld[0] != ld[1] || t[0].device_id < 0 || t[0].device_id >= GATE_DEVICES ||
+        !rows_disjoint(&t[0], &t[1], cols[0], ld[0]) ||
+        (ld[0] != cols[0] && (cols[0] % 8 || ld[0] % 8 || t[0].numel > FUSER_GATE_MAX_STRIDED)))
         goto done;
     const int k = fuser_gate_index(t[0].dtype, a), device = t[0].device_id;
     if (k < 0 || !fuser_attr_is(g, s_requires_grad, Py_False) ||
@@ -178,7 +236,7 @@ int fuser_gate_try(fuser_state *st, PyObject *act, PyObject *g, PyObject *u)
         goto done;
     }
     const fuser_driver *drv = fuser_driver_get(&err);
-    if (!drv || fuser_gate_launch(drv, &d->k[k], t[0].data, t[1].data, t[0].numel,
+    if (!drv || fuser_gate_launch(drv, &d->k[k], t[0].data, t[1].data, t[0].numel, cols[0], ld[0],
                                   (fuser_cu_stream)(uintptr_t)stream, &err)) {
         fuser_raise(st, &err);
         rc = -1;
@@ -192,13 +250,28 @@ done:
     return rc;
 }
 
-/* gate_setup(loader, acts, capturing, dispatch_len, function_mode, current_device, raw_stream, disabled) */
+/* (binding.h) */
+int fuser_gate_records(PyObject *const *ts, int n)
+{
+    if (!hooks)
+        return 1;
+    const int off = hook_false(H_GRAD);
+    if (off)
+        return off < 0 ? -1 : 0;
+    for (int i = 0; i < n; i++)
+        if (ts[i] != Py_None && !fuser_attr_is(ts[i], s_requires_grad, Py_False))
+            return 1;
+    return 0;
+}
+
+/* gate_setup(loader, acts, capturing, dispatch_len, function_mode, current_device, raw_stream, disabled,
+ * grad_enabled) */
 PyObject *fuser_py_gate_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
     if (nargs != H_COUNT || !PyTuple_Check(args[H_ACTS]) || PyTuple_GET_SIZE(args[H_ACTS]) != FUSER_ACT_SILU + 1)
         return PyErr_Format(PyExc_TypeError, "gate_setup(loader, acts: a tuple of %d functions, capturing, "
-                                             "dispatch_len, function_mode, current_device, raw_stream, disabled)",
+                                             "dispatch_len, function_mode, current_device, raw_stream, disabled, grad_enabled)",
                             FUSER_ACT_SILU + 1);
     for (int i = 0; i < H_COUNT; i++)
         if (i != H_ACTS && !PyCallable_Check(args[i]))

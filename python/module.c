@@ -119,9 +119,11 @@ static PyMethodDef module_methods[] = {
      "in the bit mask `laid` (bit i: row i; -1: all) have tensor_layout `layout`; then x's data address where\n"
      "x is contiguous row-major, else 0."},
     {"eager", (PyCFunction)(void (*)(void))fuser_py_eager, METH_FASTCALL,
-     "eager(linear, act, x, w_up, w_down, w_gate, b_up, b_gate, b_down) -> y: the eager route's ops,\n"
-     "fuser.reference.eager's calls in its order (linear: torch.nn.functional.linear; act: a value of\n"
-     "fuser.reference.ACTIVATIONS; absent tensors None)."},
+     "eager(linear, act, x, w_up, w_down, w_gate, b_up, b_gate, b_down[, packed, packed_bias, pack]) -> y: the\n"
+     "eager route's ops, fuser.reference.eager's calls in its order (linear: torch.nn.functional.linear; act: a\n"
+     "value of fuser.reference.ACTIVATIONS; absent tensors None). packed: a gated chain's gate and up weights as\n"
+     "one tensor (packed_bias: their biases, or None), one GEMM for both; pack: 1 where the gate's rows come\n"
+     "first, + 2 where packed is a detached view (used only where autograd records nothing)."},
     {"kept_eager", (PyCFunction)(void (*)(void))fuser_py_kept_eager, METH_FASTCALL,
      "kept_eager(d, x, k) -> y or None: FusedFFN's kept eager route in one call. d: the module's __dict__;\n"
      "k: the route's fields (fuser.module's _KeptEagerFast). None where nn.Module.__call__ would do more\n"
@@ -133,7 +135,8 @@ static PyMethodDef module_methods[] = {
      "nn_module.__call__ (as FusedFFN.__call__ sends it), every other call to cls.__call__ as written in Python.\n"
      "flag_owner.flag: what is_compiling() returns outside TorchScript (flag None: call is_compiling)."},
     {"gate_setup", (PyCFunction)(void (*)(void))fuser_py_gate_setup, METH_FASTCALL,
-     "gate_setup(loader, acts, capturing, dispatch_len, function_mode, current_device, raw_stream, disabled): what\n"
+     "gate_setup(loader, acts, capturing, dispatch_len, function_mode, current_device, raw_stream, disabled,\n"
+     "grad_enabled): what\n"
      "the eager route's gate kernel needs (fuser.runtime registers it at import): loader(device) -> the gate\n"
      "kernels' CUBIN (bytes) or why there is none (str); acts: the activation functions in FUSER_ACT_* order;\n"
      "then torch's predicates and fuser's FUSER_DISABLE, read at each call."},

@@ -30,10 +30,15 @@ int fuser_gate_index(fuser_dtype dt, int act);
 /** The __global__ function name of kernel `index` (0 .. FUSER_GATE_KERNELS - 1). */
 const char *fuser_gate_name(int index);
 
-/** Launch a loaded gate kernel on `stream`: g[i] = act(g[i]) * u[i] for i < n, n >= 1; g and u device
- * addresses aligned to FUSER_ALIGN_BYTES that do not overlap. */
-int fuser_gate_launch(const fuser_driver *drv, fuser_kernel *k, void *g, const void *u, int64_t n,
-                      fuser_cu_stream stream, fuser_err *err);
+/** Launch a loaded gate kernel on `stream`: g = act(g) * u over n >= 1 elements each, in rows of `cols` that
+ * start `ld` elements apart in both (compact: ld == cols, any n); g and u device addresses aligned to
+ * FUSER_ALIGN_BYTES whose elements do not overlap. Rows apart (ld > cols) need cols and ld multiples of 8, n a
+ * multiple of cols and n / 8 < 2^32 (FUSER_GATE_MAX_STRIDED). */
+int fuser_gate_launch(const fuser_driver *drv, fuser_kernel *k, void *g, const void *u, int64_t n, int64_t cols,
+                      int64_t ld, fuser_cu_stream stream, fuser_err *err);
+
+/** The most elements a launch of rows apart takes (its kernels index vectors in 32 bits). */
+#define FUSER_GATE_MAX_STRIDED (((int64_t)1 << 32) * 8 - 8)
 
 #ifdef __cplusplus
 }

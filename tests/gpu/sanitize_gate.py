@@ -1,6 +1,7 @@
 """The eager route's gate kernel on ragged lengths (a partial vector at the end, one element, a whole grid of
-8192 blocks and more), both 16-bit dtypes and every activation, each into a buffer with NaN-poisoned guard
-elements on both sides, checked bitwise against PyTorch's ops: the workload for compute-sanitizer on the gate
+8192 blocks and more) and on the two halves of one GEMM result (rows 2 cols apart, either half the gate), both
+16-bit dtypes and every activation, each into a buffer with NaN-poisoned guard elements on both sides, checked
+bitwise against PyTorch's ops (and the halves' other half unchanged): the workload for compute-sanitizer on the gate
 kernel. The gate kernels run before any other GPU math but the inputs' fill, so a tool that trips over another
 library's kernels cannot hide its verdict on this one.
 
@@ -33,6 +34,23 @@ def main():
                 same = ran and torch.equal(g, ref) and guards
                 bad += not same
                 print(f"{str(dtype):15s} n={n:<9d} {name:10s} {'ok' if same else 'BAD'}")
+        for rows, cols in ((1, 8), (3, 64), (77, 1032), (4100, 4096)):   # the last: more than one grid-stride
+            for name in runtime.GATE_ACTS:
+                for gate_first in (True, False):
+                    n = rows * 2 * cols
+                    buf = torch.full((n + 2 * GUARD,), float("nan"), device="cuda", dtype=dtype)
+                    both = buf[GUARD:GUARD + n].view(rows, 2 * cols)
+                    both.copy_(torch.randn(rows, 2 * cols, device="cuda", generator=gen) * 3)
+                    g, u = both.chunk(2, -1) if gate_first else both.chunk(2, -1)[::-1]
+                    u0 = u.clone()
+                    ref = ACTIVATIONS[name](g) * u
+                    ran = _C.gate(g, u, ACTIVATIONS[name])
+                    torch.cuda.synchronize()
+                    guards = bool(buf[:GUARD].isnan().all() and buf[-GUARD:].isnan().all())
+                    same = ran and torch.equal(g, ref) and torch.equal(u, u0) and guards
+                    bad += not same
+                    print(f"{str(dtype):15s} rows={rows:<5d} cols={cols:<5d} {name:10s} gate first {gate_first!s:5s} "
+                          f"{'ok' if same else 'BAD'}")
     print("all ok" if not bad else f"{bad} BAD")
     return 1 if bad else 0
 

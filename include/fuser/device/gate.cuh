@@ -9,8 +9,11 @@
  * rounds (tests/test_gate.py checks every bfloat16 and float16 value of g). The fused kernels' activations
  * (common.cuh) are a few ulp off these and never run here.
  *
- * Entry points: fuser_gate_<dtype>_<act>(g, u, n), extern "C" so the binding finds them by name; g and u
- * 16-byte aligned, n elements each; any n (a tail shorter than a vector is done one element at a time). */
+ * Entry points: fuser_gate_<dtype>_<act>(g, u, n, cols, ld), extern "C" so the binding finds them by name; g and
+ * u 16-byte aligned, each n elements in rows of `cols` that start `ld` elements apart (the same for both). Compact
+ * tensors pass ld == cols (any n: a tail shorter than a vector is done one element at a time); the halves of one
+ * gate-and-up GEMM's result ([rows, 2 d_ff], g and u each [rows, d_ff]) pass ld = 2 cols, with cols and ld
+ * multiples of 8 and n / 8 below 2^32. */
 #pragma once
 
 #include "fuser/device/common.cuh"
@@ -49,25 +52,43 @@ FUSER_DEVICE uint32_t pair(uint32_t g, uint32_t u)
                      to_float<DT>((uint16_t)(a >> 16)) * to_float<DT>((uint16_t)(u >> 16)));
 }
 
+/* One 8-element vector of g and u, g overwritten. */
 template <int DT, int ACT>
-FUSER_DEVICE void run(uint16_t *g, const uint16_t *u, long long n)
+FUSER_DEVICE void vec(uint4 *gv, const uint4 *uv)
+{
+    uint4 a = *gv;
+    const uint4 b = __ldg(uv);
+    uint32_t *pa = reinterpret_cast<uint32_t *>(&a);
+    const uint32_t *pb = reinterpret_cast<const uint32_t *>(&b);
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        pa[j] = pair<DT, ACT>(pa[j], pb[j]);
+    *gv = a;
+}
+
+template <int DT, int ACT>
+FUSER_DEVICE void run(uint16_t *g, const uint16_t *u, long long n, long long cols, long long ld)
 {
     const long long vecs = n / 8, stride = (long long)gridDim.x * blockDim.x;
     uint4 *gv = reinterpret_cast<uint4 *>(g);
     const uint4 *uv = reinterpret_cast<const uint4 *>(u);
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < vecs; i += stride) {
-        uint4 a = gv[i];
-        const uint4 b = __ldg(uv + i);
-        uint32_t *pa = reinterpret_cast<uint32_t *>(&a);
-        const uint32_t *pb = reinterpret_cast<const uint32_t *>(&b);
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            pa[j] = pair<DT, ACT>(pa[j], pb[j]);
-        gv[i] = a;
+    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (ld == cols) {
+        for (long long i = first; i < vecs; i += stride)
+            vec<DT, ACT>(gv + i, uv + i);
+        if (blockIdx.x == 0 && threadIdx.x < n - vecs * 8) {
+            const long long i = vecs * 8 + threadIdx.x;
+            g[i] = (uint16_t)pair<DT, ACT>(g[i], u[i]);
+        }
+        return;
     }
-    if (blockIdx.x == 0 && threadIdx.x < n - vecs * 8) {
-        const long long i = vecs * 8 + threadIdx.x;
-        g[i] = (uint16_t)pair<DT, ACT>(g[i], u[i]);
+    /* rows of cols / 8 vectors, ld / 8 vectors apart: a 32-bit division per vector (vecs < 2^32) */
+    const unsigned per_row = (unsigned)(cols / 8);
+    const long long row_vecs = ld / 8;
+    for (long long i = first; i < vecs; i += stride) {
+        const unsigned r = (unsigned)i / per_row, c = (unsigned)i - r * per_row;
+        const long long at = (long long)r * row_vecs + c;
+        vec<DT, ACT>(gv + at, uv + at);
     }
 }
 
@@ -76,9 +97,10 @@ FUSER_DEVICE void run(uint16_t *g, const uint16_t *u, long long n)
 
 #define FUSER_GATE_ENTRY(dt, DT, an, ACT)                                                                   \
     extern "C" __global__ void __launch_bounds__(256) fuser_gate_##dt##_##an(uint16_t *g, const uint16_t *u, \
-                                                                               long long n)                  \
+                                                                               long long n, long long cols,  \
+                                                                               long long ld)                 \
     {                                                                                                        \
-        fuser::gate::run<fuser::DT, fuser::ACT>(g, u, n);                                                    \
+        fuser::gate::run<fuser::DT, fuser::ACT>(g, u, n, cols, ld);                                          \
     }
 #define FUSER_GATE_ENTRIES(dt, DT)                                                                          \
     FUSER_GATE_ENTRY(dt, DT, relu, ACT_RELU)                                                                 \
