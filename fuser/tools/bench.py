@@ -17,7 +17,9 @@ Variants (``VARIANTS``; "graph": L calls captured in one CUDA graph, timed per r
                    so by default only on a subset, see ``AUTOTUNE_SUBSET``)
   autotune_graph   that, in a CUDA graph
   cublas_graph     the GEMMs alone (x @ W1 with gate and up merged, p @ W2): the unfused lower bound
-  fuser            fuser.ffn as a user calls it (the planner's choice: fused kernel or PyTorch eager)
+  fuser            fuser.ffn as a user calls it (the planner's choice: fused kernel or PyTorch eager; every
+                   set holds gate and up in one allocation, as ``fuser.optimize`` leaves a gated FFN's
+                   weights on a GPU, so the eager route runs them as one GEMM)
   fuser_graph      that, in a CUDA graph
   fusedffn         the same FFN as the module ``fuser.optimize`` swaps in (``FusedFFN``), called per
                    call: it keeps its input shape's route, so a call costs no validation
