@@ -473,7 +473,8 @@ def eager(x_q, w_up, w_down, scales, *, w_gate=None, b_up=None, b_gate=None, b_d
     """A quantized FFN in PyTorch's ops, as ``fuser.ffn`` runs it where the planner prefers them to the fused
     kernel: x quantized with ``scales.x`` (unless it already is, in float8_e4m3fn), then on CUDA
     ``torch._scaled_mm`` GEMMs with bfloat16 results, the biases added and the elementwise kernels run in
-    bfloat16, H quantized with ``scales.h``; ``reference`` elsewhere, and where ``_scaled_mm`` refuses the
+    bfloat16 (a gated chain's activation and product as fuser's gate kernel where it runs: the same bits),
+    H quantized with ``scales.h``; ``reference`` elsewhere, and where ``_scaled_mm`` refuses the
     shapes (dimensions not multiples of 16). The GEMMs are rowwise (the scales inside the GEMM) at whole
     multiples of ``ROWWISE_TOKENS`` tokens and from 512 on, tensorwise elsewhere (the per-row weight scales
     applied to their results by one more op each): ``eager_recipe``, the faster of the two on the H200 at
@@ -505,7 +506,12 @@ def eager(x_q, w_up, w_down, scales, *, w_gate=None, b_up=None, b_gate=None, b_d
         return y if b is None else y.add_(b)
     try:
         u = linear(a, w_up, s_x, scales.up, b_up)
-        h = act(linear(a, w_gate, s_x, scales.gate, b_gate)) * u if w_gate is not None else act(u)
+        if w_gate is None:
+            h = act(u)
+        else:   # act(g) * u in bfloat16: fuser's gate kernel in place of g where it runs (the same bits), else the ops
+            h = linear(a, w_gate, s_x, scales.gate, b_gate)
+            if not _C.gate(h, u, act):
+                h = act(h) * u
         y = linear(quantize(h, h_scale), w_down, s_h, scales.down, b_down)
     except RuntimeError:   # shapes or a torch build _scaled_mm does not take
         return reference(x_q, w_up, w_down, scales, **kw)

@@ -7,7 +7,8 @@ cannot take (CPU tensors, unknown activations), an unfused gated plan's explanat
 Hopper GPU (marked gpu): every bfloat16 and float16 value of g against the ops, ragged lengths, everything it must
 decline (autograd, strided or misaligned views, mixed dtypes, a torch mode, FUSER_DISABLE), the eager route of
 ``fuser.ffn`` and ``_C.eager`` using it, CUDA graphs, a first use during graph capture, and the compute-sanitizer
-workload (tests/gpu/sanitize_gate.py) with its NaN guards."""
+workload (tests/gpu/sanitize_gate.py) with its NaN guards, and a quantized chain's PyTorch-ops route (fuser.fp8.eager)
+using the kernel with the same bits."""
 import os
 import subprocess
 import sys
@@ -259,3 +260,23 @@ def test_the_sanitizer_workload_leaves_its_guards_and_matches_the_ops():
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu", "sanitize_gate.py")
     r = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("all ok"), r.stdout[-2000:] + r.stderr[-2000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [64, 512])
+def test_the_fp8_eager_route_runs_the_gate_kernel_with_the_ops_bits(tokens, monkeypatch):
+    from fuser import fp8
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    d, f = 256, 512
+    wu, wg = (torch.randn(f, d, device="cuda", generator=gen) / 16 for _ in range(2))
+    wd = torch.randn(d, f, device="cuda", generator=gen) / 16
+    x = torch.randn(tokens, d, device="cuda", generator=gen).bfloat16()
+    q = fp8.quantize_ffn(wu, wd, w_gate=wg, x_samples=x.float())
+    with torch.no_grad():
+        n = launches()
+        y = fp8.eager(x, q.w_up, q.w_down, q.scales, w_gate=q.w_gate, activation="silu")
+        assert launches() == n + 1
+        monkeypatch.setenv("FUSER_DISABLE", "1")   # the gate declines: PyTorch's two ops
+        ops_y = fp8.eager(x, q.w_up, q.w_down, q.scales, w_gate=q.w_gate, activation="silu")
+        assert launches() == n + 1
+    assert torch.equal(y, ops_y)
