@@ -34,19 +34,11 @@ from fuser import _C
 from fuser.module import packed_gate_up
 from fuser.reference import ACTIVATIONS, eager
 from fuser.tools.bench import parse_workload
-from fuser.tools.timing import graphed, hopper_reason, time_interleaved
+from fuser.tools.timing import copy_gbs, graphed, hopper_reason, time_interleaved
 
 CELLS = ("llama3-8b:1", "llama3-8b:128", "llama3-8b:512", "llama3-8b:2048", "llama3-8b:8192", "llama2-7b:2048",
          "llama-70b:2048", "S1:128", "S8:128")
 L2_BYTES = 60e6
-
-
-def copy_gbs():
-    """The device's copy rate (read + write bytes per second / 1e9) on 1 GiB, median of interleaved rounds."""
-    a = torch.empty(2 ** 29, dtype=torch.bfloat16, device="cuda")
-    b = torch.empty_like(a)
-    us, = time_interleaved([lambda: b.copy_(a)], rounds=15)
-    return 2 * a.numel() * 2 / (us * 1e-6) / 1e9
 
 
 def cell(name, rounds, compile_too):

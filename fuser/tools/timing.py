@@ -13,7 +13,7 @@ import time
 
 import torch
 
-__all__ = ["hopper_reason", "median_event_us", "graphed", "round_orders", "time_interleaved"]
+__all__ = ["hopper_reason", "median_event_us", "graphed", "round_orders", "time_interleaved", "copy_gbs"]
 
 
 def hopper_reason():
@@ -144,3 +144,18 @@ def time_interleaved(fns, rounds=30, *, warmup=1, seed=0, cpu=False, on_round=No
         if on_round is not None:
             on_round()
     return [statistics.median(s) for s in samples]
+
+
+def copy_gbs(rounds=15):
+    """The current device's copy rate on 1 GiB of bfloat16 (bytes read + written per second, / 1e9), the median
+    of `rounds` timed copies: the rate a pass over an intermediate is held to.
+
+    Example:
+        >>> from fuser.tools.timing import copy_gbs
+        >>> 2000 < copy_gbs() < 8000  # doctest: +SKIP
+        True
+    """
+    a = torch.empty(2 ** 29, dtype=torch.bfloat16, device="cuda")
+    b = torch.empty_like(a)
+    us, = time_interleaved([lambda: b.copy_(a)], rounds=rounds)
+    return 2 * a.numel() * 2 / (us * 1e-6) / 1e9
