@@ -25,7 +25,7 @@ from fuser.target import default_target, tuned_plan
 
 __all__ = ["Kernel", "compile", "MATH_SUBROUTINES", "Launch", "launch_for", "fused_available", "plan_for", "tuned",
            "forget_plans", "host_op_us", "host_bound", "host_bound_plan", "host_bound_fused",
-           "GATE_ACTS", "gate_compile", "gate_cubin"]
+           "GATE_ACTS", "gate_compile", "gate_cubin", "register_eager_hooks"]
 
 _lock = threading.Lock()
 
@@ -475,6 +475,19 @@ def gate_cubin(device):
         return f"{type(e).__name__}: {e}"
 
 
-_C.gate_setup(gate_cubin, tuple(ACTIVATIONS[a] for a in GATE_ACTS), capturing,
-              torch._C._len_torch_dispatch_stack, torch._C._is_torch_function_mode_enabled, interop.current_device,
-              interop.raw_stream, interop.disabled, torch.is_grad_enabled)
+def register_eager_hooks():
+    """Register with C what the eager route's own steps need (``_C.gate_setup``): the gate kernel's loader, the
+    activations, torch's predicates read at each call, and ``torch._addmm_activation`` (None on a torch without
+    it). Done at import.
+
+    Example:
+        >>> from fuser import runtime
+        >>> runtime.register_eager_hooks()
+    """
+    _C.gate_setup(gate_cubin, tuple(ACTIVATIONS[a] for a in GATE_ACTS), capturing,
+                  torch._C._len_torch_dispatch_stack, torch._C._is_torch_function_mode_enabled,
+                  interop.current_device, interop.raw_stream, interop.disabled, torch.is_grad_enabled,
+                  getattr(torch, "_addmm_activation", None))
+
+
+register_eager_hooks()

@@ -41,10 +41,10 @@ fuser_state *fuser_get_state(PyObject *module);
 
 /* The attribute and method names eager_bind.c reads, in the order of fuser_state.kept_names. */
 #define KEPT_NAMES "forward", "_compiled_call_impl", "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", \
-                   "_backward_pre_hooks", "training", "_modules", "stale", "_kept", "fast", "__call__", "chunk", "_base", "requires_grad"
+                   "_backward_pre_hooks", "training", "_modules", "stale", "_kept", "fast", "__call__", "chunk", "_base", "requires_grad", "shape", "reshape", "t", "view", "use_gelu"
 enum {
     KN_FORWARD, KN_COMPILED, KN_HOOKS, KN_TRAINING = KN_HOOKS + 4, KN_MODULES, KN_STALE, KN_KEPT, KN_FAST, KN_CALL,
-    KN_CHUNK, KN_BASE, KN_REQUIRES_GRAD, KN_COUNT
+    KN_CHUNK, KN_BASE, KN_REQUIRES_GRAD, KN_SHAPE, KN_RESHAPE, KN_T, KN_VIEW, KN_USE_GELU, KN_COUNT
 };
 
 /* The pointer in a capsule of type `name` (fuser's own handles), or NULL with a TypeError saying
@@ -140,6 +140,18 @@ int fuser_gate_try(fuser_state *st, PyObject *act, PyObject *g, PyObject *u);
  * requires grad, or the predicates gate_setup registers are not there yet; 0 where not; -1 with an exception
  * set (gate_bind.c). */
 int fuser_gate_records(PyObject *const *ts, int n);
+
+/* The FUSER_ACT_* of act, one of the activation functions gate_setup registered, or -1 (gate_bind.c). */
+int fuser_act_index(PyObject *act);
+
+/* torch._addmm_activation as gate_setup registered it (borrowed), or NULL where torch has none or nothing is
+ * registered (gate_bind.c). */
+PyObject *fuser_addmm_activation(void);
+
+/* 1 where the eager route may run a step of a call on x as other ops than PyTorch's reference ones: x a CUDA
+ * tensor, no torch dispatch or function mode, FUSER_DISABLE unset, and autograd recording nothing on x and
+ * the n tensors ts (None allowed); 0 where not, -1 with an exception set (gate_bind.c). */
+int fuser_eager_may_fuse(PyObject *x, PyObject *const *ts, int n);
 PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fuser_py_ffn_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_env(PyObject *module, PyObject *args, PyObject *kwargs);

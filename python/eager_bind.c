@@ -146,14 +146,94 @@ out:
     return rc;
 }
 
+/* A plain chain's whole FFN with its up projection, bias and activation as one cuBLASLt GEMM with an epilogue
+ * (torch._addmm_activation: ReLU, or GELU in its tanh form, on the fp32 sums plus the bias, rounded once), then
+ * the down projection: one launch and two passes of H fewer than linear and the activation. Where it applies
+ * (act ReLU or tanh GELU, a bias, the addmm_activation torch has, fuser_eager_may_fuse: no autograd, for which
+ * that op has no derivative), y; else Py_None (new references), NULL with an exception set. */
+static PyObject *lt_ffn(fuser_state *st, PyObject *linear, PyObject *act, PyObject *const *t)
+{
+    const int a = fuser_act_index(act);
+    PyObject *op = fuser_addmm_activation();
+    if ((a != FUSER_ACT_RELU && a != FUSER_ACT_GELU_TANH) || t[4] == Py_None || !op)
+        return Py_NewRef(Py_None);
+    PyObject *w[2] = {t[1], t[4]};
+    const int ok = fuser_eager_may_fuse(t[0], w, 2);
+    if (ok <= 0)
+        return ok < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *const *kn = &PyTuple_GET_ITEM(st->kept_names, 0);
+    PyObject *shape = PyObject_GetAttr(t[0], kn[KN_SHAPE]);
+    if (!shape)
+        return NULL;
+    if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) < 1) {
+        Py_DECREF(shape);
+        return Py_NewRef(Py_None);
+    }
+    const Py_ssize_t nd = PyTuple_GET_SIZE(shape);
+    PyObject *x2 = NULL, *wt = NULL, *h = NULL, *y = NULL, *out = NULL;
+    PyObject *flat[3] = {t[0], PyLong_FromLong(-1), PyTuple_GET_ITEM(shape, nd - 1)};
+    if (!flat[1])
+        goto done;
+    x2 = nd == 2 ? Py_NewRef(t[0]) : PyObject_VectorcallMethod(kn[KN_RESHAPE], flat, 3, NULL);
+    PyObject *tw[1] = {t[1]};
+    wt = x2 ? PyObject_VectorcallMethod(kn[KN_T], tw, 1, NULL) : NULL;
+    if (!wt)
+        goto done;
+    PyObject *kwnames = PyTuple_Pack(1, kn[KN_USE_GELU]);
+    PyObject *args[4] = {t[4], x2, wt, a == FUSER_ACT_GELU_TANH ? Py_True : Py_False};
+    h = kwnames ? PyObject_Vectorcall(op, args, 3, kwnames) : NULL;
+    Py_XDECREF(kwnames);
+    PyObject *c[3] = {h, t[2], t[6]};
+    y = h ? PyObject_Vectorcall(linear, c, 3, NULL) : NULL;
+    if (!y || nd == 2) {
+        out = y;
+        y = NULL;
+        goto done;
+    }
+    PyObject *v[FUSER_MAX_DIMS + 1];
+    if (nd > FUSER_MAX_DIMS) {
+        PyErr_Format(PyExc_ValueError, "eager: x has %zd dimensions, at most %d", nd, FUSER_MAX_DIMS);
+        goto done;
+    }
+    PyObject *yshape = PyObject_GetAttr(y, kn[KN_SHAPE]);   /* (the output's width: -1 cannot size no tokens) */
+    if (!yshape)
+        goto done;
+    if (!PyTuple_Check(yshape) || PyTuple_GET_SIZE(yshape) != 2) {
+        Py_DECREF(yshape);
+        PyErr_SetString(PyExc_RuntimeError, "eager: the down projection's output is not two-dimensional");
+        goto done;
+    }
+    v[0] = y;
+    for (Py_ssize_t i = 0; i < nd - 1; i++)
+        v[i + 1] = PyTuple_GET_ITEM(shape, i);
+    v[nd] = PyTuple_GET_ITEM(yshape, 1);
+    out = PyObject_VectorcallMethod(kn[KN_VIEW], v, (size_t)nd + 1, NULL);
+    Py_DECREF(yshape);
+done:
+    Py_XDECREF(flat[1]);
+    Py_XDECREF(x2);
+    Py_XDECREF(wt);
+    Py_XDECREF(h);
+    Py_XDECREF(y);
+    Py_DECREF(shape);
+    return out;
+}
+
 /* linear(x, w_up, b_up); with w_gate act(linear(x, w_gate, b_gate)) * that, else act(that); then
- * linear(h, w_down, b_down). t: x, w_up, w_down, w_gate, b_up, b_gate, b_down (None where absent). The gate
+ * linear(h, w_down, b_down). t: x, w_up, w_down, w_gate, b_up, b_gate, b_down (None where absent). A plain
+ * chain's up projection and activation run as one GEMM with an epilogue where lt_ffn applies; the gate
  * step runs as fuser's gate kernel where it applies (fuser_gate_try: the same values, one kernel instead of
  * two, in place of the gate GEMM's result), else as the two ops. pk (or NULL): the gate and up weights as one
  * tensor, its bias and PK_* bits, for one GEMM in place of the gate's and up's where runs_packed says so. */
 static PyObject *run_eager(fuser_state *st, PyObject *linear, PyObject *act, PyObject *const *t, PyObject *const *pk)
 {
     PyObject *g;
+    if (t[3] == Py_None) {
+        PyObject *y = lt_ffn(st, linear, act, t);
+        if (y != Py_None)
+            return y;
+        Py_DECREF(y);
+    }
     const int packed = runs_packed(t, pk);
     if (packed < 0)
         return NULL;

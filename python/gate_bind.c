@@ -28,8 +28,9 @@ typedef struct {
 /* What gate_setup registered (NULL before): the loader (device -> CUBIN bytes, or a str saying why none),
  * the activation functions in FUSER_ACT_* order, and the per-call predicates (torch's capturing(),
  * len(dispatch stack), function mode enabled, current device, current raw stream of a device; fuser's
- * FUSER_DISABLE; torch's is_grad_enabled()). */
-enum { H_LOADER, H_ACTS, H_CAPTURING, H_DISPATCH, H_FUNCTION, H_DEVICE, H_STREAM, H_DISABLED, H_GRAD, H_COUNT };
+ * FUSER_DISABLE; torch's is_grad_enabled()), and torch._addmm_activation (None where torch has none). */
+enum { H_LOADER, H_ACTS, H_CAPTURING, H_DISPATCH, H_FUNCTION, H_DEVICE, H_STREAM, H_DISABLED, H_GRAD, H_ADDMM_ACT,
+       H_COUNT };
 static PyObject *hooks, *s_requires_grad, *s_is_cuda;
 static gate_device *devices[GATE_DEVICES];
 static unsigned long long launches;
@@ -264,17 +265,48 @@ int fuser_gate_records(PyObject *const *ts, int n)
     return 0;
 }
 
+/* (binding.h) */
+int fuser_act_index(PyObject *act)
+{
+    return hooks ? act_index(act) : -1;
+}
+
+/* (binding.h) */
+PyObject *fuser_addmm_activation(void)
+{
+    PyObject *f = hooks ? PyTuple_GET_ITEM(hooks, H_ADDMM_ACT) : NULL;
+    return f == Py_None ? NULL : f;
+}
+
+/* (binding.h) */
+int fuser_eager_may_fuse(PyObject *x, PyObject *const *ts, int n)
+{
+    if (!hooks || !fuser_attr_is(x, s_is_cuda, Py_True))
+        return 0;
+    int yes = hook_false(H_DISPATCH);
+    if (yes > 0)
+        yes = hook_false(H_FUNCTION);
+    if (yes > 0)
+        yes = hook_false(H_DISABLED);
+    if (yes <= 0)
+        return yes;
+    int rec = fuser_gate_records(&x, 1);
+    if (!rec)
+        rec = fuser_gate_records(ts, n);
+    return rec < 0 ? -1 : !rec;
+}
+
 /* gate_setup(loader, acts, capturing, dispatch_len, function_mode, current_device, raw_stream, disabled,
- * grad_enabled) */
+ * grad_enabled, addmm_activation) */
 PyObject *fuser_py_gate_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
     if (nargs != H_COUNT || !PyTuple_Check(args[H_ACTS]) || PyTuple_GET_SIZE(args[H_ACTS]) != FUSER_ACT_SILU + 1)
         return PyErr_Format(PyExc_TypeError, "gate_setup(loader, acts: a tuple of %d functions, capturing, "
-                                             "dispatch_len, function_mode, current_device, raw_stream, disabled, grad_enabled)",
+                                             "dispatch_len, function_mode, current_device, raw_stream, disabled, grad_enabled, addmm_activation)",
                             FUSER_ACT_SILU + 1);
     for (int i = 0; i < H_COUNT; i++)
-        if (i != H_ACTS && !PyCallable_Check(args[i]))
+        if (i != H_ACTS && !(i == H_ADDMM_ACT && args[i] == Py_None) && !PyCallable_Check(args[i]))
             return PyErr_Format(PyExc_TypeError, "gate_setup: argument %d is not callable", i + 1);
     if ((!s_requires_grad && !(s_requires_grad = PyUnicode_InternFromString("requires_grad"))) ||
         (!s_is_cuda && !(s_is_cuda = PyUnicode_InternFromString("is_cuda"))))

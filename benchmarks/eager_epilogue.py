@@ -1,0 +1,111 @@
+"""The eager route of plain FFNs with a bias and ReLU or tanh GELU (GPT-2's, OPT's): the up projection, bias and
+activation as one cuBLASLt GEMM with an epilogue (``torch._addmm_activation``), beside PyTorch's ops, in CUDA graphs,
+side by side in one process.
+
+Per cell (a model's FFN at a token count, bfloat16, with biases):
+
+  ops       fuser.reference.eager: linear (bias in cuBLASLt's epilogue), the activation, linear
+  fuser     _C.eager: what fuser's eager route runs there (the activation in the first GEMM's epilogue); its output
+            checked bitwise against torch._addmm_activation then linear, and its largest difference from the ops
+  compile   torch.compile(fuser.reference.eager) in its default mode, with --compile
+
+and the floor of the step removed: two passes of the intermediate (the activation reads and writes it) at the copy
+rate measured in the same run. Every variant is a CUDA graph of calls over rotated input sets (enough that the 60 MB
+L2 holds nobody's next inputs), replays interleaved in seeded orders, CUDA events, medians (fuser.tools.timing).
+
+    python benchmarks/eager_epilogue.py [--cells gpt2:2048 ...] [--compile] [--rounds 15] [--json FILE]
+"""
+import argparse
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from fuser import _C
+from fuser.reference import ACTIVATIONS, eager
+from fuser.tools.timing import copy_gbs, graphed, hopper_reason, time_interleaved
+
+#: model -> (d_model, d_ff, activation): FFNs with biases whose activation cuBLASLt's epilogue computes
+MODELS = {"gpt2": (768, 3072, "gelu_tanh"), "gpt2-medium": (1024, 4096, "gelu_tanh"),
+          "gpt2-xl": (1600, 6400, "gelu_tanh"), "opt-1.3b": (2048, 8192, "relu"), "opt-6.7b": (4096, 16384, "relu")}
+CELLS = ("gpt2:512", "gpt2:2048", "gpt2:8192", "gpt2-medium:2048", "gpt2-xl:2048", "opt-1.3b:2048", "opt-6.7b:2048")
+L2_BYTES = 60e6
+
+
+def cell(name, rounds, compile_too):
+    model, m = name.split(":")
+    d, f, act_name = MODELS[model]
+    m, act = int(m), ACTIVATIONS[act_name]
+    per_set = 2 * (m * d + 2 * f * d + f + d + 2 * m * f + m * d)
+    sets = max(1, min(8, int(2 * L2_BYTES // per_set) + 1))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def r(*s, scale=1.0):
+        return (torch.randn(*s, generator=gen, device="cuda") * scale).bfloat16()
+
+    ts = [dict(x=r(m, d), wu=r(f, d, scale=d ** -0.5), bu=r(f, scale=0.1), wd=r(d, f, scale=f ** -0.5),
+               bd=r(d, scale=0.1)) for _ in range(sets)]
+
+    def ops_ffn():
+        for t in ts:
+            eager(t["x"], t["wu"], t["wd"], None, t["bu"], None, t["bd"], act)
+
+    def fuser_ffn():
+        for t in ts:
+            _C.eager(F.linear, act, t["x"], t["wu"], t["wd"], None, t["bu"], None, t["bd"])
+
+    with torch.no_grad():
+        t0 = ts[0]
+        y = _C.eager(F.linear, act, t0["x"], t0["wu"], t0["wd"], None, t0["bu"], None, t0["bd"])
+        h = torch._addmm_activation(t0["bu"], t0["x"], t0["wu"].t(), use_gelu=act_name == "gelu_tanh")
+        same = torch.equal(y, F.linear(h, t0["wd"], t0["bd"]))
+        ref = eager(t0["x"], t0["wu"], t0["wd"], None, t0["bu"], None, t0["bd"], act)
+        diff = (y.float() - ref.float()).abs().max().item()
+        calls = max(1, 4 // sets)
+        variants = {"ops": ops_ffn, "fuser": fuser_ffn}
+        if compile_too:
+            compiled = torch.compile(eager, dynamic=False)
+
+            def compiled_ffn():
+                for t in ts:
+                    compiled(t["x"], t["wu"], t["wd"], None, t["bu"], None, t["bd"], act)
+            compiled_ffn()
+            variants["compile"] = compiled_ffn
+        graphs = {k: graphed(fn, calls) for k, fn in variants.items()}
+        us = time_interleaved([(g, c * sets) for g, c in graphs.values()], rounds=rounds)
+    return dict(zip(variants, us), sets=sets, epilogue_bitwise=same, max_diff_from_ops=diff, h_mb=m * f * 2 / 1e6)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--cells", nargs="*", default=CELLS)
+    p.add_argument("--compile", action="store_true", help="time torch.compile of the ops too")
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--json")
+    a = p.parse_args(argv)
+    for name in a.cells:
+        if name.split(":")[0] not in MODELS or not name.split(":")[-1].isdigit():
+            p.error(f"--cells: {name!r} is not MODEL:TOKENS with MODEL one of {', '.join(MODELS)}")
+    why = hopper_reason()
+    if why:
+        sys.exit(f"eager_epilogue.py needs a Hopper GPU: {why}")
+    torch._dynamo.config.cache_size_limit = 64
+    rate = copy_gbs()
+    print(f"copy rate {rate:.0f} GB/s (read + write)")
+    res = {"copy_gbs": rate, "cells": {}}
+    for name in a.cells:
+        c = cell(name, a.rounds, a.compile)
+        c["step_floor_us"] = 2 * c["h_mb"] * 1e6 / (rate * 1e9) * 1e6
+        res["cells"][name] = c
+        extra = (f", compile {c['compile']:.1f} (fuser {c['compile'] / c['fuser']:.3f}x it)" if "compile" in c else "")
+        print(f"{name:18s} ops {c['ops']:8.1f} us  fuser {c['fuser']:8.1f} ({c['ops'] / c['fuser']:.3f}x){extra}  "
+              f"activation pass floor {c['step_floor_us']:.1f}  bitwise _addmm_activation {c['epilogue_bitwise']}, "
+              f"max |diff| from the ops {c['max_diff_from_ops']:.2e}")
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(res, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""The eager route of a plain chain with a bias and ReLU or tanh GELU: its up projection, bias and activation as
+one cuBLASLt GEMM with an epilogue (``torch._addmm_activation``), then the down projection (python/eager_bind.c's
+lt_ffn): one launch and two passes of the intermediate fewer than linear and the activation.
+
+On any machine: off a CUDA device the ops run, bitwise the reference (seen in the profiler's op list), and
+``gate_setup`` takes torch's op or None. On a Hopper GPU (marked gpu): the epilogue runs for every input rank and
+both activations, with ``_addmm_activation``'s bits and within a rounding of the ops; the ops run where it does not
+apply (exact GELU, SiLU, no bias, autograd, a torch mode, FUSER_DISABLE); ``fuser.ffn`` and ``FusedFFN`` use it."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import fuser
+from fuser import _C, runtime
+from fuser.reference import ACTIVATIONS, eager
+
+
+def ops_seen(fn):
+    """fn()'s result and the aten ops it ran (the profiler observes without a torch mode, so nothing declines)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        y = fn()
+    return y, {e.key for e in prof.key_averages()}
+
+
+def tensors(act_bias=True, device="cpu", dtype=torch.float32, shape=(2, 3), d=32, f=96, seed=0):
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def r(*s):
+        return (torch.randn(*s, generator=gen, device=device) / 4).to(dtype)
+    x, wu, wd = r(*shape, d), r(f, d), r(d, f)
+    bu, bd = (r(f), r(d)) if act_bias else (None, None)
+    return x, wu, wd, bu, bd
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu_tanh"])
+def test_off_cuda_the_ops_run(act):
+    x, wu, wd, bu, bd = tensors()
+    y, seen = ops_seen(lambda: _C.eager(F.linear, ACTIVATIONS[act], x, wu, wd, None, bu, None, bd))
+    assert "aten::_addmm_activation" not in seen
+    assert torch.equal(y, eager(x, wu, wd, None, bu, None, bd, ACTIVATIONS[act]))
+
+
+def test_gate_setup_takes_torchs_op_or_none():
+    args = [runtime.gate_cubin, tuple(ACTIVATIONS[a] for a in runtime.GATE_ACTS), *[len] * 7]
+    try:
+        _C.gate_setup(*args, None)              # a torch without _addmm_activation: the ops run
+        with pytest.raises(TypeError, match="argument 10 is not callable"):
+            _C.gate_setup(*args, "addmm")
+    finally:
+        runtime.register_eager_hooks()         # the real ones again
+
+
+# ---- on a Hopper GPU -------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(), (5,), (2, 77), (1, 1, 3), (0,), (2, 0)])
+@pytest.mark.parametrize("act", ["relu", "gelu_tanh"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_epilogue_runs_with_addmm_activation_bits(shape, act, dtype):
+    x, wu, wd, bu, bd = tensors(device="cuda", dtype=dtype, shape=shape, d=256, f=1024, seed=1)
+    with torch.no_grad():
+        y, seen = ops_seen(lambda: _C.eager(F.linear, ACTIVATIONS[act], x, wu, wd, None, bu, None, bd))
+        x2 = x.reshape(-1, x.shape[-1])
+        h = torch._addmm_activation(bu, x2, wu.t(), use_gelu=act == "gelu_tanh")
+        want = F.linear(h, wd, bd).view(*x.shape[:-1], wd.shape[0])
+        ref = eager(x, wu, wd, None, bu, None, bd, ACTIVATIONS[act])
+    assert "aten::_addmm_activation" in seen and "aten::gelu" not in seen and "aten::relu" not in seen
+    assert y.shape == ref.shape and torch.equal(y, want)
+    torch.testing.assert_close(y, ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("why", ["exact gelu", "silu", "no bias", "autograd", "autograd through x", "a dispatch mode",
+                                 "FUSER_DISABLE"])
+def test_the_ops_run_where_the_epilogue_does_not_apply(why, monkeypatch):
+    class Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    act = {"exact gelu": "gelu", "silu": "silu"}.get(why, "relu")
+    x, wu, wd, bu, bd = tensors(act_bias=why != "no bias", device="cuda", dtype=torch.bfloat16, d=256, f=1024)
+    if why == "autograd":
+        wu.requires_grad_()
+    if why == "autograd through x":
+        x.requires_grad_()
+    if why == "FUSER_DISABLE":
+        monkeypatch.setenv("FUSER_DISABLE", "1")
+
+    def call():
+        if why == "a dispatch mode":
+            with Seen():
+                return _C.eager(F.linear, ACTIVATIONS[act], x, wu, wd, None, bu, None, bd)
+        return _C.eager(F.linear, ACTIVATIONS[act], x, wu, wd, None, bu, None, bd)
+    y, seen = ops_seen(call)
+    assert "aten::_addmm_activation" not in seen, why
+    assert torch.equal(y, eager(x, wu, wd, None, bu, None, bd, ACTIVATIONS[act])), why
+    if why.startswith("autograd"):
+        y.float().sum().backward()                # the ops recorded their backward
+
+
+@pytest.mark.gpu
+def test_fuser_ffn_and_an_optimized_gpt2_style_mlp_use_the_epilogue():
+    torch.manual_seed(2)
+    mlp = torch.nn.Sequential(torch.nn.Linear(768, 3072), torch.nn.GELU(approximate="tanh"),
+                              torch.nn.Linear(3072, 768)).cuda().bfloat16().eval()
+    x = torch.randn(4, 512, 768, device="cuda").bfloat16()
+    ref = mlp(x)
+    fused = fuser.optimize(mlp)
+    running = fused.running(2048)
+    if not running.startswith("runs PyTorch ops @2048"):
+        pytest.fail(f"this FFN should run the eager ops at 2048 tokens: {running}")
+    with torch.no_grad():
+        fused(x)
+        y, seen = ops_seen(lambda: fused(x))      # the kept route
+        z, seen_ffn = ops_seen(lambda: fuser.ffn(x, mlp[0].weight, mlp[2].weight, b_up=mlp[0].bias,
+                                                 b_down=mlp[2].bias, activation="gelu_tanh"))
+    assert "aten::_addmm_activation" in seen and "aten::_addmm_activation" in seen_ffn
+    assert torch.equal(y, z)
+    torch.testing.assert_close(y, ref, atol=3e-2, rtol=3e-2)
+
+
+def test_the_benchmark_checks_its_cells_and_says_what_it_needs():
+    import os
+    import subprocess
+    import sys
+    from fuser.tools.timing import hopper_reason
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                          "eager_epilogue.py")
+    r = subprocess.run([sys.executable, script, "--cells", "llama3-8b:128"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "is not MODEL:TOKENS with MODEL one of gpt2" in r.stderr, r.stderr
+    if hopper_reason() is None:
+        return   # (on a Hopper GPU the benchmark would run)
+    r = subprocess.run([sys.executable, script, "--cells", "gpt2:512"], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "eager_epilogue.py needs a Hopper GPU:" in r.stderr, r.stderr
