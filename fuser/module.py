@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import math
+import warnings
 
 import torch
 from torch import nn
@@ -131,6 +132,24 @@ def packed_gate_up(w_gate, w_up, b_gate=None, b_up=None, whole=None, whole_bias=
     w, w_grad = one(w_gate, w_up, whole)
     b, b_grad = (None, True) if b_gate is None else one(b_gate, b_up, whole_bias)
     return w, b, int(first) | (0 if w_grad and b_grad else 2)
+
+
+def _one_allocation(pairs):
+    """Each (a, b) pair of Parameters (None pairs skipped) moved into one new tensor, a's rows first: their
+    ``.data`` become its two halves, the values unchanged. All pairs or none: where the device has no memory
+    for the copies (a model filling its GPU), nothing moves and a warning says the eager route then runs the
+    projections apart. Returns whether they moved."""
+    try:
+        with torch.no_grad():
+            moved = [(a, b, torch.cat((a.data.reshape(-1), b.data.reshape(-1))).view((2 * a.shape[0], *a.shape[1:])))
+                     for a, b in pairs if a is not None]
+    except torch.OutOfMemoryError as e:
+        warnings.warn(f"fuser: no memory to put a gated FFN's gate and up weights in one allocation; its eager "
+                      f"route runs them as two GEMMs ({str(e).splitlines()[0]})", RuntimeWarning, stacklevel=3)
+        return False
+    for a, b, both in moved:
+        a.data, b.data = both[:a.shape[0]], both[a.shape[0]:]
+    return True
 
 
 class FusedFFN(nn.Module):
@@ -342,11 +361,8 @@ class FusedFFN(nn.Module):
         for a, b in ((g, u), (bg, bu)):
             if a is not None and (a.dtype != b.dtype or a.device != b.device or a.shape != b.shape):
                 return False
-        with torch.no_grad():
-            for a, b in ((g, u), (bg, bu)):
-                if a is not None:
-                    both = torch.cat((a.data.reshape(-1), b.data.reshape(-1))).view((2 * a.shape[0], *a.shape[1:]))
-                    a.data, b.data = both[:a.shape[0]], both[a.shape[0]:]
+        if not _one_allocation(((g, u), (bg, bu))):
+            return False
         self.__dict__["_packed"] = True
         self.__dict__.pop("_kept", None)
         return True

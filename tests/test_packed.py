@@ -232,11 +232,7 @@ def pack_here(m):
     """What FusedFFN.pack does on a CUDA device, done on the CPU: the gate's and up's Parameters (and biases)
     moved into one allocation, gate rows first."""
     g, u, bg, bu = m._pair()
-    with torch.no_grad():
-        for a, b in ((g, u), (bg, bu)):
-            if a is not None:
-                both = torch.cat((a.data, b.data))
-                a.data, b.data = both[:a.shape[0]], both[a.shape[0]:]
+    assert fmodule._one_allocation(((g, u), (bg, bu)))
     m.__dict__["_packed"] = True
     return g, u, bg, bu
 
@@ -312,6 +308,23 @@ def test_weights_moved_into_one_allocation_run_packed_without_autograd(monkeypat
     assert m.unpack() is True and packed_gate_up(g, u, bg, bu) is None and m.unpack() is False
     with torch.no_grad():
         torch.testing.assert_close(m(x), ref(x))
+
+
+def test_no_memory_for_the_copy_moves_nothing_and_says_so(monkeypatch):
+    m = FusedFFN.from_module(SwiGLU(bias=True))
+    pair = m._pair()
+    before = [p.data_ptr() for p in pair]
+    calls, real = [], torch.cat
+
+    def cat(ts):
+        calls.append(len(calls))
+        if len(calls) == 2:                    # the biases' copy, after the weights' succeeded
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(ts)
+    monkeypatch.setattr(torch, "cat", cat)
+    with pytest.warns(RuntimeWarning, match="no memory to put a gated FFN's gate and up weights in one allocation"):
+        assert fmodule._one_allocation(((pair[0], pair[1]), (pair[2], pair[3]))) is False
+    assert [p.data_ptr() for p in pair] == before and packed_gate_up(*pair) is None
 
 
 def test_a_packed_model_saves_and_loads_with_safetensors(tmp_path):
