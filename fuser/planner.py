@@ -110,8 +110,8 @@ def search(chain, target, k=10, constraints=None):
         >>> search(chain, "h200", k=1)[0].summary() == fuser.plan(16, 768, 3072, target="h200").summary()
         True
     """
-    raw, stats = _C.search({f: chain[f] for f in CHAIN_FIELDS}, target, k=k, constraints=constraints)
-    return [Plan(d, stats) for d in raw]
+    found, stats = _C.search({f: chain[f] for f in CHAIN_FIELDS}, target, k=k, constraints=constraints)
+    return [Plan(c, stats) for c in found]
 
 
 def plan(m, d_model, d_ff, *, d_out=None, gated=False, activation="gelu", bias=False, dtype="bfloat16",
@@ -203,11 +203,16 @@ class Plan:
     ``cluster`` (cls_m, cls_n, cls_k, cls_l), ``tiles`` (dict), ``stages``, ``order``, ``gate_mode``,
     ``predicted_us``, ``traffic`` (bytes: hbm, l2, dsm, smem), ``breakdown`` (microseconds by component),
     ``candidates``, ``pruned`` (rule -> candidates removed), ``search_ms``, ``floor_us``, ``chain``,
-    ``derived`` (grid, buffers, barriers), ``target``.
+    ``derived`` (grid, buffers, barriers), ``target``; ``core``: the core's own plan (``fuser._C.Plan``) that it
+    wraps, ``raw`` its fields as a dict. Made by ``fuser.plan``/``fuser.plans`` and ``Plan.from_dict``.
     """
 
-    def __init__(self, d, stats=None):
-        self._d = d
+    def __init__(self, core, stats=None):
+        if not isinstance(core, _C.Plan):
+            raise TypeError(f"Plan: expected the core's plan (a fuser._C.Plan, from _C.search or _C.derive), got "
+                            f"{type(core).__name__}; a plan dict becomes a Plan through Plan.from_dict")
+        self._core = core
+        self._d = core.to_dict()
         stats = stats or {}
         self.candidates = stats.get("candidates", 0)
         self.scored = stats.get("scored", 0)
@@ -234,8 +239,14 @@ class Plan:
 
     @property
     def raw(self):
-        """The core's plan dict, as ``fuser._C`` takes it (code generation, loading a kernel); read only."""
+        """The core's plan as a dict (what ``to_dict`` writes, less the search and target); read only."""
         return self._d
+
+    @property
+    def core(self):
+        """The core's plan (a ``fuser._C.Plan``), as ``fuser._C`` takes it: code generation, loading a kernel,
+        the plan interpreter."""
+        return self._core
 
     @property
     def breakdown(self):
@@ -344,7 +355,7 @@ class Plan:
             ValueError: plan: stream plan: 2147483647 tokens in row tiles of 16 make more work units than the kernel's int32 counters hold; use bm = 128 or fewer tokens per call
         """
         target = default_target() if target is None else target
-        d = _C.derive(self._d, target)
+        d = _C.derive(self._core, target).to_dict()
         if m is not None and d["fused"] and m != d["chain"]["m"] and not (isinstance(m, int) and m < 1):
             _C.derive(dict(d, chain=dict(d["chain"], m=m)), target)
         return d
@@ -526,6 +537,6 @@ def simulate(plan, x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_do
     def view(t):
         return None if t is None else (t.detach() if isinstance(t, torch.Tensor) else t)
 
-    traffic, _barriers, _flops = _C.simulate(plan._d, plan.target or "h200", view(x), view(w_up), view(w_down),
+    traffic, _barriers, _flops = _C.simulate(plan.core, plan.target or "h200", view(x), view(w_up), view(w_down),
                                              view(w_gate), view(b_up), view(b_gate), view(b_down), y)
     return y, traffic

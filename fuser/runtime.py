@@ -96,7 +96,7 @@ def _source(plan):
     kernel table."""
     source = plan.__dict__.get("_source")
     if source is None:
-        source = plan.__dict__["_source"] = _C.codegen(plan.raw, plan.target or "h200")
+        source = plan.__dict__["_source"] = _C.codegen(plan.core, plan.target or "h200")
     return source
 
 
@@ -121,7 +121,7 @@ def load_module(kernel, device):
     """Load a compiled kernel onto CUDA device `device` now (no cache: ``load`` keeps what it loads)."""
     with torch.cuda.device(device):
         torch.cuda.current_stream()  # torch's context is current on this thread
-        return _C.load_kernel(kernel.plan.raw, kernel.plan.target or "h200", kernel.cubin, device)
+        return _C.load_kernel(kernel.plan.core, kernel.plan.target or "h200", kernel.cubin, device)
 
 
 def load(kernel, device):

@@ -25,6 +25,7 @@ typedef struct {
     PyObject *UnsupportedError; /* FuserError: valid input the fused path cannot run */
     PyObject *s_dlpack, *s_dlpack_device, *s_stream, *s_max_version, *max_version; /* (1, 0) */
     PyObject *kept_names; /* tuple of the interned names kept_eager reads (KEPT_NAMES, indexed by KN_*) */
+    PyObject *plan_type;  /* _C.Plan (plan_type.c) */
     /* The registered tensor type (fuser_py_register_tensor_type): torch.Tensor, whose instances the
      * per-call entry points take without __dlpack__. NULL fields: nothing registered. Registered at
      * import (fuser.interop), not while other threads call in. */
@@ -177,6 +178,18 @@ struct fuser_plan;
 struct fuser_target;
 int fuser_target_from_obj(PyObject *obj, struct fuser_target *t);
 int fuser_plan_from_dict(PyObject *d, const struct fuser_target *t, struct fuser_plan *p);
+/* p (its chain and searched fields set) derived, checked against t and costed on it: 0, or -1 with a ValueError
+ * naming the first rule or limit it breaks (plan_bind.c). */
+int fuser_plan_finish(struct fuser_plan *p, const struct fuser_target *t);
+/* A plan given as a _C.Plan (plan_type.c) or a dict, derived, checked and costed on t. */
+int fuser_plan_from_obj(fuser_state *st, PyObject *obj, const struct fuser_target *t, struct fuser_plan *p);
+/* New _C.Plan holding p, derived on t (plan_type.c); NULL with an exception set. */
+PyObject *fuser_plan_object_new(fuser_state *st, const struct fuser_plan *p, const struct fuser_target *t);
+/* Add the _C.Plan type to the module (its module state's plan_type); -1 with an exception set. */
+int fuser_plan_type_add(PyObject *module, fuser_state *st);
+/* A plan's and a target's fields as dicts (plan_bind.c). */
+PyObject *fuser_plan_to_dict(const struct fuser_plan *p);
+PyObject *fuser_target_to_dict(const struct fuser_target *t);
 
 PyObject *fuser_py_load_kernel(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fuser_py_ffn_launch(PyObject *module, PyObject *args, PyObject *kwargs);

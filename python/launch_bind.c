@@ -94,7 +94,7 @@ PyObject *fuser_py_load_kernel(PyObject *module, PyObject *args, PyObject *kwarg
         PyErr_NoMemory();
         goto done;
     }
-    if (fuser_target_from_obj(td, &t) || fuser_plan_from_dict(pd, &t, &plan))
+    if (fuser_target_from_obj(td, &t) || fuser_plan_from_obj(fuser_get_state(module), pd, &t, &plan))
         goto done;
     if (!plan.fused) {
         PyErr_SetString(PyExc_ValueError, "plan: an unfused plan has no kernel to load");

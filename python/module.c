@@ -161,9 +161,9 @@ static PyMethodDef module_methods[] = {
     {"env", (PyCFunction)(void (*)(void))fuser_py_env, METH_VARARGS | METH_KEYWORDS, env_doc},
     {"embedded_headers", fuser_py_embedded_headers, METH_NOARGS, embedded_headers_doc},
     {"search", (PyCFunction)(void (*)(void))fuser_py_search, METH_VARARGS | METH_KEYWORDS,
-     "search(chain, target, k=1, constraints=None) -> (plans, stats): the k best plans."},
+     "search(chain, target, k=1, constraints=None) -> (plans, stats): the k best plans (_C.Plan objects)."},
     {"derive", (PyCFunction)(void (*)(void))fuser_py_derive, METH_VARARGS | METH_KEYWORDS,
-     "derive(plan, target) -> plan: validate, re-derive and re-cost a plan dict."},
+     "derive(plan, target) -> Plan: validate, re-derive and re-cost a plan (a _C.Plan or a plan dict) on target."},
     {"simulate", (PyCFunction)(void (*)(void))fuser_py_simulate, METH_VARARGS | METH_KEYWORDS,
      "simulate(plan, target, x, w_up, w_down, w_gate, b_up, b_gate, b_down, y) -> (traffic, barriers, flops)."},
     {"targets", fuser_py_targets, METH_NOARGS, "targets() -> the built-in GPU targets."},
@@ -248,6 +248,8 @@ static int module_exec(PyObject *m)
     st->max_version = Py_BuildValue("(ii)", 1, 0);
     if (!st->s_dlpack || !st->s_dlpack_device || !st->s_stream || !st->s_max_version || !st->max_version)
         return -1;
+    if (fuser_plan_type_add(m, st))
+        return -1;
     static const char *const kept_names[KN_COUNT] = {KEPT_NAMES};
     if (!(st->kept_names = PyTuple_New(KN_COUNT)))
         return -1;
@@ -268,7 +270,7 @@ static int module_exec(PyObject *m)
 #define STATE_FIELDS(X)                                                                                      \
     X(FuserError) X(CudaError) X(CompileError) X(CacheError) X(UnsupportedError) X(s_dlpack)                 \
     X(s_dlpack_device) X(s_stream) X(s_max_version) X(max_version) X(kept_names) X(tensor_type)               \
-    X(tensor_exporter) X(exchange_types)
+    X(tensor_exporter) X(exchange_types) X(plan_type)
 
 static int module_traverse(PyObject *m, visitproc visit, void *arg)
 {

@@ -1,5 +1,6 @@
 /* plan_bind.c: the planner in Python: _C.search, _C.derive, _C.simulate, _C.targets, _C.rules.
- * Plans and targets cross as dicts (fuser/planner.py wraps them in fuser.Plan); every dict coming in
+ * Plans leave as _C.Plan objects (plan_type.c; fuser/planner.py wraps them in fuser.Plan) and come in as those or
+ * as dicts, targets cross as dicts; every dict coming in
  * is read exactly (ints range-checked, never wrapped or truncated; strings whole; bools only True or
  * False) and re-derived by the core, so a hand-edited or stale plan cannot reach a kernel. Which
  * target a plan is checked against is the caller's choice (fuser/planner.py: never the dict's own). */
@@ -273,7 +274,8 @@ static int get_field(PyObject *d, void *base, const field *f, const char *what, 
     return 0;
 }
 
-static PyObject *target_to_dict(const fuser_target *t)
+/* (binding.h) */
+PyObject *fuser_target_to_dict(const fuser_target *t)
 {
     PyObject *d = Py_BuildValue("{s:s}", "name", t->name);
     if (!d || put_fields(d, t, target_fields, sizeof target_fields / sizeof target_fields[0]))
@@ -418,7 +420,8 @@ static PyObject *chain_to_dict(const fuser_chain *c)
 
 /* ---- plans ---- */
 
-static PyObject *plan_to_dict(const fuser_plan *p)
+/* (binding.h) */
+PyObject *fuser_plan_to_dict(const fuser_plan *p)
 {
     char df[160];
     fuser_plan_dataflow_str(p, df, sizeof df);
@@ -552,6 +555,12 @@ int fuser_plan_from_dict(PyObject *d, const fuser_target *t, fuser_plan *p)
         return -1;
     if (p->fused && params_from_dict(PyDict_GetItemString(d, "params"), p))
         return -1;
+    return fuser_plan_finish(p, t);
+}
+
+/* (binding.h) */
+int fuser_plan_finish(fuser_plan *p, const fuser_target *t)
+{
     fuser_err err;
     fuser_err_clear(&err);
     if (fuser_plan_derive(p, &err) || fuser_plan_check_target(p, t, &err)) {
@@ -629,11 +638,11 @@ PyObject *fuser_py_search(PyObject *module, PyObject *args, PyObject *kwargs)
         return fuser_raise(fuser_get_state(module), &err);
     PyObject *list = PyList_New(n), *pruned = PyDict_New();
     for (int i = 0; list && i < n; i++) {
-        PyObject *pd = plan_to_dict(&out[i]);
-        if (!pd)
+        PyObject *po = fuser_plan_object_new(fuser_get_state(module), &out[i], &t);
+        if (!po)
             Py_CLEAR(list);
         else
-            PyList_SET_ITEM(list, i, pd);
+            PyList_SET_ITEM(list, i, po);
     }
     for (int r = 0; pruned && r < fuser_num_rules; r++) {
         PyObject *v = PyLong_FromLongLong(st.pruned[r]);
@@ -641,7 +650,7 @@ PyObject *fuser_py_search(PyObject *module, PyObject *args, PyObject *kwargs)
             Py_CLEAR(pruned);
         Py_XDECREF(v);
     }
-    PyObject *td_out = target_to_dict(&t);
+    PyObject *td_out = fuser_target_to_dict(&t);
     if (!list || !pruned || !td_out) {
         Py_XDECREF(list);
         Py_XDECREF(pruned);
@@ -653,19 +662,20 @@ PyObject *fuser_py_search(PyObject *module, PyObject *args, PyObject *kwargs)
                          st.search_ms, "target", td_out, "floor_us", fuser_chain_floor_us(&c, &t));
 }
 
-/* derive(plan, target) -> plan dict: validate a plan (from JSON, say), re-derive and re-cost it. */
+/* derive(plan, target) -> Plan: validate a plan (a Plan, or a dict from JSON, say), re-derive and re-cost it on
+ * target. */
 PyObject *fuser_py_derive(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"plan", "target", NULL};
     PyObject *pd, *td;
-    (void)module;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO:derive", kwlist, &pd, &td))
         return NULL;
+    fuser_state *st = fuser_get_state(module);
     fuser_target t;
     fuser_plan p;
-    if (fuser_target_from_obj(td, &t) || fuser_plan_from_dict(pd, &t, &p))
+    if (fuser_target_from_obj(td, &t) || fuser_plan_from_obj(st, pd, &t, &p))
         return NULL;
-    return plan_to_dict(&p);
+    return fuser_plan_object_new(st, &p, &t);
 }
 
 /* targets() -> dict name -> target dict (the built-ins). target_for_device(props) -> target dict. */
@@ -676,7 +686,7 @@ PyObject *fuser_py_targets(PyObject *module, PyObject *noargs)
     PyObject *d = PyDict_New();
     const char *names[] = {"h200", "h100"};
     for (int i = 0; d && i < 2; i++) {
-        PyObject *t = target_to_dict(fuser_target_builtin(names[i]));
+        PyObject *t = fuser_target_to_dict(fuser_target_builtin(names[i]));
         if (!t || PyDict_SetItemString(d, names[i], t))
             Py_CLEAR(d);
         Py_XDECREF(t);
@@ -701,7 +711,7 @@ PyObject *fuser_py_target_for_device(PyObject *module, PyObject *args, PyObject 
     fuser_err_clear(&err);
     if (fuser_target_from_device(&pr, &t, &err))
         return fuser_raise(fuser_get_state(module), &err);
-    return target_to_dict(&t);
+    return fuser_target_to_dict(&t);
 }
 
 PyObject *fuser_py_rules(PyObject *module, PyObject *noargs)
@@ -732,7 +742,7 @@ PyObject *fuser_py_simulate(PyObject *module, PyObject *args, PyObject *kwargs)
         return NULL;
     fuser_target t;
     fuser_plan p;
-    if (fuser_target_from_obj(td, &t) || fuser_plan_from_dict(pd, &t, &p))
+    if (fuser_target_from_obj(td, &t) || fuser_plan_from_obj(fuser_get_state(module), pd, &t, &p))
         return NULL;
     fuser_state *st = fuser_get_state(module);
     fuser_held h[NT];
@@ -799,7 +809,7 @@ PyObject *fuser_py_codegen(PyObject *module, PyObject *args, PyObject *kwargs)
         return NULL;
     fuser_target t;
     fuser_plan p;
-    if (fuser_target_from_obj(td, &t) || fuser_plan_from_dict(pd, &t, &p))
+    if (fuser_target_from_obj(td, &t) || fuser_plan_from_obj(fuser_get_state(module), pd, &t, &p))
         return NULL;
     char buf[8192];
     fuser_err err;

@@ -4,6 +4,7 @@ field of a plan dict is read exactly (ints range-checked without wrap-around or 
 whole, bools only True/False), and the constraints of ``fuser.plan`` likewise."""
 import copy
 import json
+import pickle
 
 import pytest
 import torch
@@ -41,7 +42,7 @@ def edited(d, path, value):
 def test_the_target_inside_a_dict_does_not_raise_the_limits():
     d = base()
     d["params"].update(HUGE_SMEM)
-    assert _C.derive(d, BIG)["derived"]["smem_bytes"] > 2 * H200["smem_per_block"]   # legal on the bigger GPU
+    assert _C.derive(d, BIG).to_dict()["derived"]["smem_bytes"] > 2 * H200["smem_per_block"]   # legal on the bigger GPU
     d["target"] = BIG                                  # the dict claims a GPU with 1 MB per block
     with pytest.raises(ValueError, match=r"bytes of shared memory per block exceed h200's 232448"):
         fuser.Plan.from_dict(d)
@@ -50,6 +51,55 @@ def test_the_target_inside_a_dict_does_not_raise_the_limits():
         fuser.Plan.from_dict(d)
     q = fuser.Plan.from_dict(d, target=BIG)            # the caller's own target is the caller's choice
     assert q.target["smem_per_block"] == BIG["smem_per_block"]
+
+
+def test_a_core_plan_is_checked_against_the_target_it_is_given_like_its_dict():
+    d = base()
+    d["params"].update(HUGE_SMEM)
+    big = _C.derive(d, BIG)                            # a _C.Plan derived for a GPU with 1 MB per block
+    assert isinstance(big, _C.Plan) and big.fused
+    with pytest.raises(ValueError, match=r"bytes of shared memory per block exceed h200's 232448"):
+        _C.derive(big, "h200")
+    with pytest.raises(ValueError, match=r"bytes of shared memory per block exceed h200's 232448"):
+        _C.codegen(big, "h200")
+    with pytest.raises(ValueError, match=r"bytes of shared memory per block exceed h200's 232448"):
+        _C.derive(big.to_dict(), "h200")
+
+
+@pytest.mark.parametrize("kw", [dict(fused=False), dict(fused=True, kind="cluster"), dict(fused=True, kind="stream"),
+                                dict(fused=True, kind="stream", bm=16), dict(gated=True, activation="silu"),
+                                dict(fused=True, kind="stream", phases=1, bm=64)])
+def test_a_core_plan_and_its_dict_derive_alike_on_every_target(kw):
+    kw = dict(dict(activation="gelu"), **kw)
+    for m in (1, 64, 300):
+        for p in fuser.plans(m, 1024, 4096, target="h200", k=4, **kw):
+            for target in ("h200", "h100", BIG):
+                try:
+                    want = _C.derive(p.raw, target).to_dict()
+                except ValueError as e:
+                    with pytest.raises(ValueError, match="plan: "):
+                        _C.derive(p.core, target)
+                    continue
+                assert _C.derive(p.core, target).to_dict() == want, (m, kw, target)
+            if p.fused:
+                assert _C.codegen(p.core, "h200") == _C.codegen(p.raw, "h200")
+
+
+def test_the_core_plan_type_is_made_by_the_core_only_and_round_trips():
+    p = fuser.plan(64, 768, 3072, activation="gelu", fused=True, kind="stream", target="h200")
+    c = p.core
+    with pytest.raises(TypeError):
+        _C.Plan()
+    with pytest.raises(AttributeError):
+        c.fused = False
+    with pytest.raises(TypeError, match="a plan dict becomes a Plan through Plan.from_dict"):
+        fuser.Plan(p.raw)
+    assert c.to_dict() == p.raw and c.to_dict() is not c.to_dict() and c.predicted_us == p.predicted_us
+    for q in (pickle.loads(pickle.dumps(c)), copy.deepcopy(c)):
+        assert isinstance(q, _C.Plan) and q.to_dict() == c.to_dict()
+    assert pickle.loads(pickle.dumps(p)) == p and "fused, m=64, stream" in repr(c)
+    found, _ = _C.search(p.chain, "h200", k=2)
+    assert all(isinstance(f, _C.Plan) for f in found)
 
 
 def test_ffn_checks_a_plan_against_the_gpu_of_x_before_generating_code(monkeypatch):
