@@ -340,9 +340,9 @@ class FusedFFN(nn.Module):
         sizes. The same Parameters with the same values: only their memory moves (``.data``), once. Where
         they already are (one Linear of both, or packed before), where anything else differs (dtypes,
         devices, shapes, a bias on one of them only, Parameter subclasses), or elsewhere than on a CUDA
-        device, nothing changes. ``fuser.optimize`` does it for every gated FFN it swaps, and again when
-        called after ``model.to(...)`` made separate tensors; ``unpack`` (and ``fuser.revert``) undoes it.
-        Returns whether it moved them.
+        device, nothing changes. ``fuser.optimize`` does it for every gated FFN it swaps, and the module again
+        after ``model.to(...)``, ``.cuda()`` or ``.half()`` gave its Parameters new tensors (``_apply``), until
+        ``unpack`` (or ``fuser.revert``) undoes it. Returns whether it moved them.
 
         Example:
             >>> import fuser
@@ -361,15 +361,26 @@ class FusedFFN(nn.Module):
         for a, b in ((g, u), (bg, bu)):
             if a is not None and (a.dtype != b.dtype or a.device != b.device or a.shape != b.shape):
                 return False
+        self.__dict__.pop("_apart", None)
         if not _one_allocation(((g, u), (bg, bu))):
             return False
         self.__dict__["_packed"] = True
         self.__dict__.pop("_kept", None)
         return True
 
+    def _apply(self, fn, *args, **kwargs):
+        # model.to(), .cuda(), .half() give each Parameter a new tensor: packed again where pack applies, unless
+        # unpack() asked for them apart
+        out = super()._apply(fn, *args, **kwargs)
+        if not self.__dict__.get("_apart"):
+            self.pack()
+        return out
+
     def unpack(self):
         """Give the gate and up weights (and biases) separate memory again where ``pack`` put them in one
-        allocation and they still are; returns whether it moved them."""
+        allocation and they still are, and keep them apart (``model.to(...)`` no longer packs them; ``pack``
+        does); returns whether it moved them."""
+        self.__dict__["_apart"] = True
         pair = self._pair()
         if not self.__dict__.pop("_packed", False) or pair is None or packed_gate_up(*pair) is None:
             return False

@@ -96,8 +96,6 @@ def _swap(parent, name, new):
 def _visit(module, parent, name, path, entries, swap):
     """Walk one module; returns what stands at its place afterwards."""
     if isinstance(module, FusedFFN):
-        if swap:
-            module.pack()   # (again after model.to(...) gave its weights separate memory)
         entries.append(_swapped(path, module))
         return module
     if isinstance(module, FusedInto):
@@ -163,7 +161,7 @@ def optimize(model):
     modules hold the original parameters under the original state_dict keys. A gated 16-bit FFN on a CUDA
     device gets its gate and up weights in one allocation (``FusedFFN.pack``: the same Parameters and values,
     their memory moved once, the old memory returned to the driver), so that its PyTorch-ops route runs both
-    projections as one GEMM. Calling it twice is harmless (and packs again after ``model.to(...)``).
+    projections as one GEMM (and again after ``model.to(...)``). Calling it twice is harmless.
 
     A model that is itself one FFN has no parent to swap it in, so it cannot change in place: the
     ``FusedFFN`` returned takes over its children (the same Parameters; GPT-2's Conv1D weights relaid

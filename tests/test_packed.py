@@ -310,6 +310,18 @@ def test_weights_moved_into_one_allocation_run_packed_without_autograd(monkeypat
         torch.testing.assert_close(m(x), ref(x))
 
 
+def test_moving_the_module_packs_again_unless_unpacked(monkeypatch):
+    m = FusedFFN.from_module(SwiGLU())
+    calls = []
+    monkeypatch.setattr(FusedFFN, "pack", lambda self: calls.append(self) or False)
+    m.to(torch.float64)
+    m.half()
+    assert calls == [m, m]                     # after each conversion (on a CUDA device it would pack)
+    m.unpack()
+    m.float()
+    assert calls == [m, m]
+
+
 def test_no_memory_for_the_copy_moves_nothing_and_says_so(monkeypatch):
     m = FusedFFN.from_module(SwiGLU(bias=True))
     pair = m._pair()
@@ -420,6 +432,13 @@ def test_optimize_packs_a_cuda_swiglu_and_runs_it_as_one_gemm():
     fuser.revert(model)                        # separate memory again, the same values
     assert packed_gate_up(g, u) is None and torch.equal(g, ref[1].w1.weight)
     fuser.optimize(model)
-    model.half()                               # new tensors, one per Parameter
+    model.half()                               # new tensors, one per Parameter: packed again
+    assert packed_gate_up(g, u) is not None and g.dtype == torch.float16
+    fuser.revert(model)
+    cpu = fuser.optimize(model.cpu())          # optimized on the CPU (nothing packed), then moved
     assert packed_gate_up(g, u) is None
-    assert fuser.optimize(model) is model and packed_gate_up(g, u) is not None   # packed again
+    cpu.cuda()
+    assert packed_gate_up(g, u) is not None
+    model[1].unpack()
+    model.bfloat16()                           # kept apart once unpacked
+    assert packed_gate_up(g, u) is None
