@@ -198,7 +198,11 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
 
     On a Hopper GPU, 16-bit CUDA tensors run one cluster-fused kernel when the planner predicts it pays
     (``fuser.plan`` explains the choice); elsewhere, for float32, or when gradients are needed, the
-    PyTorch reference runs. ``FUSER_DISABLE=1`` forces the reference.
+    PyTorch reference runs. ``FUSER_DISABLE=1`` forces the reference. Where the reference runs on a CUDA
+    device without autograd, it takes fewer steps with the same or nearly the same values: a gated chain's
+    activation and product as one kernel of fuser's (bitwise PyTorch's two ops); gate and up weights that are
+    the two row halves of one tensor (``w[:d_ff]``, ``w[d_ff:]``) as one GEMM over it; a plain chain with
+    ``b_up`` and ReLU or tanh GELU with the activation in the GEMM's epilogue (one rounding fewer).
 
     Returns:
         ``[..., d_out]`` tensor (``out`` when given).
