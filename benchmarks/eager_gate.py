@@ -10,7 +10,8 @@ Per cell (a gated model's FFN at a token count, bfloat16):
 
   packed    _C.eager with the gate and up weights in one allocation (as fuser.optimize packs them), one GEMM
             for both and the gate kernel on its result's two halves (what FusedFFN's eager route runs); its
-            output checked bitwise against the ops as one GEMM, and its largest difference from the ops
+            output checked bitwise against the ops as one GEMM (the product written over the gate half, as
+            the kernel leaves it), and its largest difference from the ops
 
 two variants of the ops beside it, gate and up weights in one allocation (views of it, as the harness keeps them)
 and as one GEMM over that allocation (what the harness's cuBLAS baseline does); and the gate step alone: PyTorch's activation and product against the gate kernel on the GEMMs' outputs (the
@@ -102,8 +103,9 @@ def cell(name, rounds, compile_too):
         n = _C.gate_info()["launches"]
         _C.eager(F.linear, act, t0["x"], t0["wu"], t0["wd"], t0["wg"], None, None, None)
         ran = _C.gate_info()["launches"] == n + 1
-        p = F.linear(t0["x"], t0["wgu"])
-        one = F.linear(act(p[:, :f]) * p[:, f:], t0["wd"])
+        p = F.linear(t0["x"], t0["wgu"])       # the ops as one GEMM, the product in place of its gate half
+        p[:, :f].copy_(act(p[:, :f]) * p[:, f:])
+        one = F.linear(p[:, :f], t0["wd"])
         packed = _C.eager(F.linear, act, t0["x"], t0["wu1"], t0["wd"], t0["wg1"], None, None, None, *t0["pk"])
         packed_same = torch.equal(packed, one)
         packed_diff = (packed.float() - eager(t0["x"], t0["wu"], t0["wd"], t0["wg"], None, None, None, act).float()
