@@ -179,10 +179,11 @@ static PyObject *lt_ffn(fuser_state *st, PyObject *linear, PyObject *act, PyObje
     wt = x2 ? PyObject_VectorcallMethod(kn[KN_T], tw, 1, NULL) : NULL;
     if (!wt)
         goto done;
-    PyObject *kwnames = PyTuple_Pack(1, kn[KN_USE_GELU]);
+    static PyObject *kwnames; /* ("use_gelu",), made once */
+    if (!kwnames)
+        kwnames = PyTuple_Pack(1, kn[KN_USE_GELU]);
     PyObject *args[4] = {t[4], x2, wt, a == FUSER_ACT_GELU_TANH ? Py_True : Py_False};
     h = kwnames ? PyObject_Vectorcall(op, args, 3, kwnames) : NULL;
-    Py_XDECREF(kwnames);
     PyObject *c[3] = {h, t[2], t[6]};
     y = h ? PyObject_Vectorcall(linear, c, 3, NULL) : NULL;
     if (!y || nd == 2) {

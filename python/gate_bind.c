@@ -63,6 +63,18 @@ static int hook_false(int i)
     return t < 0 ? -1 : !t;
 }
 
+/* 1 where fuser may run its own steps in place of PyTorch's ops: no torch dispatch or function mode that
+ * expects to see the ops, and FUSER_DISABLE not asking for them everywhere; 0 where not, -1 with an exception. */
+static int unobserved(void)
+{
+    int yes = hook_false(H_DISPATCH);
+    if (yes > 0)
+        yes = hook_false(H_FUNCTION);
+    if (yes > 0)
+        yes = hook_false(H_DISABLED);
+    return yes;
+}
+
 /* Load the gate kernels of `device` (the current device) through the registered loader; the device's
  * state says how it went. 0, or -1 with an exception set (the loader raised). */
 static int load(gate_device *d, int device)
@@ -191,11 +203,7 @@ int fuser_gate_try(fuser_state *st, PyObject *act, PyObject *g, PyObject *u)
         goto done;
     /* no mode that would expect to see the ops, fuser not switched off, and the tensors' device current (its
      * context is the one the kernels were loaded in) */
-    int yes = hook_false(H_DISPATCH);
-    if (yes > 0)
-        yes = hook_false(H_FUNCTION);
-    if (yes > 0)
-        yes = hook_false(H_DISABLED);
+    int yes = unobserved();
     if (yes <= 0) {
         rc = yes;
         goto done;
@@ -283,11 +291,7 @@ int fuser_eager_may_fuse(PyObject *x, PyObject *const *ts, int n)
 {
     if (!hooks || !fuser_attr_is(x, s_is_cuda, Py_True))
         return 0;
-    int yes = hook_false(H_DISPATCH);
-    if (yes > 0)
-        yes = hook_false(H_FUNCTION);
-    if (yes > 0)
-        yes = hook_false(H_DISABLED);
+    const int yes = unobserved();
     if (yes <= 0)
         return yes;
     int rec = fuser_gate_records(&x, 1);
