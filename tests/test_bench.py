@@ -27,7 +27,7 @@ def test_workload_sets_hold_the_paper_and_model_shapes():
     models = workload_set("models")
     assert {w.name for w in models} == {"gpt2", "gpt2-medium", "llama2-7b", "llama3-8b", "llama-70b", "gpt3-6.7b"}
     assert sorted({w.m for w in models}) == [1, 16, 128, 512, 2048, 8192]
-    with pytest.raises(ValueError, match="paper, models, all or quick"):
+    with pytest.raises(ValueError, match="paper, models, all, targets or quick"):
         workload_set("everything")
 
 
@@ -59,6 +59,7 @@ def test_result_row_compares_like_with_like():
     assert r["speedup_vs_eager_graph"] == pytest.approx(t["eager_graph"] / t["fuser_graph"], abs=1e-3)
     assert r["autotune_us"] is None and r["speedup_vs_autotune"] is None
     assert r["fuser_tflops"] == pytest.approx(w.flops / (t["fuser_graph"] * 1e6), abs=0.1)
+    assert r["fused_tflops"] == pytest.approx(w.flops / (t["fused_graph"] * 1e6), abs=0.1)
     assert r["eager_x_floor"] == pytest.approx(t["eager"] / w.floor_us(800.0, 4.0)[0], abs=1e-3)
     assert r["compile_compile_s"] == 4.2 and r["autotune_compile_s"] is None
     assert set(VARIANTS) <= {k[:-3] for k in r if k.endswith("_us")}

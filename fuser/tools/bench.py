@@ -47,6 +47,7 @@ from fuser import interop, runtime
 from fuser.module import FusedFFN
 from fuser.ffn_spec import FFNSpec, WeightRef
 from fuser.reference import ACTIVATIONS, eager
+from fuser.tools import targets
 from fuser.tools.timing import graphed, hopper_reason, median_event_us, time_interleaved
 from fuser.tools.workloads import MODELS, PAPER
 
@@ -155,12 +156,15 @@ def parse_workload(text):
 
 def workload_set(name):
     """``paper`` (G1-G10, S1-S8 at 128 tokens), ``models`` (the H200 baselines' models at
-    ``BENCH_TOKENS``), ``all`` (both) or ``quick`` (a few, for a smoke run).
+    ``BENCH_TOKENS``), ``all`` (both), ``targets`` (every workload the issues' speed targets name:
+    ``fuser.tools.targets.WORKLOADS``) or ``quick`` (a few, for a smoke run).
 
     Example:
         >>> from fuser.tools.bench import workload_set
         >>> len(workload_set("paper")), len(workload_set("models")), len(workload_set("all"))
         (18, 36, 54)
+        >>> len(workload_set("targets"))
+        39
     """
     if name == "paper":
         return [parse_workload(n) for n in PAPER]
@@ -168,9 +172,11 @@ def workload_set(name):
         return [parse_workload(f"{n}:{m}") for n in MODELS for m in BENCH_TOKENS]
     if name == "all":
         return workload_set("paper") + workload_set("models")
+    if name == "targets":
+        return [parse_workload(t) for t in targets.WORKLOADS]
     if name == "quick":
         return [parse_workload(t) for t in ("G4", "S8", "gpt2:128", "llama3-8b:16", "llama3-8b:2048")]
-    raise ValueError(f"workload set {name!r}: expected paper, models, all or quick")
+    raise ValueError(f"workload set {name!r}: expected paper, models, all, targets or quick")
 
 
 class Clocks:
@@ -264,6 +270,8 @@ class Result:
         t = self.times.get("fuser_graph")
         r["fuser_tflops"] = round(w.flops / (t * 1e6), 1) if t else None
         r["fuser_gbps"] = round(w.min_bytes / (t * 1e3), 1) if t else None
+        t = self.times.get("fused_graph")
+        r["fused_tflops"] = round(w.flops / (t * 1e6), 1) if t else None
         for v in ("compile", "autotune"):
             r[f"{v}_compile_s"] = None if self.compile_s.get(v) is None else round(self.compile_s[v], 1)
         r.update(plan=self.plan, planner_fuses=self.planner_fuses, fused_plan=self.fused_plan,

@@ -27,9 +27,18 @@ def write_csv(rows, path):
 
 
 def read_csv(path):
-    """Row dicts back from a CSV written by :func:`write_csv`, numbers as floats (empty: None)."""
+    """Row dicts back from a CSV written by :func:`write_csv`, numbers as floats (empty: None). Raises
+    ValueError for a file that is not one (no workload and token columns, or a row longer than the header)."""
     with open(path, newline="") as f:
-        return [{k: _num(v) for k, v in r.items()} for r in csv.DictReader(f)]
+        reader = csv.DictReader(f)
+        if not {"workload", "m"} <= set(reader.fieldnames or ()):
+            raise ValueError(f"{path}: not a results.csv of python -m fuser bench (no 'workload' and 'm' columns)")
+        rows = []
+        for r in reader:
+            if None in r:
+                raise ValueError(f"{path}, line {reader.line_num}: more fields than the header has")
+            rows.append({k: _num(v) for k, v in r.items()})
+        return rows
 
 
 def _num(v):
@@ -67,14 +76,15 @@ def markdown(rows):
                                                      f"{'gated ' if first['gated'] else ''}{first['activation']}")
         out.write(f"\n### {name}{shape}\n\n")
         head = ["workload", "M", "floor us"] + [TITLES[v] for v in cols] + [
-            "fuser graph vs eager graph", "vs compile graph", "vs cuBLAS graph", "fuser TFLOP/s", "planner's plan"]
+            "fuser graph vs eager graph", "vs compile graph", "vs cuBLAS graph", "fuser TFLOP/s",
+            "fused kernel TFLOP/s", "planner's plan"]
         out.write("| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n")
         for r in rs:
             sp = [r.get(f"speedup_vs_{b}") for b in ("eager_graph", "compile_graph", "cublas_graph")]
             cells = ([r["workload"], str(r["m"]), f"{r['floor_us']:,.1f} ({r['bound']})"]
                      + [_cell(r, v) for v in cols] + ["" if s is None else f"{s:.2f}x" for s in sp]
-                     + ["" if r.get("fuser_tflops") is None else f"{r['fuser_tflops']:.0f}",
-                        str(r["plan"]).split(":")[0]])
+                     + ["" if r.get(k) is None else f"{r[k]:.0f}" for k in ("fuser_tflops", "fused_tflops")]
+                     + [str(r["plan"]).split(":")[0]])
             out.write("| " + " | ".join(cells) + " |\n")
     return out.getvalue()
 

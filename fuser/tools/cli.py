@@ -29,7 +29,7 @@ import torch
 import fuser
 from fuser import _C
 from fuser.planner import DATAFLOWS
-from fuser.tools import bench, bench_report, calibrate, compat, warm
+from fuser.tools import bench, bench_report, calibrate, compat, targets, warm
 from fuser.tools.timing import hopper_reason, time_interleaved
 
 
@@ -237,6 +237,8 @@ def _cmd_warmup(args):
 def _cmd_bench(args):
     if args.compare:    # run-to-run agreement of two saved CSVs: any machine
         return _bench_compare(bench_report, *args.compare)
+    if args.score:      # the issues' targets on saved runs: any machine
+        return _bench_score(bench_report, args.score)
     if args.plot:       # redraw tables and plot from a saved CSV: any machine
         rows = bench_report.read_csv(args.plot)
         os.makedirs(args.out, exist_ok=True)
@@ -287,6 +289,15 @@ def _bench_compare(bench_report, path_a, path_b):
         for w, m, k, x, y, d in rows:
             if d > 0.05:
                 print(f"  {w} M={m} {k}: {x:.3f} vs {y:.3f} ({d:.1%})")
+    return 0
+
+
+def _bench_score(bench_report, paths):
+    try:
+        runs = targets.runs_of([r for p in paths for r in bench_report.read_csv(p)])
+    except (OSError, KeyError, ValueError) as e:
+        raise UsageError(f"argument --score: {e}") from None
+    print(targets.markdown(targets.score(runs)), end="")
     return 0
 
 
@@ -369,8 +380,9 @@ def main(argv=None):
                    help="comma-separated token counts (default 1,16,128)")
     p.set_defaults(func=_cmd_warmup)
     p = sub.add_parser("bench", help="time fuser against eager, CUDA graphs, torch.compile and the floor (Hopper only)")
-    p.add_argument("--set", default="quick", choices=["quick", "paper", "models", "all"],
-                   help="workloads: quick (default), paper (G1-G10, S1-S8), models (x 1..8192 tokens), all")
+    p.add_argument("--set", default="quick", choices=["quick", "paper", "models", "all", "targets"],
+                   help="workloads: quick (default), paper (G1-G10, S1-S8), models (x 1..8192 tokens), all, "
+                        "targets (every workload the issues' speed targets name)")
     p.add_argument("--shape", action="append", metavar="WORKLOAD",
                    help="G3, S1[:TOKENS], NAME:TOKENS (a model) or DxF:ACT[-gated]:TOKENS; repeatable (replaces --set)")
     p.add_argument("--autotune", default="subset", choices=["subset", "all", "none"],
@@ -382,6 +394,9 @@ def main(argv=None):
     p.add_argument("--out", default="bench-out", help="folder for results.csv, results.md, meta.json, speedup.png")
     p.add_argument("--no-host", action="store_true", help="skip the host-cost measurements (JIT, load, per call)")
     p.add_argument("--plot", metavar="CSV", help="only redraw results.md-style tables and the plot from a saved CSV")
+    p.add_argument("--score", nargs="+", metavar="CSV",
+                   help="only score saved runs against the issues' speed targets: the CSVs of run A, then of run "
+                        "B (a workload's first row is run A's, its second run B's)")
     p.add_argument("--compare", nargs=2, metavar=("A.csv", "B.csv"),
                    help="only report how far the speedup ratios of two saved runs differ (run-to-run noise)")
     p.set_defaults(func=_cmd_bench)
