@@ -189,7 +189,7 @@ def time_plans(log, gen, shape, plans):
             g = graph_of([calls[i % sets] for i in range(per)])
             te, tf = _time_graphs([eager, g], per)
             err = float((outs[0].double() - ref).norm() / ref.norm())
-            row = dict(name=name, m=m, plan=p.summary(), params=p.raw["params"], predicted=p.predicted_us,
+            row = dict(name=name, m=m, plan=p.summary(), params=p.raw.get("params"), predicted=p.predicted_us,
                        measured=tf, eager=te, speedup=te / tf, floor=p.floor_us, rel_err=err, ok=err < 2e-2,
                        tflops=p.raw["cost"]["useful_flops"] / tf / 1e6)
             rows.append(row)

@@ -11,6 +11,7 @@ pick differs, and time both picks of each such cell beside PyTorch eager in CUDA
     python benchmarks/pick_diff.py dump AFTER.json              # in the tree after it
     python benchmarks/pick_diff.py diff BEFORE.json AFTER.json CELLS.json
     python benchmarks/pick_diff.py time CELLS.json TIMED.json   # on a Hopper GPU, in either tree
+    python benchmarks/pick_diff.py time --route CELLS.json T.json  # and fuser's own eager route beside them
     python benchmarks/pick_diff.py backtest LOG.json ...         # any machine: the built model's picks
     python benchmarks/pick_diff.py accuracy LOG.json ...         # any machine: its ranking of timed plans
 
@@ -94,13 +95,17 @@ def _plan(name, m, cons):
                       cluster=tuple(cons["cluster"]), **kw)
 
 
-def time_cells(cells, log=print):
-    """Each cell's two picks beside eager in CUDA graphs: {cell: dict(eager, before, after) in us}."""
+def time_cells(cells, log=print, route=False):
+    """Each cell's two picks beside eager in CUDA graphs: {cell: dict(eager, before, after) in us}. With
+    `route`, also fuser's own eager route (``fuser.ffn`` with the unfused plan: the gate kernel for a gated
+    chain, its weights apart) in the same graphs' rotation, as ``route``: the time a model of that route
+    would be fitted to (an eager pick's ``before``/``after`` stay eager's, the ops')."""
     fp8 = sorted(c for c in cells if c.endswith(":fp8"))
     if fp8:
         raise ValueError(f"quantized cells are timed by benchmarks/fp8_decode.py --models NAME --tokens M in each "
                          f"tree (its route and fused-plan columns), not here: {', '.join(fp8[:6])}")
     import torch
+    import fuser
     from kernel_check import time_plans
     gen = torch.Generator(device="cuda").manual_seed(13)
     out = {}
@@ -112,11 +117,16 @@ def time_cells(cells, log=print):
         for s in sides:
             if c[s][1].get("kind") != "stream":
                 raise ValueError(f"{cell}: only stream plans are timed here, got {c[s][0]}")
-        rows = time_plans(log, gen, (name, d, f, l, gated, act, m), [_plan(name, m, c[s][1]) for s in sides])
-        if len(rows) != len(sides):
+        plans = [_plan(name, m, c[s][1]) for s in sides]
+        if route:
+            plans.append(fuser.plan(m, d, f, d_out=l, gated=gated, activation=act, target="h200", fused=False))
+        rows = time_plans(log, gen, (name, d, f, l, gated, act, m), plans)
+        if len(rows) != len(plans):
             raise RuntimeError(f"{cell}: a plan failed to run (see the log above)")
         eager = min(r["eager"] for r in rows) if rows else None
         res = dict(eager=eager)
+        if route:
+            res["route"] = rows[-1]["measured"]
         for s in ("before", "after"):
             res[s] = rows[sides.index(s)]["measured"] if s in sides else eager
             res[s + "_plan"] = c[s][0]
@@ -213,6 +223,8 @@ def main(argv=None):
     a.add_argument("after")
     a.add_argument("out")
     a = sub.add_parser("time")
+    a.add_argument("--route", action="store_true",
+                   help="also time fuser's own eager route (the gate kernel for gated chains) in every cell")
     a.add_argument("cells")
     a.add_argument("out")
     a = sub.add_parser("backtest")
@@ -248,14 +260,15 @@ def main(argv=None):
         with open(args.cells) as f:
             cells = json.load(f)
         try:
-            timed = time_cells(cells)
+            timed = time_cells(cells, route=args.route)
         except ValueError as e:
             ap.error(str(e))
         with open(args.out, "w") as f:
             json.dump(timed, f, indent=1)
         for cell, t in timed.items():
             print(f"{cell:16s} eager {t['eager']:7.1f}  before {t['before']:7.1f} ({t['eager'] / t['before']:.2f}x)  "
-                  f"after {t['after']:7.1f} ({t['eager'] / t['after']:.2f}x)")
+                  f"after {t['after']:7.1f} ({t['eager'] / t['after']:.2f}x)"
+                  + (f"  route {t['route']:7.1f} ({t['eager'] / t['route']:.2f}x)" if "route" in t else ""))
         slower, loses = verdict(timed)
         print(f"the change's pick slower than before (by > 2%): {', '.join(slower) or 'none'}")
         print(f"the change's pick slower than eager (by > 2%): {', '.join(loses) or 'none'}")

@@ -347,6 +347,17 @@ def test_pick_diff_times_both_picks_of_a_cell_beside_eager():
     assert after == before
 
 
+@pytest.mark.gpu
+def test_pick_diff_times_fusers_eager_route_beside_the_ops():
+    """``time --route``: fuser's own eager route (the gate kernel for a gated chain) timed in the cell's
+    graphs beside the ops, for fitting the planner's model of that route."""
+    pd = _pick_diff()
+    timed = pd.time_cells({"S8:128": dict(before=("eager", None), after=("eager", None))}, route=True)
+    t = timed["S8:128"]
+    assert t["before"] == t["after"] == t["eager"] and 1.0 < t["route"] < 200.0, t
+    assert t["route"] < 1.1 * t["eager"], t
+
+
 def test_kernel_check_summarises_a_stream_trace_per_phase():
     """kernel_check's trace summary (bf16 and FP8 traces alike) on a made-up timeline of a 128-token FP8 plan:
     112 phase-1 units of 33 us from their first data, 128 phase-2 units of 25 us that waited 8 us for H; each
