@@ -95,6 +95,10 @@ def test_two_runs_split_disagree_and_absent_rows_leave_a_target_incomplete(tmp_p
     assert only_a["7B-70B at >= 2048 tokens: the fused kernel's TFLOP/s"] == "met (one run)"
     with pytest.raises(ValueError, match="more than twice"):
         targets.runs_of(a + b + a[:1])
+    no_compile = [dict(r, compile_graph_us=None) for r in a]     # a run without torch.compile
+    res = {r["target"].name: r for r in targets.score([no_compile])}
+    assert res["7B-70B at >= 2048 tokens: fuser graph over the faster of eager and compile graphs"]["verdict"] == \
+        "not measured"
 
 
 def test_score_on_the_command_line(tmp_path, capsys):
@@ -104,6 +108,7 @@ def test_score_on_the_command_line(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("| goal | target | required | run A | verdict |")
     assert "incomplete" not in out and out.count("| met |") == len(targets.TARGETS) - 1
+    assert out.count("| G1 | 128 |") == 1        # the per-workload table, one line a workload
     (tmp_path / "notes.csv").write_text("a,b\n1,2\n")
     with pytest.raises(SystemExit) as e:
         cli.main(["bench", "--score", str(tmp_path / "notes.csv")])
