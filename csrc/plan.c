@@ -105,8 +105,12 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: bn = %d needs bm = 64 or 128 (16-bit), two phases and no "
                           "cluster pair; got bm = %d%s, phases = %d, cluster (%d, %d, %d, %d)", p->bn, p->bm,
                           swap ? " swap-AB" : "", p->phases, p->cls_m, p->cls_n, p->cls_k, p->cls_l);
-    if (p->bl != 64 && p->bl != 128 && p->bl != 192 && p->bl != 256)
-        return fuser_fail(err, FUSER_E_VALUE, "stream plan: bl = %d: must be 64, 128, 192 or 256", p->bl);
+    if (p->bl != 64 && p->bl != 96 && p->bl != 128 && p->bl != 192 && p->bl != 256)
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: bl = %d: must be 64, 96, 128, 192 or 256", p->bl);
+    if (fuser_stream_narrow_bl(p->bl) && (p->bm < 64 || swap || p->phases != 2 || p->cls_m != 1 || p->cls_n != 1))
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: bl = %d needs bm = 64 or 128 (16-bit), two phases and no "
+                          "cluster pair; got bm = %d%s, phases = %d, cluster (%d, %d, %d, %d)", p->bl, p->bm,
+                          swap ? " swap-AB" : "", p->phases, p->cls_m, p->cls_n, p->cls_k, p->cls_l);
     if (c->gated && p->bn > 128)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: a gated chain keeps gate and up accumulators: bn <= "
                           "128, got %d", p->bn);

@@ -189,14 +189,15 @@ static int r_stream_fill(const fuser_plan *p, const fuser_target *t)
                                                           : most_units(rt * p->lt2, kt2, 16)));
 }
 
-/* CHOICE: narrow n-tiles (fuser_stream_narrow_bn) only where the last row tile is more than half full: such
- * plans run slower as a tile's real rows fall below that, which the cost model does not see (docs/planner.md,
- * "96- and 112-wide n-tiles"); other tiles serve those counts. */
+/* CHOICE: narrow n-tiles (fuser_stream_narrow_bn) and l-tiles (fuser_stream_narrow_bl) only where the last row
+ * tile is more than half full: such plans run slower as a tile's real rows fall below that, which the cost
+ * model does not see (docs/planner.md, "96- and 112-wide n-tiles"); other tiles serve those counts. */
 static int r_stream_narrow_n(const fuser_plan *p, const fuser_target *t)
 {
     (void)t;
     const int64_t last = p->chain.m - (p->grid_m - 1) * p->bm;
-    return p->kind == FUSER_KIND_STREAM && fuser_stream_narrow_bn(p->bn) && 2 * last <= p->bm;
+    return p->kind == FUSER_KIND_STREAM && (fuser_stream_narrow_bn(p->bn) || fuser_stream_narrow_bl(p->bl)) &&
+           2 * last <= p->bm;
 }
 
 /* FULL: shared memory (pipeline stages, exchange buffer, H slices) must fit one block's opt-in limit. */
@@ -255,7 +256,8 @@ const fuser_rule fuser_rules[] = {
      "but a decode phase whose weights fit L2; a phase 1 of one 128-row tile (and its phase 2 after one "
      "split), half the SMs",
      FUSER_LEVEL_CHOICE, r_stream_fill},
-    {"stream_narrow_n", "stream kernel: 96- and 112-wide n-tiles where the last row tile is more than half full",
+    {"stream_narrow_n", "stream kernel: 96- and 112-wide n-tiles and 96-wide l-tiles where the last row tile is "
+                        "more than half full",
      FUSER_LEVEL_CHOICE, r_stream_narrow_n},
     {"smem_capacity", "shared memory within the per-block limit", FUSER_LEVEL_FULL, r_smem_capacity},
     {"registers", "estimated registers within the per-thread budget", FUSER_LEVEL_FULL, r_registers},

@@ -176,6 +176,33 @@ def test_96_and_112_wide_n_tiles_put_phase_1_on_more_sms():
                 fuser.plan(128, 4096, 11008, **{**kw, **bad, "bn": bn})
 
 
+def test_96_wide_l_tiles_are_offered_on_request():
+    """d_out 768 (GPT-2) makes 6 l-tiles of 128 per row tile and 8 of 96, 3072 (S1) 24 and 32 (wgmma N 96, or 48
+    per warpgroup at bm 64), so phase 2 runs on more SMs. The search offers them only where asked (bl=96) until
+    the picks they would change are timed (docs/planner.md, "96-wide l-tiles"); the interpreter runs them with
+    a partial last l-tile, and the core refuses them where the kernel has no such tile."""
+    kw = dict(fused=True, kind="stream", target="h200")
+    p = fuser.plan(2048, 768, 3072, activation="gelu", bl=96, **kw)
+    assert p.tiles["bl"] == 96 and p.derived["lt2"] == 8, p.summary()
+    assert fuser.plan(128, 3072, 8192, gated=True, activation="silu", bl=96, **kw).derived["lt2"] == 32
+    for m, d, f, g in ((2048, 768, 3072, False), (128, 3072, 8192, True), (64, 4096, 14336, True)):
+        assert all(q.tiles["bl"] != 96 for q in fuser.plans(m, d, f, gated=g, activation="silu", k=24, **kw))
+    gen = torch.Generator().manual_seed(11)
+    for bm, m, gated, splits in ((128, 77, True, (1, 3)), (64, 150, False, (2, 2)), (128, 300, False, (1, 1))):
+        q = fuser.plan(m, 256, 704, d_out=200, gated=gated, activation="gelu", bias=True, bm=bm, bn=64, bl=96,
+                       s1=splits[0], s2=splits[1], **kw)            # d_out 200: l-tiles of 96, 96 and 8
+        assert q.derived["lt2"] == 3
+        check_plan(q, gen)
+    with pytest.raises(ValueError, match="stream_narrow_n"):       # a 128-row tile of 48 tokens
+        fuser.plan(48, 3072, 8192, gated=True, activation="silu", bm=128, bl=96, **kw)
+    base = fuser.plan(128, 3072, 8192, gated=True, activation="silu", bl=96, **kw).to_dict()
+    for bad, match in ((dict(bm=16), "bn and bl must be 128"), (dict(phases=1), "bl = 96 needs bm = 64 or 128"),
+                       (dict(cluster=[2, 1, 1, 1]), "bl = 96 needs bm = 64 or 128")):
+        d = {**base, "params": {**base["params"], **bad}}
+        with pytest.raises(ValueError, match=match):
+            fuser.Plan.from_dict(d)
+
+
 @pytest.mark.parametrize("kw,match", [
     (dict(bm=48), "bm = 48 token rows: must be 16, 32, 64 or 128"),
     (dict(bm=16, bn=64), "bn and bl must be 128"),

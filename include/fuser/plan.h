@@ -179,6 +179,11 @@ int fuser_stream_row_partials(const fuser_plan *p);
  * without a phase-1 unit. */
 static inline int fuser_stream_narrow_bn(int bn) { return bn == 96 || bn == 112; }
 
+/** Whether bl is the stream kernel's narrow l-tile width (96): the same tiles as a narrow n-tile (wgmma N 96, or
+ * 48 per warpgroup at bm 64), for d_out widths whose 128-wide l-tiles leave SMs without a phase-2 unit (768: 6
+ * l-tiles of 128 per row tile, 8 of 96; 3072: 24 and 32). */
+static inline int fuser_stream_narrow_bl(int bl) { return bl == 96; }
+
 /** Groups of l-tiles along d_out of a derived stream plan, one per phase-2 unit and row tile and split:
  * d_out's l-tiles, or in one phase ceil(l-tiles / lspan). */
 int64_t fuser_stream_lgroups(const fuser_plan *p);

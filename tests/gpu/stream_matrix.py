@@ -2,7 +2,7 @@
 layout (bm 16 and 32 swap-AB, 64, 128) x plain / gated x the four activations x bias or not x bfloat16 /
 float16 x K splits of either phase (none, some, many), over ragged token counts (one row tile, or several
 with a partial last one) and widths (448 -> 1472 -> 200: odd K step counts, a partial output tile),
-192-wide tiles, 96- and 112-wide n-tiles, cluster pairs sharing an operand (both kinds, with ghost units),
+192-wide tiles, 96- and 112-wide n-tiles, 96-wide l-tiles, cluster pairs sharing an operand (both kinds, with ghost units),
 one-phase plans (units of one l-tile or of several, with many d_ff splits), and swap-AB tiles of many splits.
 
 Each case forces a stream plan with its bm and splits, draws fresh random inputs, poisons the output with
@@ -88,6 +88,16 @@ def cases():
         yield dict(bm=128, gated=gated, activation=ACTS[(j + 1) % 4], bias=j % 2 == 1,
                    dtype=("bfloat16", "float16")[j % 2], s1=splits[0], s2=splits[1], m=m, d_model=shape[0],
                    d_ff=shape[1], d_out=shape[2], bn=112, bl=bl)
+    # 96-wide l-tiles (wgmma N 96 in phase 2, 48 per warpgroup at bm 64): a partial last l-tile (200 = 2 x 96 + 8,
+    # 1024 = 10 x 96 + 64), split or not, beside 96- to 192-wide n-tiles
+    for j, (bm, gated, m, shape, bn, splits) in enumerate((
+            (128, False, 2 * 128 + 40, SHAPES[3], 192, (1, 1)),
+            (128, True, 100, SHAPES[2], 64, (1, 4)),
+            (64, True, 2 * 64 + 9, SHAPES[3], 128, (2, 3)),
+            (128, False, 128, SHAPES[2], 96, (2, 2)))):
+        yield dict(bm=bm, gated=gated, activation=ACTS[(j + 3) % 4], bias=j % 2 == 0,
+                   dtype=("bfloat16", "float16")[j % 2], s1=splits[0], s2=splits[1], m=m, d_model=shape[0],
+                   d_ff=shape[1], d_out=shape[2], bn=bn, bl=96)
     # one phase (each unit computes the H of its d_ff range into shared memory): every bm, gated or not,
     # several row tiles, d_ff 200 (the second n-tile of the range mostly beyond d_ff), split or not
     for j, (bm, gated, m, shape, tiles, s2) in enumerate((
