@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU session's checks and measurements, in stages that each fit one device call (10 minutes):
-#   check  build, the GPU test suite (slowest tests listed), the host-overhead harness
+#   check  build, the GPU test suite (slowest tests listed; the cluster kernel's correctness matrix only with
+#          FULL=1), the host-overhead harness
 #   bench  build, compute-sanitizer on a stream kernel, the wgmma GEMM probe against torch.mm, and the
 #          stream kernel timed against PyTorch eager in CUDA graphs (the paper's table and decode
 #          shapes, the decode set twice for run-to-run agreement; GEMM=0 and DECODE_RUNS=1 shorten it)
@@ -18,12 +19,20 @@
 #          --pairs` (pairs against single blocks, timed against eager and traced)
 #   onephase build, a smoke run of the sanitizer workload, the stream kernel's GPU tests, memcheck, then
 #          `kernel_check.py --one-phase` (one-phase plans against two-phase ones, timed and traced)
+#   eager  build, the eager route's GPU tests (packed gate-and-up GEMM, cuBLASLt epilogue, gate kernel, kept
+#          routes, the exchange API), memcheck on the gate kernel, benchmarks/eager_gate.py and eager_epilogue.py
+#   cells  build, `pick_diff.py time --route` twice on each committed cells file (benchmarks/results/*-cells.json:
+#          a model or search change's picks beside the old ones, eager and fuser's eager route; CELLS=NAME
+#          takes the files whose name holds NAME)
+#   targets build, one harness run of every workload the issues' speed targets name (`fuser bench --set targets`;
+#          RUN=a or b names it) and its scorecard (`--score`)
 #   all    check and bench, one after the other (a machine without a 10-minute limit)
 # Logs go to $OUT/results-<stage>.tgz (OUT defaults to ./gpu-out), the one-line summaries to $OUT/gpu.txt.
-#     bash benchmarks/gpu_session.sh check|bench|fit|prefill|epilogue|trace|pairs|onephase|all
+#     bash benchmarks/gpu_session.sh check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|cells|targets|all
 set -uo pipefail
 STAGE=${1:-all}
-case $STAGE in check|bench|fit|prefill|epilogue|trace|pairs|onephase|all) ;; *) echo "usage: $0 check|bench|fit|prefill|epilogue|trace|pairs|onephase|all" >&2; exit 2;; esac
+STAGES="check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|cells|targets|all"
+case "|$STAGES|" in *"|$STAGE|"*) ;; *) echo "usage: $0 $STAGES" >&2; exit 2;; esac
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-gpu-out}
 OUT=$FINAL/r
@@ -31,6 +40,10 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 python3 -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | grep -v WARNING | tail -3
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
+# The stage's summary next to its logs, packed into one archive (more than a few files under $OUT get left out).
+finish() {
+    cp "$OUT/gpu.txt" "$FINAL/gpu.txt"; tar czf "$FINAL/results-$1.tgz" -C "$OUT" . && rm -rf "$OUT"; exit 0
+}
 if [ "$STAGE" = fit ]; then
     for sec in sweep decode; do   # separately (a run stopped by its timeout still writes the rows it timed)
         timeout $([ $sec = sweep ] && echo 360 || echo 180) python3 benchmarks/kernel_check.py --$sec --out "$OUT/$sec" \
@@ -40,7 +53,7 @@ if [ "$STAGE" = fit ]; then
     timeout 60 python3 benchmarks/fit_stream.py "$OUT"/sweep/kernel_check.json "$OUT"/decode/kernel_check.json \
         --json "$OUT/fit.json" > "$OUT/fit.log" 2>&1
     echo "fit_stream rc $?" | tee -a "$OUT/gpu.txt"; head -8 "$OUT/fit.log" >> "$OUT/gpu.txt"
-    cp "$OUT/gpu.txt" "$FINAL/gpu.txt"; tar czf "$FINAL/results-fit.tgz" -C "$OUT" . && rm -rf "$OUT"; exit 0
+    finish fit
 fi
 if [ "$STAGE" = epilogue ]; then
     ONE=gpt2:2048:bm=128,bn=256,bl=128,s1=1,s2=1
@@ -52,14 +65,48 @@ if [ "$STAGE" = epilogue ]; then
         ncu --import "$OUT/epilogue.ncu-rep" --page raw --csv > "$OUT/epilogue-raw.csv" 2>&1
     ncu --import "$OUT/epilogue.ncu-rep" --page details > "$OUT/epilogue-details.txt" 2>&1
     echo "exports rc $? $(wc -l < "$OUT/epilogue-details.txt") detail lines" | tee -a "$OUT/gpu.txt"
-    cp "$OUT/gpu.txt" "$FINAL/gpu.txt"; tar czf "$FINAL/results-epilogue.tgz" -C "$OUT" . && rm -rf "$OUT"; exit 0
+    finish epilogue
 fi
 if [ "$STAGE" = trace ]; then
     for set in decode prefill; do
         timeout 150 python3 benchmarks/kernel_check.py --trace $set --out "$OUT/trace-$set" > "$OUT/trace-$set.log" 2>&1
         echo "trace $set rc $?" | tee -a "$OUT/gpu.txt"; grep -E '^trace' "$OUT/trace-$set.log" | cut -c1-300 >> "$OUT/gpu.txt"
     done
-    cp "$OUT/gpu.txt" "$FINAL/gpu.txt"; tar czf "$FINAL/results-trace.tgz" -C "$OUT" . && rm -rf "$OUT"; exit 0
+    finish trace
+fi
+if [ "$STAGE" = eager ]; then
+    timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_packed.py tests/test_eager_epilogue.py \
+        tests/test_gate.py tests/test_fast_route.py tests/test_exchange.py 2>&1 | tail -30 > "$OUT/pytest_eager.log"
+    echo "pytest eager rc ${PIPESTATUS[0]} $(grep -E '(passed|failed|error)' "$OUT/pytest_eager.log" | tail -1)" \
+        | tee -a "$OUT/gpu.txt"
+    timeout 90 compute-sanitizer --tool memcheck --error-exitcode 3 --kernel-name regex=fuser_gate \
+        python3 tests/gpu/sanitize_gate.py > "$OUT/sanitizer_gate.txt" 2>&1
+    echo "memcheck gate rc $? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer_gate.txt" | head -1)" | tee -a "$OUT/gpu.txt"
+    for b in eager_gate eager_epilogue; do
+        timeout 120 python3 benchmarks/$b.py --compile --json "$OUT/$b.json" > "$OUT/$b.log" 2>&1
+        echo "$b rc $?" | tee -a "$OUT/gpu.txt"; tail -24 "$OUT/$b.log" >> "$OUT/gpu.txt"
+    done
+    finish eager
+fi
+if [ "$STAGE" = cells ]; then
+    for cells in benchmarks/results/*${CELLS:-}*-cells.json; do
+        name=$(basename "$cells" -cells.json)
+        for run in a b; do
+            timeout 140 python3 benchmarks/pick_diff.py time --route "$cells" "$OUT/$name-$run.json" \
+                > "$OUT/$name-$run.log" 2>&1
+            echo "$name $run rc $?" | tee -a "$OUT/gpu.txt"; grep -E ' eager |slower|loses' "$OUT/$name-$run.log" \
+                | cut -c1-200 >> "$OUT/gpu.txt"
+        done
+    done
+    finish cells
+fi
+if [ "$STAGE" = targets ]; then
+    RUN=${RUN:-a}
+    timeout 540 python3 -m fuser bench --set targets --autotune none --no-host --out "$OUT/targets-$RUN" \
+        > "$OUT/targets-$RUN.log" 2>&1
+    echo "targets $RUN rc $?" | tee -a "$OUT/gpu.txt"
+    python3 -m fuser bench --score "$OUT/targets-$RUN/results.csv" 2>&1 | head -16 >> "$OUT/gpu.txt"
+    finish "targets-$RUN"
 fi
 # The stream kernel's checks: a smoke run of the sanitizer workload (the rest is skipped if it fails or
 # hangs), the stream GPU tests, memcheck on the workload. Returns the smoke run's status.
@@ -86,11 +133,11 @@ if [ "$STAGE" = pairs ]; then
     timeout 60 python3 benchmarks/kernel_check.py --gemm --out "$OUT/gemm" > "$OUT/gemm.log" 2>&1
     echo "gemm rc $?" | tee -a "$OUT/gpu.txt"; grep -E "\^3|variant|x torch" "$OUT/gemm.log" | head -12 >> "$OUT/gpu.txt"
     stream_checks && kernel_section pairs pairs 200
-    cp "$OUT/gpu.txt" "$FINAL/gpu.txt"; tar czf "$FINAL/results-pairs.tgz" -C "$OUT" . && rm -rf "$OUT"; exit 0
+    finish pairs
 fi
 if [ "$STAGE" = onephase ]; then
     stream_checks && kernel_section one-phase onephase 150
-    cp "$OUT/gpu.txt" "$FINAL/gpu.txt"; tar czf "$FINAL/results-onephase.tgz" -C "$OUT" . && rm -rf "$OUT"; exit 0
+    finish onephase
 fi
 if [ "$STAGE" = prefill ]; then
     stream_checks
@@ -98,18 +145,20 @@ if [ "$STAGE" = prefill ]; then
     echo "prefill rc $?" | tee -a "$OUT/gpu.txt"; grep -E ' us \(eager' "$OUT/prefill.log" | cut -c1-200 >> "$OUT/gpu.txt"
     timeout 60 python3 benchmarks/kernel_check.py --trace prefill --out "$OUT/trace" > "$OUT/trace.log" 2>&1
     echo "trace rc $?" | tee -a "$OUT/gpu.txt"; grep -E '^trace' "$OUT/trace.log" | cut -c1-300 >> "$OUT/gpu.txt"
-    cp "$OUT/gpu.txt" "$FINAL/gpu.txt"; tar czf "$FINAL/results-prefill.tgz" -C "$OUT" . && rm -rf "$OUT"; exit 0
+    finish prefill
 fi
 if [ "$STAGE" != bench ]; then
+    # the cluster kernel's correctness matrix (minutes) only with FULL=1
+    SKIP=$([ "${FULL:-0}" = 1 ] || echo "--deselect tests/test_gpu_kernels.py::test_correctness_matrix")
     FUSER_GPU_STREAM_REPORT=$OUT/stream_matrix.json timeout 400 python3 -m pytest -m gpu -q -p no:cacheprovider \
-        --durations=15 2>&1 | tail -45 > "$OUT/pytest_gpu.log"
+        --durations=15 $SKIP 2>&1 | tail -45 > "$OUT/pytest_gpu.log"
     echo "pytest -m gpu rc ${PIPESTATUS[0]} $(grep -E '(passed|failed|error)' "$OUT/pytest_gpu.log" | tail -1)" \
         | tee -a "$OUT/gpu.txt"
     timeout 90 python3 benchmarks/host_overhead.py --set quick --json "$OUT/host.json" > "$OUT/host.log" 2>&1
     echo "host_overhead rc $?" | tee -a "$OUT/gpu.txt"; tail -14 "$OUT/host.log" >> "$OUT/gpu.txt"
 fi
 if [ "$STAGE" = check ]; then
-    cp "$OUT/gpu.txt" "$FINAL/gpu.txt"; tar czf "$FINAL/results-check.tgz" -C "$OUT" . && rm -rf "$OUT"; exit 0
+    finish check
 fi
 for tool in memcheck racecheck synccheck; do
     timeout 90 compute-sanitizer --tool $tool --error-exitcode 3 --kernel-name regex=fuser_ffn python3 tests/gpu/sanitize_stream.py \
@@ -127,5 +176,4 @@ for i in $(seq "${DECODE_RUNS:-2}"); do
 done
 { grep -sE "8192\^3" "$OUT/gemm.log"; grep -hE "^[A-Za-z0-9.-]+ +M=[0-9]+ +floor +[0-9.]+ +eager" "$OUT"/paper.log \
     "$OUT"/decode*.log | cut -c1-170; } | tee -a "$OUT/gpu.txt"
-cp "$OUT/gpu.txt" "$FINAL/gpu.txt"
-tar czf "$FINAL/results-bench.tgz" -C "$OUT" . && rm -rf "$OUT"
+finish bench
