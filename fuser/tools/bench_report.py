@@ -63,7 +63,8 @@ def _cell(r, v):
 
 def markdown(rows):
     """Markdown tables, one per workload group (the paper's workloads, then each model): every variant's
-    median time with its ratio to the floor, [compile seconds], fuser's speedups and its plans."""
+    median time with its ratio to the floor, [compile seconds], fuser's speedups, its rates in a graph (TFLOP/s,
+    and GB/s: the bytes it must read, weights, x and y, per us), the forced fused kernel's TFLOP/s and the plans."""
     out = io.StringIO()
     groups = {}
     for r in rows:
@@ -76,14 +77,14 @@ def markdown(rows):
                                                      f"{'gated ' if first['gated'] else ''}{first['activation']}")
         out.write(f"\n### {name}{shape}\n\n")
         head = ["workload", "M", "floor us"] + [TITLES[v] for v in cols] + [
-            "fuser graph vs eager graph", "vs compile graph", "vs cuBLAS graph", "fuser TFLOP/s",
+            "fuser graph vs eager graph", "vs compile graph", "vs cuBLAS graph", "fuser TFLOP/s", "fuser GB/s",
             "fused kernel TFLOP/s", "planner's plan"]
         out.write("| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n")
         for r in rs:
             sp = [r.get(f"speedup_vs_{b}") for b in ("eager_graph", "compile_graph", "cublas_graph")]
             cells = ([r["workload"], str(r["m"]), f"{r['floor_us']:,.1f} ({r['bound']})"]
                      + [_cell(r, v) for v in cols] + ["" if s is None else f"{s:.2f}x" for s in sp]
-                     + ["" if r.get(k) is None else f"{r[k]:.0f}" for k in ("fuser_tflops", "fused_tflops")]
+                     + ["" if r.get(k) is None else f"{r[k]:.0f}" for k in ("fuser_tflops", "fuser_gbps", "fused_tflops")]
                      + [str(r["plan"]).split(":")[0]])
             out.write("| " + " | ".join(cells) + " |\n")
     return out.getvalue()
