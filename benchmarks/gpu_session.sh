@@ -24,14 +24,16 @@
 #   cells  build, `pick_diff.py time --route` twice on each committed cells file (benchmarks/results/*-cells.json:
 #          a model or search change's picks beside the old ones, eager and fuser's eager route; CELLS=NAME
 #          takes the files whose name holds NAME)
+#   host   build, benchmarks/host_overhead.py as the layering issue measures it (the thread's CPU clock, 31 rounds,
+#          the C calls inside the routes timed apart)
 #   targets build, one harness run of every workload the issues' speed targets name (`fuser bench --set targets`;
 #          RUN=a or b names it) and its scorecard (`--score`)
 #   all    check and bench, one after the other (a machine without a 10-minute limit)
 # Logs go to $OUT/results-<stage>.tgz (OUT defaults to ./gpu-out), the one-line summaries to $OUT/gpu.txt.
-#     bash benchmarks/gpu_session.sh check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|cells|targets|all
+#     bash benchmarks/gpu_session.sh check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|cells|host|targets|all
 set -uo pipefail
 STAGE=${1:-all}
-STAGES="check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|cells|targets|all"
+STAGES="check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|cells|host|targets|all"
 case "|$STAGES|" in *"|$STAGE|"*) ;; *) echo "usage: $0 $STAGES" >&2; exit 2;; esac
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-gpu-out}
@@ -99,6 +101,12 @@ if [ "$STAGE" = cells ]; then
         done
     done
     finish cells
+fi
+if [ "$STAGE" = host ]; then
+    timeout 480 python3 benchmarks/host_overhead.py --set quick --clock thread --rounds 31 --pieces \
+        --json "$OUT/host.json" > "$OUT/host.log" 2>&1
+    echo "host_overhead rc $?" | tee -a "$OUT/gpu.txt"; grep -E "target|==" "$OUT/host.log" | cut -c1-200 >> "$OUT/gpu.txt"
+    finish host
 fi
 if [ "$STAGE" = targets ]; then
     RUN=${RUN:-a}
