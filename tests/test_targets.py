@@ -115,6 +115,18 @@ def test_score_on_the_command_line(tmp_path, capsys):
     assert e.value.code == 2 and "not a results.csv" in capsys.readouterr().err
 
 
+def test_a_bench_run_writes_its_scorecard(tmp_path, capsys):
+    """What ``python -m fuser bench`` does with its rows at the end of a run (on a GPU): the scorecard into
+    targets.md beside results.csv, printed too for ``--set targets``."""
+    rows = [row(label) for label in targets.WORKLOADS]
+    cli._bench_targets(rows, str(tmp_path), show=False)
+    assert capsys.readouterr().out == ""
+    card = (tmp_path / "targets.md").read_text()
+    assert card == targets.markdown(targets.score([rows])) and card.count("| met |") == len(targets.TARGETS) - 1
+    cli._bench_targets(rows[:5], str(tmp_path), show=True)
+    assert "| not measured |" in capsys.readouterr().out
+
+
 def test_the_committed_decode_runs_score_as_their_rows_say():
     """The twenty-third session's two decode runs (H200): each row's value is its own columns' ratio, and
     the verdicts follow from them."""

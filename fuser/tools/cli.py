@@ -274,6 +274,7 @@ def _cmd_bench(args):
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(md)
     print(md)
+    _bench_targets(rows, args.out, show=args.set == "targets" and not args.shape)
     return _bench_plot(bench_report, rows, args.out)
 
 
@@ -290,6 +291,15 @@ def _bench_compare(bench_report, path_a, path_b):
             if d > 0.05:
                 print(f"  {w} M={m} {k}: {x:.3f} vs {y:.3f} ({d:.1%})")
     return 0
+
+
+def _bench_targets(rows, out, show):
+    """The issues' speed targets scored on this run's rows, into `out`/targets.md (and printed with `show`)."""
+    card = targets.markdown(targets.score([rows]))
+    with open(os.path.join(out, "targets.md"), "w") as f:
+        f.write(card)
+    if show:
+        print(card, end="")
 
 
 def _bench_score(bench_report, paths):
