@@ -155,6 +155,8 @@ def test_bench_on_hopper(tmp_path):
     assert 300 < meta["matmul_tflops"] < 1200 and 2 < meta["copy_tbps"] < 6
     assert meta["host"]["jit_s"] > meta["host"]["cache_load_s"] and meta["host"]["call_us"] > 0
     assert "| gpt2 | 128 |" in (tmp_path / "results.md").read_text()
+    card = (tmp_path / "targets.md").read_text()     # G1 is one of the paper table's 18 rows
+    assert "| paper's table: fuser vs eager, both in CUDA graphs | geomean >= 2.200x |" in card and "| G1 | 128 |" in card
     import importlib.util
     if importlib.util.find_spec("matplotlib"):      # the plot is optional; CPU tests draw it from a CSV
         assert (tmp_path / "speedup.png").read_bytes()[:4] == b"\x89PNG"
