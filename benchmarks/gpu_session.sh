@@ -160,7 +160,7 @@ if [ "$STAGE" != bench ]; then
     SKIP=$([ "${FULL:-0}" = 1 ] || echo "--deselect tests/test_gpu_kernels.py::test_correctness_matrix")
     FUSER_GPU_STREAM_REPORT=$OUT/stream_matrix.json timeout 400 python3 -m pytest -m gpu -q -p no:cacheprovider \
         --durations=15 $SKIP 2>&1 | tail -45 > "$OUT/pytest_gpu.log"
-    echo "pytest -m gpu rc ${PIPESTATUS[0]} $(grep -E '(passed|failed|error)' "$OUT/pytest_gpu.log" | tail -1)" \
+    echo "pytest -m gpu rc ${PIPESTATUS[0]} $(grep -E '(passed|failed|error|skipped)' "$OUT/pytest_gpu.log" | tail -1)" \
         | tee -a "$OUT/gpu.txt"
     timeout 90 python3 benchmarks/host_overhead.py --set quick --json "$OUT/host.json" > "$OUT/host.log" 2>&1
     echo "host_overhead rc $?" | tee -a "$OUT/gpu.txt"; tail -14 "$OUT/host.log" >> "$OUT/gpu.txt"
