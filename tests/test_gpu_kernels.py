@@ -125,6 +125,22 @@ def test_calibrate_and_tune_on_the_gpu(tmp_path, monkeypatch):
         route.forget()
 
 
+def test_tune_times_no_plan_whose_output_is_wrong(monkeypatch):
+    """A fused candidate whose output is not the FFN's (here: fuser.ffn made to return 1.1x its result for one
+    plan) is not timed, so fuser.tune can never keep it; the others are."""
+    from fuser.tools import calibrate
+    from fuser.tools.bench import parse_workload
+    plans = fuser.plans(16, 768, 3072, activation="gelu", fused=True, k=2)
+    bad, real = plans[1], fuser.ffn
+
+    def ffn(*args, plan=None, **kw):
+        y = real(*args, plan=plan, **kw)
+        return y * 1.1 if plan == bad else y
+    monkeypatch.setattr(fuser, "ffn", ffn)
+    times = calibrate.time_plans(parse_workload("gpt2:16"), plans, reps=3)
+    assert times[0] is not None and times[0] > 0 and times[1] is None
+
+
 def test_bench_harness_times_like_with_like_on_the_gpu():
     """One small workload through the harness without torch.compile: every variant timed, fuser's eager
     route in a graph within 15% of eager's graph (the same ops), FusedFFN per call timed once its route

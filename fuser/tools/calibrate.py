@@ -44,7 +44,7 @@ from fuser.tools import probes
 from fuser.tools.bench import Sets, measure_ceilings, parse_workload
 from fuser.tools.timing import graphed, hopper_reason, median_event_us, time_interleaved
 
-__all__ = ["TERMS", "calibrate", "time_plans", "fit_term_scales", "unscaled_terms", "hardware_fields"]
+__all__ = ["TERMS", "calibrate", "time_plans", "agrees", "fit_term_scales", "unscaled_terms", "hardware_fields"]
 
 #: Read-only streaming over copy bandwidth, measured on the H200 (h200-baselines.md section 2:
 #: 4.48-4.51 TB/s streaming with 16-byte loads against a 4.275 TB/s copy).
@@ -52,10 +52,30 @@ STREAM_OVER_COPY = 1.05
 #: The shapes whose fused candidates set fused_time_scale (a spread of sizes, plain and gated).
 SHAPES = ("gpt2:16", "G9", "S8", "llama3-8b:16", "llama3-8b:512")
 
+#: A fused candidate whose output on the first input set is further than this from PyTorch's float32 computation
+#: (relative Frobenius error; a bf16 FFN is ~4e-3 off) is not timed: what ``fuser.tune`` keeps must compute the FFN.
+AGREE_REL = 2e-2
+
+
+def agrees(y, ref):
+    """Whether `y` is the FFN `ref` (float32) computes: every element finite and the relative error at most
+    ``AGREE_REL``.
+
+    Example:
+        >>> import torch
+        >>> from fuser.tools.calibrate import agrees
+        >>> ref = torch.ones(4, 8)
+        >>> agrees(ref.bfloat16(), ref), agrees(ref * 1.1, ref), agrees(torch.full((4, 8), float("nan")), ref)
+        (True, False, False)
+    """
+    y = y.float()
+    return bool(torch.isfinite(y).all()) and float((y - ref).norm()) <= AGREE_REL * float(ref.norm())
+
+
 def time_plans(workload, plans, reps=10, calls=None):
     """Median microseconds per call of each plan on `workload` (a ``fuser.tools.bench.Workload``), each in a
     CUDA graph over rotated inputs, interleaved; an unfused plan runs PyTorch eager. None for a plan
-    that failed to run (printed).
+    that failed to run, or whose output on the first set is not the FFN's (``agrees``; printed).
 
     Example:
         >>> import fuser
@@ -76,9 +96,18 @@ def time_plans(workload, plans, reps=10, calls=None):
                 return fuser.ffn_reference(s["x"], s["w_up"], s["w_down"], w_gate=s["w_gate"], activation=w.activation)
             return fuser.ffn(s["x"], s["w_up"], s["w_down"], w_gate=s["w_gate"], activation=w.activation, plan=p)
         return f
+    s0 = sets.sets[0]
+    ref = fuser.ffn_reference(s0["x"], s0["w_up"], s0["w_down"], w_gate=s0["w_gate"], activation=w.activation,
+                              compute_dtype=torch.float32)
     fns = []
     for p in plans:
         try:
+            if p.fused and not agrees(fuser.ffn(s0["x"], s0["w_up"], s0["w_down"], w_gate=s0["w_gate"],
+                                                activation=w.activation, plan=p), ref):
+                print(f"  {w.label}: a plan's output is not the FFN's (relative error over {AGREE_REL}): "
+                      f"{p.summary()}", flush=True)
+                fns.append(None)
+                continue
             fns.append(graphed(call(p), per))
         except Exception as e:  # noqa: BLE001 (reported: a candidate the planner offers must run)
             print(f"  {w.label}: a plan failed to run: {p.summary()}: {type(e).__name__}: {e}", flush=True)

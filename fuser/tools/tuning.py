@@ -1,7 +1,9 @@
 """``fuser.tune``: time the planner's best plans for one FFN shape on this GPU and keep the fastest.
 
 The candidates are the `k` best fused plans by predicted time plus the unfused path (PyTorch eager);
-each runs in a CUDA graph over rotated inputs (``fuser.tools.calibrate.time_plans``). The winner is
+each runs in a CUDA graph over rotated inputs (``fuser.tools.calibrate.time_plans``), a fused one only once its
+output on the first input set is the FFN's (``calibrate.agrees``), so a plan that computes something else is
+never kept. The winner is
 stored per GPU model (``fuser.store``: ``tuned/<gpu>.json``, keyed by the exact chain, token count
 included) and ``fuser.ffn`` / ``FusedFFN`` run it for that chain from then on, in this process and later
 ones, instead of the model's pick (``fuser.runtime.plan_for`` reads it). Biases are not part of the
