@@ -123,6 +123,9 @@ def time_cells(cells, log=print, route=False):
         rows = time_plans(log, gen, (name, d, f, l, gated, act, m), plans)
         if len(rows) != len(plans):
             raise RuntimeError(f"{cell}: a plan failed to run (see the log above)")
+        wrong = [r["plan"] for r in rows if not r["ok"]]
+        if wrong:   # a pick that computes something else has no time worth comparing
+            raise RuntimeError(f"{cell}: output not the FFN's (relative error over 2e-2): {'; '.join(wrong)}")
         eager = min(r["eager"] for r in rows) if rows else None
         res = dict(eager=eager)
         if route:
