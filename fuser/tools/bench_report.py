@@ -84,7 +84,8 @@ def markdown(rows):
             sp = [r.get(f"speedup_vs_{b}") for b in ("eager_graph", "compile_graph", "cublas_graph")]
             cells = ([r["workload"], str(r["m"]), f"{r['floor_us']:,.1f} ({r['bound']})"]
                      + [_cell(r, v) for v in cols] + ["" if s is None else f"{s:.2f}x" for s in sp]
-                     + ["" if r.get(k) is None else f"{r[k]:.0f}" for k in ("fuser_tflops", "fuser_gbps", "fused_tflops")]
+                     + ["" if r.get(k) is None else f"{r[k]:.0f}"
+                        for k in ("fuser_tflops", "fuser_gbps", "fused_tflops")]
                      + [str(r["plan"]).split(":")[0]])
             out.write("| " + " | ".join(cells) + " |\n")
     return out.getvalue()

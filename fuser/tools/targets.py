@@ -68,8 +68,9 @@ class Target:
     """One target of a `group` ("fast kernels": the paper's chains and prefill; "decode": 7B-70B at 1-128
     tokens): rows whose workload is in `names` and whose token count is in `tokens` (or at least
     `min_tokens`), the metric's value of each, `agg` ("each": every row; "geomean"; "report": shown,
-    not held to a bound, its value the lowest row's), held by `op` (">=" or "<=") to `bound`. `expected` are the rows a complete run has (the workloads ``--set targets``
-    measures); rows of other token counts that match count too."""
+    not held to a bound, its value the lowest row's), held by `op` (">=" or "<=") to `bound`. `expected`
+    are the rows a complete run has (the workloads ``--set targets`` measures); rows of other token counts
+    that match count too."""
     group: str
     name: str
     names: tuple
@@ -100,30 +101,32 @@ _LABELS = ([(n, 128) for n in PAPER]
 #: The workloads of ``python -m fuser bench --set targets`` (``fuser.tools.bench.parse_workload`` labels).
 WORKLOADS = tuple(f"{n}:{m}" for n, m in _LABELS)
 
+FAST, DECODE = "fast kernels", "decode"
 TARGETS = (
-    Target("fast kernels", "paper's table: fuser vs eager, both in CUDA graphs", tuple(PAPER), "vs_eager_graph", "geomean",
+    Target(FAST, "paper's table: fuser vs eager, both in CUDA graphs", tuple(PAPER), "vs_eager_graph", "geomean",
            ">=", 2.2, tokens=(128,)),
-    Target("fast kernels", "paper's table per call: FusedFFN vs eager, outside graphs", tuple(PAPER), "vs_eager_call",
+    Target(FAST, "paper's table per call: FusedFFN vs eager, outside graphs", tuple(PAPER), "vs_eager_call",
            "geomean", ">=", 5.0, tokens=(128,)),
-    Target("fast kernels", "paper's table per call: FusedFFN vs torch.compile, outside graphs", tuple(PAPER),
+    Target(FAST, "paper's table per call: FusedFFN vs torch.compile, outside graphs", tuple(PAPER),
            "vs_compile_call", "geomean", ">=", 8.0, tokens=(128,)),
-    Target("fast kernels", "S1-S8: fuser in a graph over the floor", PAPER_S, "x_floor", "each", "<=", 1.25, tokens=(128,)),
-    Target("fast kernels", "GPT-2 (768 -> 3072, GELU) at >= 2048 tokens: vs eager graph", ("gpt2",), "vs_eager_graph",
+    Target(FAST, "S1-S8: fuser in a graph over the floor", PAPER_S, "x_floor", "each", "<=", 1.25, tokens=(128,)),
+    Target(FAST, "GPT-2 (768 -> 3072, GELU) at >= 2048 tokens: vs eager graph", ("gpt2",), "vs_eager_graph",
            "each", ">=", 1.4, min_tokens=2048),
-    Target("fast kernels", "1024 -> 4096 GELU at >= 1024 tokens: vs eager graph", ("gpt2-medium",), "vs_eager_graph",
+    Target(FAST, "1024 -> 4096 GELU at >= 1024 tokens: vs eager graph", ("gpt2-medium",), "vs_eager_graph",
            "each", ">=", 1.3, min_tokens=1024),
-    Target("fast kernels", "7B-70B at >= 2048 tokens: fuser graph over the faster of eager and compile graphs", LARGE,
+    Target(FAST, "7B-70B at >= 2048 tokens: fuser graph over the faster of eager and compile graphs", LARGE,
            "vs_faster_baseline", "each", "<=", 1.02, min_tokens=2048),
-    Target("fast kernels", "7B-70B at >= 2048 tokens: the fused kernel's TFLOP/s", LARGE, "fused_tflops", "each", ">=", 600.0,
-           min_tokens=2048),
-    Target("decode", "7B-70B at 1 and 16 tokens: fuser graph over the floor", LARGE, "x_floor", "each", "<=", 1.08,
+    Target(FAST, "7B-70B at >= 2048 tokens: the fused kernel's TFLOP/s", LARGE, "fused_tflops", "each", ">=",
+           600.0, min_tokens=2048),
+    Target(DECODE, "7B-70B at 1 and 16 tokens: fuser graph over the floor", LARGE, "x_floor", "each", "<=", 1.08,
            tokens=(1, 16)),
-    Target("decode", "7B-70B at 1 and 16 tokens: vs eager graph", LARGE, "vs_eager_graph", "each", ">=", 1.2,
+    Target(DECODE, "7B-70B at 1 and 16 tokens: vs eager graph", LARGE, "vs_eager_graph", "each", ">=", 1.2,
            tokens=(1, 16)),
-    Target("decode", "7B-70B at 128 tokens: fuser graph over the floor", LARGE, "x_floor", "each", "<=", 1.15,
+    Target(DECODE, "7B-70B at 128 tokens: fuser graph over the floor", LARGE, "x_floor", "each", "<=", 1.15,
            tokens=(128,)),
-    Target("decode", "7B-70B at 128 tokens: vs eager graph", LARGE, "vs_eager_graph", "each", ">=", 1.2, tokens=(128,)),
-    Target("decode", "7B-70B at 1, 16 and 128 tokens: the bytes fuser must read per us in a graph", LARGE,
+    Target(DECODE, "7B-70B at 128 tokens: vs eager graph", LARGE, "vs_eager_graph", "each", ">=", 1.2,
+           tokens=(128,)),
+    Target(DECODE, "7B-70B at 1, 16 and 128 tokens: the bytes fuser must read per us in a graph", LARGE,
            "weight_stream", "report", "", 0.0, tokens=(1, 16, 128)),
 )
 
