@@ -20,7 +20,8 @@
 #   onephase build, a smoke run of the sanitizer workload, the stream kernel's GPU tests, memcheck, then
 #          `kernel_check.py --one-phase` (one-phase plans against two-phase ones, timed and traced)
 #   eager  build, the eager route's GPU tests (packed gate-and-up GEMM, cuBLASLt epilogue, gate kernel, kept
-#          routes, the exchange API), memcheck on the gate kernel, benchmarks/eager_gate.py and eager_epilogue.py
+#          routes, the exchange API), memcheck on the gate kernel, benchmarks/eager_gate.py and eager_epilogue.py,
+#          and the FP8 picks at 576 tokens beside PyTorch's FP8 ops (fp8_decode.py)
 #   cells  build, `pick_diff.py time --route` twice on each committed cells file (benchmarks/results/*-cells.json:
 #          a model or search change's picks beside the old ones, eager and fuser's eager route; CELLS=NAME
 #          takes the files whose name holds NAME)
@@ -88,6 +89,10 @@ if [ "$STAGE" = eager ]; then
         timeout 120 python3 benchmarks/$b.py --compile --json "$OUT/$b.json" > "$OUT/$b.log" 2>&1
         echo "$b rc $?" | tee -a "$OUT/gpu.txt"; tail -24 "$OUT/$b.log" >> "$OUT/gpu.txt"
     done
+    # the FP8 picks at 576 tokens (rowwise GEMMs priced in whole 128-token tiles) beside PyTorch's FP8 ops
+    timeout 90 python3 benchmarks/fp8_decode.py --models gpt3-6.7b,llama-70b --tokens 576 --json "$OUT/fp8-576.json" \
+        > "$OUT/fp8-576.log" 2>&1
+    echo "fp8_decode 576 rc $?" | tee -a "$OUT/gpu.txt"; tail -8 "$OUT/fp8-576.log" >> "$OUT/gpu.txt"
     finish eager
 fi
 if [ "$STAGE" = cells ]; then
