@@ -4,7 +4,7 @@ lt_ffn): one launch and two passes of the intermediate fewer than linear and the
 
 On any machine: off a CUDA device the ops run, bitwise the reference (seen in the profiler's op list), and
 ``gate_setup`` takes torch's op or None. On a Hopper GPU (marked gpu): the epilogue runs for every input rank and
-both activations, with ``_addmm_activation``'s bits and within a rounding of the ops; the ops run where it does not
+both activations, with ``_addmm_activation``'s bits and as close to the float64 FFN as the ops; the ops run where it does not
 apply (exact GELU, SiLU, no bias, autograd, a torch mode, FUSER_DISABLE); ``fuser.ffn`` and ``FusedFFN`` use it."""
 import pytest
 import torch
@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import fuser
 from fuser import _C, runtime
 from fuser.reference import ACTIVATIONS, eager
+from conftest import rel_error
 
 
 def ops_seen(fn):
@@ -64,10 +65,13 @@ def test_the_epilogue_runs_with_addmm_activation_bits(shape, act, dtype):
         x2 = x.reshape(-1, x.shape[-1])
         h = torch._addmm_activation(bu, x2, wu.t(), use_gelu=act == "gelu_tanh")
         want = F.linear(h, wd, bd).view(*x.shape[:-1], wd.shape[0])
-        ref = eager(x, wu, wd, None, bu, None, bd, ACTIVATIONS[act])
+        ops = eager(x, wu, wd, None, bu, None, bd, ACTIVATIONS[act])
+        exact = eager(*(t.double() for t in (x, wu, wd)), None, bu.double(), None, bd.double(), ACTIVATIONS[act])
     assert "aten::_addmm_activation" in seen and "aten::gelu" not in seen and "aten::relu" not in seen
-    assert y.shape == ref.shape and torch.equal(y, want)
-    torch.testing.assert_close(y, ref, atol=2e-2, rtol=2e-2)
+    assert y.shape == ops.shape and torch.equal(y, want)
+    # one rounding of H fewer than the ops: within the suite's bound of twice their error (bfloat16's H rounded
+    # once or twice moves single outputs by a unit in the last place, more than a fixed tolerance allows)
+    assert rel_error(y, exact) <= 2 * rel_error(ops, exact) + 1e-6, (rel_error(y, exact), rel_error(ops, exact))
 
 
 @pytest.mark.gpu
