@@ -140,10 +140,12 @@ def test_tune_keeps_the_fastest_and_the_runtime_uses_it(cache, monkeypatch):
         return t
     r = fuser.tune(128, 768, 3072, activation="gelu", k=4, timer=timer)
     plans = seen["plans"]
-    assert len(plans) == 5 and [p.fused for p in plans] == [True] * 4 + [False]
+    assert len(plans) == 6 and [p.fused for p in plans] == [True] * 5 + [False]
+    # the four best by prediction, then the best 96-wide l-tile plan (the search offers it only when asked)
+    assert [p.tiles["bl"] == 96 for p in plans[:5]] == [False] * 4 + [True]
     assert (seen["w"].m, seen["w"].d_model, seen["w"].d_ff, seen["w"].activation) == (128, 768, 3072, "gelu")
     assert r.best == plans[2] and r.timings[0][2] == 50.0 and r.timings[-1][2] is None
-    assert "failed" in r.table() and r.table().count("\n") == 5
+    assert "failed" in r.table() and r.table().count("\n") == 6
     stored = json.loads((cache / "tuned" / "Fake-H200-132sm.json").read_text())
     chain = plans[2].chain
     assert list(stored["plans"]) == [target.chain_key(chain)]
@@ -158,6 +160,15 @@ def test_tune_keeps_the_fastest_and_the_runtime_uses_it(cache, monkeypatch):
         assert runtime.plan_for(chain, 7) == plans[2]
     finally:
         route.forget()
+
+
+def test_tune_offers_on_request_tiles_only_where_a_plan_has_them(cache, monkeypatch):
+    """At 16 tokens no 96-wide l-tile plan passes the search's rules (a 64-row tile at most half full), so the
+    candidates are the k best and eager alone."""
+    monkeypatch.setattr(tuning, "gpu_identity", lambda: ("Fake H200", 132))
+    seen = []
+    fuser.tune(16, 768, 3072, activation="gelu", k=3, timer=lambda w, plans: seen.extend(plans) or [1.0] * len(plans))
+    assert len(seen) == 4 and not any(p.fused and p.tiles["bl"] == 96 for p in seen)
 
 
 def test_tune_needs_a_timing():

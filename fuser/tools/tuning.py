@@ -1,6 +1,7 @@
 """``fuser.tune``: time the planner's best plans for one FFN shape on this GPU and keep the fastest.
 
-The candidates are the `k` best fused plans by predicted time plus the unfused path (PyTorch eager);
+The candidates are the `k` best fused plans by predicted time, the best plan with each tile width the search offers
+only on request (``ON_REQUEST``), and the unfused path (PyTorch eager);
 each runs in a CUDA graph over rotated inputs (``fuser.tools.calibrate.time_plans``), a fused one only once its
 output on the first input set is the FFN's (``calibrate.agrees``), so a plan that computes something else is
 never kept. The winner is
@@ -21,6 +22,10 @@ from fuser.tools.calibrate import time_plans
 from fuser.tools.timing import hopper_reason
 
 __all__ = ["TuneResult", "tune", "gpu_identity"]
+
+#: Tile widths the search offers only where asked (csrc/search.c: 96-wide l-tiles, whose picks are not yet timed
+#: into the model); ``tune`` adds the best plan of each to its candidates.
+ON_REQUEST = ({"bl": 96},)
 
 
 def gpu_identity():
@@ -71,8 +76,13 @@ def tune(m, d_model, d_ff, *, d_out=None, gated=False, activation="gelu", bias=F
         def timer(workload, candidates):
             return time_plans(workload, candidates, reps)
     args = dict(d_out=d_out, gated=gated, activation=activation, bias=bias, dtype=dtype)
-    plans = (planner.plans(m, d_model, d_ff, fused=True, k=k, **args)
-             + [planner.plan(m, d_model, d_ff, fused=False, **args)])
+    plans = planner.plans(m, d_model, d_ff, fused=True, k=k, **args)
+    for tiles in ON_REQUEST:    # timing decides here, so tiles the search offers only when asked compete too
+        try:
+            plans += planner.plans(m, d_model, d_ff, fused=True, k=1, **args, **tiles)
+        except ValueError:      # none fits this chain
+            pass
+    plans += [planner.plan(m, d_model, d_ff, fused=False, **args)]
     w = Workload("tune", m, d_model, d_ff, plans[0].chain["d_out"], gated, activation)
     measured = list(timer(w, plans))
     if len(measured) != len(plans) or all(t is None for t in measured):
