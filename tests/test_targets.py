@@ -128,8 +128,8 @@ def test_a_bench_run_writes_its_scorecard(tmp_path, capsys):
 
 
 def test_the_committed_decode_runs_score_as_their_rows_say():
-    """The twenty-third session's two decode runs (H200): each row's value is its own columns' ratio, and
-    the verdicts follow from them."""
+    """Two committed decode runs of the harness on the H200 (benchmarks/results/*-twentythird-bench-a/b.csv):
+    each row's value is its own columns' ratio, and the verdicts follow from them."""
     paths = [ROOT / f"benchmarks/results/2026-12-03-h200-twentythird-bench-{k}.csv" for k in "ab"]
     runs = targets.runs_of([r for p in paths for r in bench_report.read_csv(p)])
     res = {r["target"].name: r for r in targets.score(runs)}
