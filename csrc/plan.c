@@ -98,19 +98,19 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
                           (long long)c->n, (long long)c->l);
     if (p->bn != 64 && p->bn != 96 && p->bn != 112 && p->bn != 128 && p->bn != 192 && p->bn != 256)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: bn = %d: must be 64, 96, 112, 128, 192 or 256", p->bn);
-    /* 96- and 112-wide n-tiles (wgmma N 96 or 112 per part at bm 128, the halves 48 or 56 per warpgroup at bm 64):
-     * for d_ff widths whose 128-wide tiles leave SMs without a phase-1 unit (11008: 86 tiles of 128, 115 of 96;
-     * 14336: 112 of 128, 128 of 112); tokens on wgmma's M side (bm 64 or 128, 16-bit), two phases, unpaired */
-    if (fuser_stream_narrow_bn(p->bn) && (p->bm < 64 || swap || p->phases != 2 || p->cls_m != 1 || p->cls_n != 1))
-        return fuser_fail(err, FUSER_E_VALUE, "stream plan: bn = %d needs bm = 64 or 128 (16-bit), two phases and no "
-                          "cluster pair; got bm = %d%s, phases = %d, cluster (%d, %d, %d, %d)", p->bn, p->bm,
-                          swap ? " swap-AB" : "", p->phases, p->cls_m, p->cls_n, p->cls_k, p->cls_l);
     if (p->bl != 64 && p->bl != 96 && p->bl != 128 && p->bl != 192 && p->bl != 256)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: bl = %d: must be 64, 96, 128, 192 or 256", p->bl);
-    if (fuser_stream_narrow_bl(p->bl) && (p->bm < 64 || swap || p->phases != 2 || p->cls_m != 1 || p->cls_n != 1))
-        return fuser_fail(err, FUSER_E_VALUE, "stream plan: bl = %d needs bm = 64 or 128 (16-bit), two phases and no "
-                          "cluster pair; got bm = %d%s, phases = %d, cluster (%d, %d, %d, %d)", p->bl, p->bm,
-                          swap ? " swap-AB" : "", p->phases, p->cls_m, p->cls_n, p->cls_k, p->cls_l);
+    /* 96- and 112-wide n-tiles (wgmma N 96 or 112 per part at bm 128, the halves 48 or 56 per warpgroup at bm 64):
+     * for d_ff widths whose 128-wide tiles leave SMs without a phase-1 unit (11008: 86 tiles of 128, 115 of 96;
+     * 14336: 112 of 128, 128 of 112); tokens on wgmma's M side (bm 64 or 128, 16-bit), two phases, unpaired;
+     * 96-wide l-tiles likewise (wgmma N 96 in phase 2), for d_out widths whose 128-wide tiles leave SMs idle */
+    const int narrow_bn = fuser_stream_narrow_bn(p->bn);
+    if ((narrow_bn || fuser_stream_narrow_bl(p->bl)) &&
+        (p->bm < 64 || swap || p->phases != 2 || p->cls_m != 1 || p->cls_n != 1))
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: %s = %d needs bm = 64 or 128 (16-bit), two phases and no "
+                          "cluster pair; got bm = %d%s, phases = %d, cluster (%d, %d, %d, %d)", narrow_bn ? "bn" : "bl",
+                          narrow_bn ? p->bn : p->bl, p->bm, swap ? " swap-AB" : "", p->phases, p->cls_m, p->cls_n,
+                          p->cls_k, p->cls_l);
     if (c->gated && p->bn > 128)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: a gated chain keeps gate and up accumulators: bn <= "
                           "128, got %d", p->bn);
