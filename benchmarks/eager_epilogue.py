@@ -28,7 +28,8 @@ from fuser.tools.timing import copy_gbs, graphed, hopper_reason, time_interleave
 
 #: model -> (d_model, d_ff, activation): FFNs with biases whose activation cuBLASLt's epilogue computes
 MODELS = {"gpt2": (768, 3072, "gelu_tanh"), "gpt2-medium": (1024, 4096, "gelu_tanh"),
-          "gpt2-xl": (1600, 6400, "gelu_tanh"), "opt-1.3b": (2048, 8192, "relu"), "opt-6.7b": (4096, 16384, "relu")}
+          "gpt2-xl": (1600, 6400, "gelu_tanh"), "opt-1.3b": (2048, 8192, "relu"), "opt-2.7b": (2560, 10240, "relu"),
+          "opt-6.7b": (4096, 16384, "relu"), "opt-13b": (5120, 20480, "relu")}
 CELLS = ("gpt2:512", "gpt2:2048", "gpt2:8192", "gpt2-medium:2048", "gpt2-xl:2048", "opt-1.3b:2048", "opt-6.7b:2048")
 L2_BYTES = 60e6
 
