@@ -21,8 +21,10 @@ static const int grid_n_targets[] = {1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20,
                                      80, 96, 112, 128, 160, 192, 224, 256};
 /* the stream family: token rows of a row tile, tiles, K splits of either phase; stages: the most that fit */
 static const int stream_bm_set[] = {16, 32, 64, 128};
-/* bl 96 (fuser_stream_narrow_bl) is searched only where the caller asks for it (bl=96): the plans the model
- * picks with it wait for their timing beside the current picks (docs/planner.md, "96-wide l-tiles") */
+/* bl 96 (fuser_stream_narrow_bl) is searched up to narrow_bl_max_tokens, and above only where the caller asks for
+ * it (bl=96): timed, its picks at 48-256 tokens ran 1.035x the old ones (geomean of 28 cells), while the two prefill
+ * cells it changed (G10 at 1024-2048 tokens) lost to eager (docs/planner.md, "96-wide l-tiles") */
+static const int64_t narrow_bl_max_tokens = 256;
 static const int stream_tile_set[] = {64, 96, 128, 192, 256};
 static const int stream_bn_set[] = {64, 96, 112, 128, 192, 256}; /* 96, 112: bm 64 and 128 only (plan.c) */
 const int fuser_stream_splits[] = {1, 2, 3, 4, 6, 8, 12, 16};
@@ -215,7 +217,7 @@ static void search_stream(const fuser_chain *c, const fuser_target *t, const fus
         if (!p.s2 || !free_or(cons->phases, p.phases) || !free_or(cons->bm, p.bm) || !free_or(cons->bn, p.bn) ||
             !free_or(cons->bl, p.bl) || !free_or(cons->s1, p.s1) || !free_or(cons->s2, p.s2) ||
             !free_or(cons->lspan, p.lspan) || (whole && (p.lspan == 1 || cons->lspan <= 1)) ||
-            (fuser_stream_narrow_bl(p.bl) && cons->bl != p.bl)) {
+            (fuser_stream_narrow_bl(p.bl) && c->m > narrow_bl_max_tokens && cons->bl != p.bl)) {
             st->constrained++;
             continue;
         }

@@ -48,9 +48,11 @@ def test_calibration_file_feeds_the_target(cache):
     assert got["barrier_cycles"] == 780.0 and got["fused_mma_eff"] == 0.6
     assert got["clock_ghz"] == t["clock_ghz"] and got["hbm_gbs"] == t["hbm_gbs"]   # not MEASURED / not a number
     assert target.apply(t, "Another GPU", 132) == t
-    # the planner honours the fields: a lower fused scale predicts the fused plan faster
-    base = fuser.plan(128, 768, 3072, activation="gelu", fused=True, target=t)
-    cal = fuser.plan(128, 768, 3072, activation="gelu", fused=True, target=got)
+    # the planner honours the fields: a lower fused scale (the cluster kernel's; the other fields as stored)
+    # predicts the cluster plan faster
+    kw = dict(activation="gelu", fused=True, kind="cluster")
+    base = fuser.plan(128, 768, 3072, target=dict(got, fused_time_scale=t["fused_time_scale"]), **kw)
+    cal = fuser.plan(128, 768, 3072, target=got, **kw)
     assert cal.predicted_us < base.predicted_us
 
 
@@ -138,19 +140,20 @@ def test_tune_keeps_the_fastest_and_the_runtime_uses_it(cache, monkeypatch):
         t[2] = 50.0            # the third-best predicted fused plan is the fastest measured
         t[1] = None            # one failed to run
         return t
-    r = fuser.tune(128, 768, 3072, activation="gelu", k=4, timer=timer)
+    r = fuser.tune(512, 768, 3072, activation="gelu", k=4, timer=timer)
     plans = seen["plans"]
     assert len(plans) == 6 and [p.fused for p in plans] == [True] * 5 + [False]
-    # the four best by prediction, then the best 96-wide l-tile plan (the search offers it only when asked)
+    # the four best by prediction, then the best 96-wide l-tile plan (above 256 tokens the search offers it only
+    # when asked)
     assert [p.tiles["bl"] == 96 for p in plans[:5]] == [False] * 4 + [True]
-    assert (seen["w"].m, seen["w"].d_model, seen["w"].d_ff, seen["w"].activation) == (128, 768, 3072, "gelu")
+    assert (seen["w"].m, seen["w"].d_model, seen["w"].d_ff, seen["w"].activation) == (512, 768, 3072, "gelu")
     assert r.best == plans[2] and r.timings[0][2] == 50.0 and r.timings[-1][2] is None
     assert "failed" in r.table() and r.table().count("\n") == 6
     stored = json.loads((cache / "tuned" / "Fake-H200-132sm.json").read_text())
     chain = plans[2].chain
     assert list(stored["plans"]) == [target.chain_key(chain)]
     assert runtime.tuned(chain, "Fake H200", 132) == plans[2]
-    assert runtime.tuned(dict(chain, m=129), "Fake H200", 132) is None
+    assert runtime.tuned(dict(chain, m=513), "Fake H200", 132) is None
     assert runtime.tuned(chain, "Other GPU", 132) is None
     # the runtime's plan for that exact chain on a device of that model is the tuned one
     fake = dataclasses.replace(fuser.env(), gpu_name="Fake H200", sm_count=132, fused_available=True, why="")
@@ -160,6 +163,16 @@ def test_tune_keeps_the_fastest_and_the_runtime_uses_it(cache, monkeypatch):
         assert runtime.plan_for(chain, 7) == plans[2]
     finally:
         route.forget()
+
+
+def test_tune_adds_no_on_request_plan_the_best_hold_already(cache, monkeypatch):
+    """At 128 tokens the search offers 96-wide l-tiles itself and GPT-2's best two hold them: the candidates are
+    the k best and eager, each once."""
+    monkeypatch.setattr(tuning, "gpu_identity", lambda: ("Fake H200", 132))
+    seen = []
+    fuser.tune(128, 768, 3072, activation="gelu", k=4, timer=lambda w, plans: seen.extend(plans) or [1.0] * len(plans))
+    assert len(seen) == 5 and sum(p.fused and p.tiles["bl"] == 96 for p in seen) >= 1
+    assert len({p.summary() for p in seen}) == 5
 
 
 def test_tune_offers_on_request_tiles_only_where_a_plan_has_them(cache, monkeypatch):

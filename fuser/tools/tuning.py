@@ -23,8 +23,9 @@ from fuser.tools.timing import hopper_reason
 
 __all__ = ["TuneResult", "tune", "gpu_identity"]
 
-#: Tile widths the search offers only where asked (csrc/search.c: 96-wide l-tiles, whose picks are not yet timed
-#: into the model); ``tune`` adds the best plan of each to its candidates.
+#: Tile widths the search offers only where asked at some token counts (csrc/search.c: 96-wide l-tiles above 256
+#: tokens, where their picks are not timed into the model); ``tune`` adds the best plan of each to its candidates
+#: where the `k` best do not hold it already.
 ON_REQUEST = ({"bl": 96},)
 
 
@@ -79,9 +80,10 @@ def tune(m, d_model, d_ff, *, d_out=None, gated=False, activation="gelu", bias=F
     plans = planner.plans(m, d_model, d_ff, fused=True, k=k, **args)
     for tiles in ON_REQUEST:    # timing decides here, so tiles the search offers only when asked compete too
         try:
-            plans += planner.plans(m, d_model, d_ff, fused=True, k=1, **args, **tiles)
+            extra = planner.plans(m, d_model, d_ff, fused=True, k=1, **args, **tiles)
         except ValueError:      # none fits this chain
-            pass
+            continue
+        plans += [p for p in extra if p.raw["params"] not in [q.raw["params"] for q in plans]]
     plans += [planner.plan(m, d_model, d_ff, fused=False, **args)]
     w = Workload("tune", m, d_model, d_ff, plans[0].chain["d_out"], gated, activation)
     measured = list(timer(w, plans))
