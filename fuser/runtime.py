@@ -24,7 +24,7 @@ from fuser.reference import ACTIVATIONS
 from fuser.target import default_target, tuned_plan
 
 __all__ = ["Kernel", "compile", "MATH_SUBROUTINES", "Launch", "launch_for", "fused_available", "plan_for", "tuned",
-           "forget_plans", "host_op_us", "host_bound", "host_bound_plan", "host_bound_fused",
+           "forget_plans", "host_op_us", "eager_ops", "host_bound", "host_bound_plan", "host_bound_fused",
            "GATE_ACTS", "gate_compile", "gate_cubin", "register_eager_hooks"]
 
 _lock = threading.Lock()
@@ -323,9 +323,30 @@ def plan_for(chain, device):
 
 # ---- outside CUDA graphs: host-bound calls ---------------------------------------------------------
 
-#: The PyTorch ops an eager FFN launches: plain (up, activation, down), gated (up, gate, activation,
-#: product, down)
-EAGER_OPS = {False: 3, True: 5}
+#: The activations cuBLASLt computes in a GEMM's epilogue (``torch._addmm_activation``)
+_EPILOGUE_ACTS = ("relu", "gelu_tanh")
+
+
+def eager_ops(chain):
+    """The launches fuser's eager route makes for `chain` on a CUDA device (python/eager_bind.c), each costing
+    the host about one PyTorch op: a plain chain up, activation and down, or two where an up bias and ReLU or
+    tanh GELU put the activation in the up GEMM's epilogue; a gated 16-bit chain up, gate, the gate kernel
+    (activation and product) and down (three where a module packed gate and up into one GEMM: not counted, the
+    chain does not say); a quantized one PyTorch's five or three ops at least.
+
+    Example:
+        >>> from fuser import runtime
+        >>> c = dict(gated=False, bias_up=True, activation="gelu_tanh", dtype="bfloat16")
+        >>> runtime.eager_ops(c), runtime.eager_ops(dict(c, bias_up=False)), runtime.eager_ops(dict(c, gated=True))
+        (2, 3, 4)
+    """
+    if chain["dtype"] == "float8_e4m3fn":
+        return 5 if chain["gated"] else 3
+    if chain["gated"]:
+        return 4
+    return 2 if chain["bias_up"] and chain["activation"] in _EPILOGUE_ACTS else 3
+
+
 #: A chain the planner runs eager is launched fused outside CUDA graphs only where its call is predicted at
 #: least this much faster there (the host's time per op is measured, the rest is the model's) ...
 HOST_BOUND_MARGIN = 1.25
@@ -372,20 +393,21 @@ def host_op_us(device):
     return us
 
 
-def host_bound(eager_us, fused_us, host_us, gated):
+def host_bound(eager_us, fused_us, host_us, ops):
     """Whether a call outside CUDA graphs runs faster fused than eager, for the eager ops' predicted GPU
-    time `eager_us` (what the planner compares in a graph), a fused plan's `fused_us`, and `host_us` per
-    PyTorch op launched. Outside graphs each op costs the host `host_us` while the GPU waits, so a call
+    time `eager_us` (what the planner compares in a graph), a fused plan's `fused_us`, `host_us` per
+    PyTorch op launched and the eager route's `ops` launches (``eager_ops``). Outside graphs each op costs
+    the host `host_us` while the GPU waits, so a call
     takes about the larger of its host and GPU times: the eager ops' ``max(eager_us, ops x host_us)``
     against one launch's ``max(fused_us, host_us)``, which must be ``HOST_BOUND_MARGIN`` times less, with
     ``fused_us`` at most ``HOST_BOUND_GPU_CAP`` times ``eager_us``.
 
     Example:
         >>> from fuser import runtime
-        >>> runtime.host_bound(7.4, 8.0, 20.0, False), runtime.host_bound(1000.0, 1300.0, 20.0, True)
+        >>> runtime.host_bound(7.4, 8.0, 20.0, 3), runtime.host_bound(1000.0, 1300.0, 20.0, 4)
         (True, False)
     """
-    eager_call = max(eager_us, EAGER_OPS[bool(gated)] * host_us)
+    eager_call = max(eager_us, ops * host_us)
     fused_call = max(fused_us, host_us)
     return fused_us <= HOST_BOUND_GPU_CAP * eager_us and fused_call * HOST_BOUND_MARGIN <= eager_call
 
@@ -429,7 +451,7 @@ def host_bound_fused(chain, target, graph_plan, host_us):
         fused = planner.search(chain, target, k=1, constraints={"fused": 1})[0]
     except ValueError:   # no fused plan fits (alignment, say)
         return None
-    if not host_bound(graph_plan.predicted_us, fused.predicted_us, host_us, chain["gated"]):
+    if not host_bound(graph_plan.predicted_us, fused.predicted_us, host_us, eager_ops(chain)):
         return None
     return fused
 

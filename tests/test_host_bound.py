@@ -12,17 +12,43 @@ from fuser import planner, route, runtime
 
 def test_host_bound_compares_per_call_times_with_margins():
     # eager: 3 plain ops at 20 us of host each = 60 us per call; the kernel's 8 us is below it
-    assert runtime.host_bound(7.4, 8.0, 20.0, False)
+    assert runtime.host_bound(7.4, 8.0, 20.0, 3)
     # the GPU's time dominates both: the planner's (graph) comparison stands
-    assert not runtime.host_bound(1000.0, 1300.0, 20.0, True)
+    assert not runtime.host_bound(1000.0, 1300.0, 20.0, 4)
     # a fast host (2 us per op): eager's call is its GPU time, 7.4 us, not 1.25x more than the kernel's
-    assert not runtime.host_bound(7.4, 8.0, 2.0, False)
+    assert not runtime.host_bound(7.4, 8.0, 2.0, 3)
     # the kernel at most 1.5x the eager ops' GPU time, however slow the host
-    assert runtime.host_bound(10.0, 15.0, 100.0, False) and not runtime.host_bound(10.0, 15.1, 100.0, False)
-    # gated chains launch five ops: the same host cost makes their eager call slower
-    assert not runtime.host_bound(10.0, 12.0, 3.0, False) and runtime.host_bound(10.0, 12.0, 3.0, True)
+    assert runtime.host_bound(10.0, 15.0, 100.0, 3) and not runtime.host_bound(10.0, 15.1, 100.0, 3)
+    # more launches make the eager call slower at the same host cost
+    assert not runtime.host_bound(10.0, 12.0, 4.0, 2) and runtime.host_bound(10.0, 12.0, 4.0, 4)
     # the margin: eager's call 30 us (three ops); a fused call of 24 us (1.25x less) is taken, 24.1 is not
-    assert runtime.host_bound(20.0, 24.0, 10.0, False) and not runtime.host_bound(20.0, 24.1, 10.0, False)
+    assert runtime.host_bound(20.0, 24.0, 10.0, 3) and not runtime.host_bound(20.0, 24.1, 10.0, 3)
+
+
+@pytest.mark.parametrize("chain, ops", [
+    (dict(gated=False, bias_up=False, activation="gelu"), 3),          # up, GELU, down
+    (dict(gated=False, bias_up=True, activation="gelu"), 3),           # exact GELU: no epilogue computes it
+    (dict(gated=False, bias_up=True, activation="gelu_tanh"), 2),      # GPT-2: GELU in the up GEMM's epilogue
+    (dict(gated=False, bias_up=True, activation="relu"), 2),           # OPT
+    (dict(gated=False, bias_up=False, activation="relu"), 3),          # no bias: no addmm
+    (dict(gated=True, bias_up=True, activation="silu"), 4),            # up, gate, the gate kernel, down
+    (dict(gated=True, bias_up=False, activation="silu", dtype="float8_e4m3fn"), 5),
+])
+def test_eager_ops_counts_the_eager_routes_launches(chain, ops):
+    assert runtime.eager_ops({"dtype": "bfloat16", **chain}) == ops
+
+
+def test_an_epilogue_chain_is_host_bound_later_than_its_three_op_form():
+    """GPT-2's FFN with biases and tanh GELU runs two launches on the eager route, exact GELU three: at a host
+    cost between the two thresholds only the three-op form is launched fused outside graphs."""
+    tgt = planner.default_target()
+    gelu = fuser.plan(128, 768, 3072, activation="gelu", bias=True, target="h200")
+    tanh = fuser.plan(128, 768, 3072, activation="gelu_tanh", bias=True, target="h200")
+    assert not gelu.fused and not tanh.fused
+    f = fuser.plan(128, 768, 3072, activation="gelu", bias=True, target="h200", fused=True).predicted_us
+    host = 1.3 * f / 2.5          # 3 ops: 1.3 f / 2.5 * 3 = 1.56 f >= 1.25 f; 2 ops: 1.04 f < 1.25 f
+    assert runtime.host_bound_fused(gelu.chain, tgt, gelu, host) is not None
+    assert runtime.host_bound_fused(tanh.chain, tgt, tanh, host) is None
 
 
 @pytest.mark.parametrize("host_us, expect", [(2.0, False), (20.0, True)])
