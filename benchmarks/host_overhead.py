@@ -22,6 +22,9 @@ float32 FFNs on CPU tensors):
   fuser.ffn        the functional call                         target: at most 2 us over ops
   FusedFFN         an optimized module (after its first call)  target: at most 2 us over ops
   module           the original module, in PyTorch eager (context: its own container overhead)
+  ops, again       the same ops in a second loop of each round: its paired difference from the ops is what
+                   the measurement reads where there is nothing to read (its noise at that shape), printed
+                   beside the verdicts
 
 Fused route (a Hopper GPU; one tiny FFN whose fused plan ``fuser.tune`` is made to store, so that
 ``fuser.ffn`` and ``FusedFFN`` pick it as they would any tuned plan):
@@ -75,6 +78,8 @@ QUICK = ("gpt2:1", "gpt2:128", "llama3-8b:16", "llama3-8b:2048", "gpt3-6.7b:2048
 #: Without a GPU: small float32 FFNs on CPU tensors, where host time is most of a call
 CPU_SHAPES = ("8x32:relu:2", "8x32:silu-gated:2", "64x256:gelu:4")
 TARGETS = {"fuser.ffn": 2.0, "FusedFFN": 2.0}
+#: The eager route's null variant: the ops again, whose paired difference from the ops is the noise
+NULL = "ops, again"
 #: --pieces: the C calls inside the eager routes, timed alone: fuser.ffn's route key (it describes x and every
 #: weight), FusedFFN's check of x and the held weights (the layouts of row slices only), its whole C call
 #: (checks and ops, without FusedFFN.__call__'s Python frame), and that call checking every weight's layout
@@ -168,6 +173,7 @@ def eager_variants(w, device, pieces=False):
         "fuser.ffn": lambda: fuser.ffn(x, wu, wd, w_gate=wg, activation=w.activation),
         "FusedFFN": lambda: module(x),
         "module": lambda: mlp(x),
+        NULL: lambda: eager(x, wu, wd, wg, None, None, None, act),
     }
     if pieces:
         module(x)   # (its first call keeps the route whose checks C reads)
@@ -245,16 +251,17 @@ def report_eager(rows):
             over = paired.get(n)
             cells.append(f"{res[n]:8.2f}" + (f" ({over:+6.2f})" if n in TARGETS else " " * 9) + " ")
             if n in TARGETS and (worst[n] is None or over > worst[n][0]):
-                worst[n] = (over, res[n] - res["ops"], res["ops"] / res[n], label)
-        print(f"{label:34s}" + "".join(f"{c:>18s}" for c in cells))
+                worst[n] = (over, res[n] - res["ops"], res["ops"] / res[n], label, paired[NULL])
+        print(f"{label:34s}" + "".join(f"{c:>18s}" for c in cells) + f"  null {paired[NULL]:+.2f}")
         if any(n in res for n in PIECES):
             print(f"{'':34s}pieces: " + ", ".join(f"{n} {res[n]:.2f}" + (f" ({paired[n]:+.2f} over the ops)"
                                                                        if n.startswith("kept_eager") else "")
                                                   for n in PIECES if n in res))
-    for n, (over, raw, ratio, label) in worst.items():
+    for n, (over, raw, ratio, label, null) in worst.items():
         ok = over <= TARGETS[n]
         print(f"eager route, {n}: worst {over:+.2f} us over the ops (paired per round; the medians differ by "
-              f"{raw:+.2f}, {ratio:.2f}x their speed) at {label}; target {TARGETS[n]:.0f} us: {'met' if ok else 'MISSED'}")
+              f"{raw:+.2f}, {ratio:.2f}x their speed; the ops against themselves {null:+.2f}) at {label}; "
+              f"target {TARGETS[n]:.0f} us: {'met' if ok else 'MISSED'}")
 
 
 def main(argv=None):
