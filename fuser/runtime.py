@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import statistics
 import threading
 import time
@@ -462,6 +463,16 @@ def host_bound_fused(chain, target, graph_plan, host_us):
 GATE_ACTS = ("relu", "gelu", "gelu_tanh", "silu")
 
 
+def _in_place_acts():
+    """The activations' in-place forms in GATE_ACTS order (ATen's ``relu_``, ``gelu_``, ``silu_``: the same
+    kernels as the out-of-place ops, so the same values), None where this torch has none."""
+    gelu_ = getattr(torch._C._nn, "gelu_", None)
+    forms = {"relu": getattr(torch, "relu_", None), "gelu": gelu_,
+             "gelu_tanh": None if gelu_ is None else functools.partial(gelu_, approximate="tanh"),
+             "silu": getattr(torch._C._nn, "silu_", None)}
+    return tuple(forms[a] for a in GATE_ACTS)
+
+
 def gate_compile():
     """The eager route's gate kernels (``_C.gate_source()``) compiled for sm_90a through the disk cache: a
     :class:`fuser.jit.Compiled` (needs NVRTC, or the cache entry, not a GPU; ``fuser.warmup`` calls it for models
@@ -499,8 +510,8 @@ def gate_cubin(device):
 
 def register_eager_hooks():
     """Register with C what the eager route's own steps need (``_C.gate_setup``): the gate kernel's loader, the
-    activations, torch's predicates read at each call, and ``torch._addmm_activation`` (None on a torch without
-    it). Done at import.
+    activations, torch's predicates read at each call, ``torch._addmm_activation`` (None on a torch without
+    it), and the activations' in-place forms. Done at import.
 
     Example:
         >>> from fuser import runtime
@@ -509,7 +520,7 @@ def register_eager_hooks():
     _C.gate_setup(gate_cubin, tuple(ACTIVATIONS[a] for a in GATE_ACTS), capturing,
                   torch._C._len_torch_dispatch_stack, torch._C._is_torch_function_mode_enabled,
                   interop.current_device, interop.raw_stream, interop.disabled, torch.is_grad_enabled,
-                  getattr(torch, "_addmm_activation", None))
+                  getattr(torch, "_addmm_activation", None), _in_place_acts())
 
 
 register_eager_hooks()

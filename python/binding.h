@@ -149,6 +149,14 @@ int fuser_act_index(PyObject *act);
  * registered (gate_bind.c). */
 PyObject *fuser_addmm_activation(void);
 
+/* act(h) as the activation's in-place form (h overwritten, bitwise the same values, no new tensor allocated)
+ * where gate_setup registered one for act, h records no autograd (h.requires_grad is False) and no torch
+ * dispatch or function mode is active: the result (new reference); Py_None (new reference) where not, for the
+ * caller to call act; NULL with an exception set (gate_bind.c). h must be a tensor no one else holds (an op's
+ * fresh result). The in-place form is PyTorch's own op, so FUSER_DISABLE, which asks for PyTorch's ops, leaves
+ * it on. */
+PyObject *fuser_act_in_place(PyObject *act, PyObject *h);
+
 /* 1 where the eager route may run a step of a call on x as other ops than PyTorch's reference ones: x a CUDA
  * tensor, no torch dispatch or function mode, FUSER_DISABLE unset, and autograd recording nothing on x and
  * the n tensors ts (None allowed); 0 where not, -1 with an exception set (gate_bind.c). */

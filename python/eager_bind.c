@@ -222,7 +222,8 @@ done:
 
 /* linear(x, w_up, b_up); with w_gate act(linear(x, w_gate, b_gate)) * that, else act(that); then
  * linear(h, w_down, b_down). t: x, w_up, w_down, w_gate, b_up, b_gate, b_down (None where absent). A plain
- * chain's up projection and activation run as one GEMM with an epilogue where lt_ffn applies; the gate
+ * chain's up projection and activation run as one GEMM with an epilogue where lt_ffn applies, else its
+ * activation in place of the GEMM's result where fuser_act_in_place applies (one allocation fewer); the gate
  * step runs as fuser's gate kernel where it applies (fuser_gate_try: the same values, one kernel instead of
  * two, in place of the gate GEMM's result), else as the two ops. pk (or NULL): the gate and up weights as one
  * tensor, its bias and PK_* bits, for one GEMM in place of the gate's and up's where runs_packed says so. */
@@ -260,7 +261,11 @@ static PyObject *run_eager(fuser_state *st, PyObject *linear, PyObject *act, PyO
                 Py_XDECREF(ga);
             }
         } else {
-            g = PyObject_CallOneArg(act, h);
+            g = fuser_act_in_place(act, h);
+            if (g == Py_None) {
+                Py_DECREF(g);
+                g = PyObject_CallOneArg(act, h);
+            }
         }
         Py_DECREF(h);
     }

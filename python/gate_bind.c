@@ -28,9 +28,10 @@ typedef struct {
 /* What gate_setup registered (NULL before): the loader (device -> CUBIN bytes, or a str saying why none),
  * the activation functions in FUSER_ACT_* order, and the per-call predicates (torch's capturing(),
  * len(dispatch stack), function mode enabled, current device, current raw stream of a device; fuser's
- * FUSER_DISABLE; torch's is_grad_enabled()), and torch._addmm_activation (None where torch has none). */
+ * FUSER_DISABLE; torch's is_grad_enabled()), torch._addmm_activation (None where torch has none), and the
+ * activations' in-place forms in FUSER_ACT_* order (each a function of one tensor, or None). */
 enum { H_LOADER, H_ACTS, H_CAPTURING, H_DISPATCH, H_FUNCTION, H_DEVICE, H_STREAM, H_DISABLED, H_GRAD, H_ADDMM_ACT,
-       H_COUNT };
+       H_ACTS_INPLACE, H_COUNT };
 static PyObject *hooks, *s_requires_grad, *s_is_cuda;
 static gate_device *devices[GATE_DEVICES];
 static unsigned long long launches;
@@ -63,16 +64,20 @@ static int hook_false(int i)
     return t < 0 ? -1 : !t;
 }
 
-/* 1 where fuser may run its own steps in place of PyTorch's ops: no torch dispatch or function mode that
- * expects to see the ops, and FUSER_DISABLE not asking for them everywhere; 0 where not, -1 with an exception. */
+/* 1 where no torch dispatch or function mode is active (one would expect to see the ops as the reference calls
+ * them); 0 where one is, -1 with an exception. */
+static int no_mode(void)
+{
+    const int yes = hook_false(H_DISPATCH);
+    return yes > 0 ? hook_false(H_FUNCTION) : yes;
+}
+
+/* 1 where fuser may run its own steps in place of PyTorch's ops: no torch mode (no_mode), and FUSER_DISABLE not
+ * asking for PyTorch's ops everywhere; 0 where not, -1 with an exception. */
 static int unobserved(void)
 {
-    int yes = hook_false(H_DISPATCH);
-    if (yes > 0)
-        yes = hook_false(H_FUNCTION);
-    if (yes > 0)
-        yes = hook_false(H_DISABLED);
-    return yes;
+    const int yes = no_mode();
+    return yes > 0 ? hook_false(H_DISABLED) : yes;
 }
 
 /* Load the gate kernels of `device` (the current device) through the registered loader; the device's
@@ -287,6 +292,17 @@ PyObject *fuser_addmm_activation(void)
 }
 
 /* (binding.h) */
+PyObject *fuser_act_in_place(PyObject *act, PyObject *h)
+{
+    const int a = hooks ? act_index(act) : -1;
+    PyObject *f = a < 0 ? Py_None : PyTuple_GET_ITEM(PyTuple_GET_ITEM(hooks, H_ACTS_INPLACE), a);
+    if (f == Py_None || !fuser_attr_is(h, s_requires_grad, Py_False))
+        return Py_NewRef(Py_None);
+    const int yes = no_mode();
+    return yes > 0 ? PyObject_CallOneArg(f, h) : yes < 0 ? NULL : Py_NewRef(Py_None);
+}
+
+/* (binding.h) */
 int fuser_eager_may_fuse(PyObject *x, PyObject *const *ts, int n)
 {
     if (!hooks || !fuser_attr_is(x, s_is_cuda, Py_True))
@@ -301,17 +317,24 @@ int fuser_eager_may_fuse(PyObject *x, PyObject *const *ts, int n)
 }
 
 /* gate_setup(loader, acts, capturing, dispatch_len, function_mode, current_device, raw_stream, disabled,
- * grad_enabled, addmm_activation) */
+ * grad_enabled, addmm_activation, acts_in_place) */
 PyObject *fuser_py_gate_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != H_COUNT || !PyTuple_Check(args[H_ACTS]) || PyTuple_GET_SIZE(args[H_ACTS]) != FUSER_ACT_SILU + 1)
+    if (nargs != H_COUNT || !PyTuple_Check(args[H_ACTS]) || PyTuple_GET_SIZE(args[H_ACTS]) != FUSER_ACT_SILU + 1 ||
+        !PyTuple_Check(args[H_ACTS_INPLACE]) || PyTuple_GET_SIZE(args[H_ACTS_INPLACE]) != FUSER_ACT_SILU + 1)
         return PyErr_Format(PyExc_TypeError, "gate_setup(loader, acts: a tuple of %d functions, capturing, "
-                                             "dispatch_len, function_mode, current_device, raw_stream, disabled, grad_enabled, addmm_activation)",
-                            FUSER_ACT_SILU + 1);
+                                             "dispatch_len, function_mode, current_device, raw_stream, disabled, grad_enabled, "
+                                             "addmm_activation, acts_in_place: a tuple of %d functions or None)",
+                            FUSER_ACT_SILU + 1, FUSER_ACT_SILU + 1);
     for (int i = 0; i < H_COUNT; i++)
-        if (i != H_ACTS && !(i == H_ADDMM_ACT && args[i] == Py_None) && !PyCallable_Check(args[i]))
+        if (i != H_ACTS && i != H_ACTS_INPLACE && !(i == H_ADDMM_ACT && args[i] == Py_None) && !PyCallable_Check(args[i]))
             return PyErr_Format(PyExc_TypeError, "gate_setup: argument %d is not callable", i + 1);
+    for (int i = 0; i <= FUSER_ACT_SILU; i++) {
+        PyObject *f = PyTuple_GET_ITEM(args[H_ACTS_INPLACE], i);
+        if (f != Py_None && !PyCallable_Check(f))
+            return PyErr_Format(PyExc_TypeError, "gate_setup: acts_in_place[%d] is neither callable nor None", i);
+    }
     if ((!s_requires_grad && !(s_requires_grad = PyUnicode_InternFromString("requires_grad"))) ||
         (!s_is_cuda && !(s_is_cuda = PyUnicode_InternFromString("is_cuda"))))
         return NULL;

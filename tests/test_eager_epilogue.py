@@ -3,7 +3,8 @@ one cuBLASLt GEMM with an epilogue (``torch._addmm_activation``), then the down 
 lt_ffn): one launch and two passes of the intermediate fewer than linear and the activation.
 
 On any machine: off a CUDA device the ops run, bitwise the reference (seen in the profiler's op list), and
-``gate_setup`` takes torch's op or None. On a Hopper GPU (marked gpu): the epilogue runs for every input rank and
+``gate_setup`` takes torch's op or None. A plain chain that gets no epilogue runs its activation in place of the up
+projection's result (one allocation fewer, the same bits) where nothing records or observes it. On a Hopper GPU (marked gpu): the epilogue runs for every input rank and
 both activations, with ``_addmm_activation``'s bits and as close to the float64 FFN as the ops; the ops run where it does not
 apply (exact GELU, SiLU, no bias, autograd, a torch mode, FUSER_DISABLE); ``fuser.ffn`` and ``FusedFFN`` use it."""
 import pytest
@@ -44,12 +45,89 @@ def test_off_cuda_the_ops_run(act):
 
 def test_gate_setup_takes_torchs_op_or_none():
     args = [runtime.gate_cubin, tuple(ACTIVATIONS[a] for a in runtime.GATE_ACTS), *[len] * 7]
+    none = (None,) * 4
     try:
-        _C.gate_setup(*args, None)              # a torch without _addmm_activation: the ops run
+        _C.gate_setup(*args, None, none)        # a torch without _addmm_activation: the ops run
         with pytest.raises(TypeError, match="argument 10 is not callable"):
-            _C.gate_setup(*args, "addmm")
+            _C.gate_setup(*args, "addmm", none)
     finally:
         runtime.register_eager_hooks()         # the real ones again
+
+
+# ---- a plain chain's activation in place ------------------------------------------------------------------
+
+IN_PLACE = {"relu": "aten::relu_", "gelu": "aten::gelu_", "gelu_tanh": "aten::gelu_", "silu": "aten::silu_"}
+OUT_OF_PLACE = {"relu": "aten::relu", "gelu": "aten::gelu", "gelu_tanh": "aten::gelu", "silu": "aten::silu"}
+
+
+@pytest.mark.parametrize("act", list(IN_PLACE))
+@pytest.mark.parametrize("shape", [(5,), (2, 3), (0,)])
+def test_a_plain_chains_activation_runs_in_place_with_the_ops_bits(act, shape):
+    x, wu, wd, _, bd = tensors(shape=shape)
+    with torch.no_grad():
+        y, seen = ops_seen(lambda: _C.eager(F.linear, ACTIVATIONS[act], x, wu, wd, None, None, None, bd))
+        want = eager(x, wu, wd, None, None, None, bd, ACTIVATIONS[act])
+    assert IN_PLACE[act] in seen and OUT_OF_PLACE[act] not in seen, seen
+    assert y.shape == want.shape and torch.equal(y, want)
+
+
+def test_fuser_disable_leaves_the_in_place_activation_on(monkeypatch):
+    # FUSER_DISABLE asks for PyTorch's ops: the in-place form is one, with the same bits
+    monkeypatch.setenv("FUSER_DISABLE", "1")
+    x, wu, wd, _, _ = tensors()
+    with torch.no_grad():
+        y, seen = ops_seen(lambda: fuser.ffn(x, wu, wd, activation="silu"))
+    assert "aten::silu_" in seen and torch.equal(y, eager(x, wu, wd, None, None, None, None, ACTIVATIONS["silu"]))
+
+
+@pytest.mark.parametrize("why", ["autograd", "autograd through x", "a dispatch mode", "not registered"])
+def test_the_activation_runs_out_of_place_where_it_must(why):
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x, wu, wd, _, _ = tensors()
+    act = torch.sigmoid if why == "not registered" else ACTIVATIONS["gelu"]
+    if why == "autograd":
+        wu.requires_grad_()
+    if why == "autograd through x":
+        x.requires_grad_()
+    mode = Seen()
+
+    def call():
+        if why == "a dispatch mode":
+            with mode:
+                return _C.eager(F.linear, act, x, wu, wd, None, None, None, None)
+        return _C.eager(F.linear, act, x, wu, wd, None, None, None, None)
+    y, seen = ops_seen(call)
+    assert not any(k.endswith("_") and k[:-1] in OUT_OF_PLACE.values() for k in seen), (why, seen)
+    if why == "a dispatch mode":
+        assert "aten.gelu.default" in mode.ops, mode.ops      # the mode saw the op it expects
+    assert torch.equal(y, eager(x, wu, wd, None, None, None, None, act)), why
+    if why.startswith("autograd"):
+        y.sum().backward()                        # the ops recorded their backward
+        assert (wu.grad if why == "autograd" else x.grad) is not None
+
+
+def test_gate_setup_checks_the_in_place_forms():
+    args = [runtime.gate_cubin, tuple(ACTIVATIONS[a] for a in runtime.GATE_ACTS), *[len] * 7, None]
+    try:
+        with pytest.raises(TypeError, match="acts_in_place: a tuple of 4"):
+            _C.gate_setup(*args, (torch.relu_,))
+        with pytest.raises(TypeError, match=r"acts_in_place\[2\] is neither callable nor None"):
+            _C.gate_setup(*args, (None, None, "gelu_", None))
+        _C.gate_setup(*args, (None,) * 4)     # none registered: the activation runs out of place
+        x, wu, wd, _, _ = tensors()
+        with torch.no_grad():
+            _, seen = ops_seen(lambda: _C.eager(F.linear, ACTIVATIONS["relu"], x, wu, wd, None, None, None, None))
+        assert "aten::relu" in seen and "aten::relu_" not in seen
+    finally:
+        runtime.register_eager_hooks()
 
 
 # ---- on a Hopper GPU -------------------------------------------------------------------------------------
