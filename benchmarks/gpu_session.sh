@@ -25,7 +25,7 @@
 #   cells  build, `pick_diff.py time --route` twice on each committed cells file (benchmarks/results/*-cells.json:
 #          a model or search change's picks beside the old ones, eager and fuser's eager route; CELLS=NAME
 #          takes the files whose name holds NAME)
-#   host   build, benchmarks/host_overhead.py as the layering issue measures it (the thread's CPU clock, 31 rounds,
+#   host   build, benchmarks/host_overhead.py as the layering issue measures it (the thread's CPU clock, ROUNDS (31) rounds,
 #          the C calls inside the routes timed apart)
 #   targets build, one harness run of every workload the issues' speed targets name (`fuser bench --set targets`;
 #          RUN=a or b names it) and its scorecard (`--score`)
@@ -108,7 +108,7 @@ if [ "$STAGE" = cells ]; then
     finish cells
 fi
 if [ "$STAGE" = host ]; then
-    timeout 480 python3 benchmarks/host_overhead.py --set quick --clock thread --rounds 31 --pieces \
+    timeout 480 python3 benchmarks/host_overhead.py --set quick --clock thread --rounds ${ROUNDS:-31} --pieces \
         --json "$OUT/host.json" > "$OUT/host.log" 2>&1
     echo "host_overhead rc $?" | tee -a "$OUT/gpu.txt"; grep -E "target|==" "$OUT/host.log" | cut -c1-200 >> "$OUT/gpu.txt"
     finish host

@@ -52,6 +52,7 @@ The JSON holds each variant's median (us) and, under "paired", each variant's pa
 baseline (us).
 """
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -83,8 +84,11 @@ NULL = "ops, again"
 #: --pieces: the C calls inside the eager routes, timed alone: fuser.ffn's route key (it describes x and every
 #: weight), FusedFFN's check of x and the held weights (the layouts of row slices only), its whole C call
 #: (checks and ops, without FusedFFN.__call__'s Python frame), and that call checking every weight's layout
-#: as a kept fused launch does (what reading each weight through the exchange API costs)
-PIECES = ("ffn_key", "kept_match", "kept_eager", "kept_eager_all")
+#: as a kept fused launch does (what reading each weight through the exchange API costs); the eager ops as
+#: fuser.ffn's route calls them (`_C.eager`: a plain chain's activation in place of the up projection's
+#: result) and, on a plain chain, with a look-alike of the activation that C does not know (so it runs out of
+#: place, allocating its result as the ops do): what the in-place activation saves
+PIECES = ("ffn_key", "kept_match", "kept_eager", "kept_eager_all", "_C.eager", "_C.eager, act out of place")
 #: What a loop's time is read from (--clock)
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
 FUSED_TARGETS = {"FusedFFN": 6.0, "fuser.ffn": 8.0, "torch.ops": 15.0}
@@ -186,6 +190,12 @@ def eager_variants(w, device, pieces=False):
             out["kept_match"] = lambda: _C.kept_match(x, fast.signature, fast.held, fast.layout, fast.laid)
             out["kept_eager"] = lambda: _C.kept_eager(d, x, fast)
             out["kept_eager_all"] = lambda: _C.kept_eager(d, x, every)
+        lin = torch.nn.functional.linear
+        out["_C.eager"] = lambda: _C.eager(lin, act, x, wu, wd, wg, None, None, None)
+        if wg is None:
+            look_alike = functools.partial(act.func, *act.args, **act.keywords) if isinstance(
+                act, functools.partial) else functools.partial(act)
+            out["_C.eager, act out of place"] = lambda: _C.eager(lin, look_alike, x, wu, wd, None, None, None, None)
     return out
 
 
@@ -255,7 +265,8 @@ def report_eager(rows):
         print(f"{label:34s}" + "".join(f"{c:>18s}" for c in cells) + f"  null {paired[NULL]:+.2f}")
         if any(n in res for n in PIECES):
             print(f"{'':34s}pieces: " + ", ".join(f"{n} {res[n]:.2f}" + (f" ({paired[n]:+.2f} over the ops)"
-                                                                       if n.startswith("kept_eager") else "")
+                                                                       if n.startswith(("kept_eager", "_C.eager"))
+                                                                       else "")
                                                   for n in PIECES if n in res))
     for n, (over, raw, ratio, label, null) in worst.items():
         ok = over <= TARGETS[n]
