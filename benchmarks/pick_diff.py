@@ -31,6 +31,7 @@ plans timed in each cell instead: Spearman's rank correlation between predicted 
 the regret of the plan it predicts fastest among them.
 """
 import argparse
+import csv
 import json
 import math
 import os
@@ -146,7 +147,8 @@ def verdict(timed):
 
 def timed_plans(paths):
     """{(name, m, plan): (measured us, eager us)} of every timed stream plan in `paths` (newest last):
-    ``time``'s files, and every row that names a plan, its time and eager's in any other JSON. Rows of plans
+    ``time``'s files, every row that names a plan, its time and eager's in any other JSON, and a harness
+    run's CSV (``fuser bench``: each row's fused plan and eager, both in CUDA graphs). Rows of plans
     whose summary names more than this build parses (a kernel variant since removed) are left out."""
     out = {}
 
@@ -176,7 +178,13 @@ def timed_plans(paths):
 
     for path in paths:
         with open(path) as f:
-            walk(json.load(f))
+            if path.endswith(".csv"):   # a harness run: the fused plan of each row beside eager, in graphs
+                for r in csv.DictReader(f):
+                    if r.get("fused_graph_us") and r.get("eager_graph_us") and r["workload"] != "custom":
+                        add(r["workload"], r["m"], r["fused_plan"], float(r["fused_graph_us"]),
+                            float(r["eager_graph_us"]))
+            else:
+                walk(json.load(f))
     return out
 
 
