@@ -20,7 +20,7 @@ Like ``fuser.ffn``, ``x`` may have any leading shape ``[..., d_model]``; the res
 The operator is registered with ``torch.library.Library`` and three kernels: the implementation
 (CompositeExplicitAutograd: every device), the fake kernel, and an autograd kernel that, when no input
 needs a gradient and the tensors are plain CPU or CUDA tensors, hands the call straight to the
-implementation, or, where the route of the call's key is kept (``fuser.ops.kept``: the tensors read and
+implementation, or, where the route of the call's key is kept (``fuser.ops.run_kept``: the tensors read and
 validated in C, x contiguous and aligned), runs that route itself. That is what
 ``torch.library.custom_op`` registers too, less the Python wrappers it adds around each call (a
 ``torch._dynamo.disable`` frame, output aliasing checks), which cost about as much host time as the
@@ -179,10 +179,8 @@ def _autograd(keyset, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
     if keyset.raw_repr() & _AFTER_AUTOGRAD_BITS in _PLAIN:
         # the dispatcher would run _impl next: run it here, without the second hop; and where the call's
         # route is kept (x then contiguous and aligned: ready(x) would be x), run that route directly
-        r = ops.kept(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
-        if r is not None:
-            return r.run(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
-        return _impl(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
+        y = ops.run_kept(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
+        return y if y is not None else _impl(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
     with _below_autograd():
         return _op.redispatch(keyset & _AFTER_AUTOGRAD, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
 

@@ -12,17 +12,16 @@ import torch
 
 from fuser import _C, interop
 from fuser.planner import Plan
-from fuser.reference import ACTIVATIONS
 from fuser.route import route_for
 from fuser.target import default_target
 
-__all__ = ["ffn", "route", "kept"]
+__all__ = ["ffn", "route", "run_kept"]
 
 _Tensor = torch.Tensor
 _routes = {}                       # route key (_C.ffn_key) -> Route
 _MAX_SIGNATURES = 4096
 _ffn_key = _C.ffn_key
-_eager = _C.eager
+_ffn_kept = _C.ffn_kept
 _linear = torch.nn.functional.linear
 _keyed = interop.keyed             # whether _C.ffn_key takes torch tensors in this torch
 _NAMES = ("x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down", "out")
@@ -41,20 +40,23 @@ def _key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation):
         return None
 
 
-def kept(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation):
-    """The route kept for this call's route key (its tensors validated in C, as ``route`` validates
-    them), or None where ``route`` has to decide: the first call of the key, a stale route, or arguments
-    the general path must judge (not contiguous, not torch tensors...). The operator's shortest path.
+def run_kept(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation):
+    """This call's output by the route kept for its route key (its tensors validated in C, as ``route``
+    validates them; ``_C.ffn_kept``: an eager route's ops run in that call), or None where ``route`` has to
+    decide: the first call of the key, a stale route, or arguments the general path must judge (not
+    contiguous, not torch tensors...). The operator's shortest path, and ``ffn``'s.
 
     Example:
         >>> import torch
         >>> from fuser import ops
-        >>> x, w1, w2 = torch.randn(3, 8), torch.randn(16, 8), torch.randn(8, 16)
-        >>> ops.route(x, w1, w2, None, None, None, None, "relu") is ops.kept(x, w1, w2, None, None, None, None, "relu")
+        >>> x, w1, w2 = torch.randn(3, 24), torch.randn(40, 24), torch.randn(24, 40)
+        >>> ops.run_kept(x, w1, w2, None, None, None, None, "relu") is None    # nothing kept for this chain yet
+        True
+        >>> r = ops.route(x, w1, w2, None, None, None, None, "relu")
+        >>> torch.equal(ops.run_kept(x, w1, w2, None, None, None, None, "relu"), ffn(x, w1, w2, activation="relu"))
         True
     """
-    r = _routes.get(_key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)) if _keyed else None
-    return None if r is None or r.stale else r
+    return _ffn_kept(_routes, _linear, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation) if _keyed else None
 
 
 def _exported(objs, names, bit0):
@@ -228,15 +230,11 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
                 return r.run(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, None, st)
         return _quantized(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out, plan, st, key)
     if out is None and plan is None and _keyed:
-        try:   # _key, inline: this is every call's path
-            key = _ffn_key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
-        except Exception:  # noqa: BLE001 (the general path says what is wrong)
-            pass
-        r = _routes.get(key)   # never None's: _remember keeps no route under None
-        if r is not None and not r.stale:
-            if not r.fused:    # the eager route's ops, called from C (Route.run's, in one crossing)
-                return _eager(_linear, ACTIVATIONS[activation], x, w_up, w_down, w_gate, b_up, b_gate, b_down)
-            return r.run(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
+        # run_kept, inline: this is every call's path (the key, the kept route and an eager route's ops in C)
+        y = _ffn_kept(_routes, _linear, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
+        if y is not None:
+            return y
+        key = _key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
     # the first call of its route key, or one with out=, plan= or tensors of another DLPack producer
     tensors = (x, w_up, w_down, w_gate, b_up, b_gate, b_down)
     chain = _check(tensors, activation, out)

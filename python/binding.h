@@ -42,10 +42,10 @@ fuser_state *fuser_get_state(PyObject *module);
 
 /* The attribute and method names eager_bind.c reads, in the order of fuser_state.kept_names. */
 #define KEPT_NAMES "forward", "_compiled_call_impl", "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", \
-                   "_backward_pre_hooks", "training", "_modules", "stale", "_kept", "fast", "__call__", "chunk", "_base", "requires_grad", "shape", "reshape", "t", "view", "use_gelu"
+                   "_backward_pre_hooks", "training", "_modules", "stale", "_kept", "fast", "__call__", "chunk", "_base", "requires_grad", "shape", "reshape", "t", "view", "use_gelu", "fused", "run"
 enum {
     KN_FORWARD, KN_COMPILED, KN_HOOKS, KN_TRAINING = KN_HOOKS + 4, KN_MODULES, KN_STALE, KN_KEPT, KN_FAST, KN_CALL,
-    KN_CHUNK, KN_BASE, KN_REQUIRES_GRAD, KN_SHAPE, KN_RESHAPE, KN_T, KN_VIEW, KN_USE_GELU, KN_COUNT
+    KN_CHUNK, KN_BASE, KN_REQUIRES_GRAD, KN_SHAPE, KN_RESHAPE, KN_T, KN_VIEW, KN_USE_GELU, KN_FUSED, KN_RUN, KN_COUNT
 };
 
 /* The pointer in a capsule of type `name` (fuser's own handles), or NULL with a TypeError saying
@@ -145,6 +145,15 @@ int fuser_gate_records(PyObject *const *ts, int n);
 /* The FUSER_ACT_* of act, one of the activation functions gate_setup registered, or -1 (gate_bind.c). */
 int fuser_act_index(PyObject *act);
 
+/* The activation function gate_setup registered for FUSER_ACT_* a (borrowed), or NULL where nothing is
+ * registered (gate_bind.c). */
+PyObject *fuser_act_function(int a);
+
+/* The eager route's ops as fuser.ffn runs them (eager_bind.c): linear and act called on t (x, w_up, w_down, w_gate,
+ * b_up, b_gate, b_down; None where absent), gate and up weights that are the two row halves of one tensor packed
+ * as that tensor. y, or NULL with an exception set. */
+PyObject *fuser_eager_call(fuser_state *st, PyObject *linear, PyObject *act, PyObject *const *t);
+
 /* torch._addmm_activation as gate_setup registered it (borrowed), or NULL where torch has none or nothing is
  * registered (gate_bind.c). */
 PyObject *fuser_addmm_activation(void);
@@ -163,6 +172,7 @@ PyObject *fuser_act_in_place(PyObject *act, PyObject *h);
 int fuser_eager_may_fuse(PyObject *x, PyObject *const *ts, int n);
 PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fuser_py_ffn_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fuser_py_ffn_kept(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_env(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fuser_py_embedded_headers(PyObject *module, PyObject *noargs);
 PyObject *fuser_py_search(PyObject *module, PyObject *args, PyObject *kwargs);

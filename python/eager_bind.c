@@ -291,11 +291,17 @@ PyObject *fuser_py_eager(PyObject *module, PyObject *const *args, Py_ssize_t nar
     fuser_state *st = fuser_get_state(module);
     if (nargs == 12)
         return run_eager(st, args[0], args[1], args + 2, args + 9);
+    return fuser_eager_call(st, args[0], args[1], args + 2);
+}
+
+/* (binding.h) */
+PyObject *fuser_eager_call(fuser_state *st, PyObject *linear, PyObject *act, PyObject *const *t)
+{
     PyObject *pk[3];
-    const int packed = base_pack(st, args + 2, pk);
+    const int packed = base_pack(st, t, pk);
     if (packed <= 0)
-        return packed < 0 ? NULL : run_eager(st, args[0], args[1], args + 2, NULL);
-    PyObject *y = run_eager(st, args[0], args[1], args + 2, pk);
+        return packed < 0 ? NULL : run_eager(st, linear, act, t, NULL);
+    PyObject *y = run_eager(st, linear, act, t, pk);
     for (int i = 0; i < 3; i++)
         Py_DECREF(pk[i]);
     return y;

@@ -101,6 +101,8 @@ PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs)
     return res;
 }
 
+static PyObject *route_key(fuser_state *st, PyObject *const *args, PyObject *scales, int *act);
+
 /* ffn_key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation[, scales]) -> bytes: the per-call form of
  * ffn_check for fuser.ffn's kept routes. Each tensor is an instance of the registered tensor type
  * (torch.Tensor: described through its DLPack C exchange API, or exported by the registered exporter;
@@ -116,11 +118,63 @@ PyObject *fuser_py_ffn_key(PyObject *module, PyObject *const *args, Py_ssize_t n
     if (nargs != A_OUT + 1 && nargs != A_OUT + 2)
         return PyErr_Format(PyExc_TypeError, "ffn_key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation"
                             "[, scales]): got %zd arguments", nargs);
-    PyObject *scales = nargs == A_OUT + 2 ? args[A_OUT + 1] : Py_None;
+    return route_key(fuser_get_state(module), args, nargs == A_OUT + 2 ? args[A_OUT + 1] : Py_None, NULL);
+}
+
+/* ffn_kept(routes, linear, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation) -> y or None: fuser.ffn's
+ * call (without out=, plan= or scales) by the route `routes` keeps under its route key (ffn_key's), in one
+ * crossing: a route whose `fused` is False runs the eager ops here (the 9-argument form of `eager`, with
+ * `linear` and the activation function gate_setup registered); any other route's `run` gets the call. None
+ * where no fresh route is kept for the key (no entry, a stale one, or arguments ffn_key refuses: the general
+ * path then decides, or says what is wrong). */
+PyObject *fuser_py_ffn_kept(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != A_OUT + 3 || !PyDict_Check(args[0]))
+        return PyErr_Format(PyExc_TypeError, "ffn_kept(routes: dict, linear, x, w_up, w_down, w_gate, b_up, b_gate, "
+                            "b_down, activation): got %zd arguments", nargs);
+    fuser_state *st = fuser_get_state(module);
+    PyObject *const *t = args + 2;
+    int act = -1;
+    PyObject *key = route_key(st, t, Py_None, &act);
+    if (!key) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
+            return NULL;
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *r = PyDict_GetItemWithError(args[0], key);
+    Py_DECREF(key);
+    if (!r)
+        return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    Py_INCREF(r); /* (the call below may change the dict) */
+    PyObject *const *kn = &PyTuple_GET_ITEM(st->kept_names, 0);
+    PyObject *stale = PyObject_GetAttr(r, kn[KN_STALE]);
+    PyObject *fused = stale == Py_False ? PyObject_GetAttr(r, kn[KN_FUSED]) : NULL;
+    PyObject *fn = fuser_act_function(act), *y;
+    if (!stale || (stale == Py_False && !fused)) {
+        y = NULL; /* reading the route's fields raised */
+    } else if (stale != Py_False) {
+        y = Py_NewRef(Py_None); /* the general path decides again */
+    } else if (fused == Py_False && fn) {
+        y = fuser_eager_call(st, args[1], fn, t);
+    } else {
+        PyObject *call[9] = {r, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[A_OUT]};
+        y = PyObject_VectorcallMethod(kn[KN_RUN], call, 9, NULL);
+    }
+    Py_XDECREF(stale);
+    Py_XDECREF(fused);
+    Py_DECREF(r);
+    return y;
+}
+
+/* The route key of t (x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation) and a quantized chain's
+ * `scales` (or None), validated as ffn_check validates them (ffn_key's docstring); with `act`, the chain's
+ * FUSER_ACT_* there. A bytes object, or NULL with an exception set. */
+static PyObject *route_key(fuser_state *st, PyObject *const *args, PyObject *scales, int *act)
+{
     const char *activation = activation_name(args[A_OUT]);
     if (!activation)
         return NULL;
-    fuser_state *st = fuser_get_state(module);
     fuser_held held[A_OUT];
     const fuser_tensor *t[A_OUT] = {NULL};
     memset(held, 0, sizeof held);
@@ -141,6 +195,8 @@ PyObject *fuser_py_ffn_key(PyObject *module, PyObject *const *args, Py_ssize_t n
                                     (int64_t)c.act << 8 | (int64_t)c.dtype << 16,
                                 (int64_t)t[A_X]->device, t[A_X]->device_id};
         res = PyBytes_FromStringAndSize((const char *)key, sizeof key);
+        if (act)
+            *act = (int)c.act;
     }
     for (int i = 0; i < A_OUT; i++)
         fuser_release(&held[i]);

@@ -285,6 +285,12 @@ int fuser_act_index(PyObject *act)
 }
 
 /* (binding.h) */
+PyObject *fuser_act_function(int a)
+{
+    return hooks && a >= 0 && a <= FUSER_ACT_SILU ? PyTuple_GET_ITEM(PyTuple_GET_ITEM(hooks, H_ACTS), a) : NULL;
+}
+
+/* (binding.h) */
 PyObject *fuser_addmm_activation(void)
 {
     PyObject *f = hooks ? PyTuple_GET_ITEM(hooks, H_ADDMM_ACT) : NULL;

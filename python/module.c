@@ -98,6 +98,11 @@ static PyMethodDef module_methods[] = {
      "fuser.ffn's tensors (instances of the registered tensor type, or None; a quantized chain's scales\n"
      "(x, up, gate, down, h) likewise) as ffn_check does and return what the call's route depends on (the\n"
      "chain and the device), to key a dict of routes."},
+    {"ffn_kept", (PyCFunction)(void (*)(void))fuser_py_ffn_kept, METH_FASTCALL,
+     "ffn_kept(routes, linear, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation) -> y or None: fuser.ffn's\n"
+     "call by the fresh route `routes` keeps under its route key (ffn_key's), in one crossing: an eager route's ops\n"
+     "run here (eager's, with `linear` and the registered activation), any other route's run(...) gets the call;\n"
+     "None where no fresh route is kept for the key or ffn_key refuses the arguments."},
     {"register_tensor_type", (PyCFunction)(void (*)(void))fuser_py_register_tensor_type,
      METH_VARARGS | METH_KEYWORDS,
      "register_tensor_type(type, exporter=None, exchange=()) -> (major, minor) or None: let ffn_key take\n"

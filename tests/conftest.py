@@ -50,26 +50,26 @@ def rel_error(y, ref):
 @pytest.fixture
 def op_calls(monkeypatch):
     """A list that records the activation of every call that takes fuser's general route
-    (``fuser.ops.route``) or the operator's shortcut to a route kept for its key (``fuser.ops.kept``
+    (``fuser.ops.route``) or the operator's shortcut to a route kept for its key (``fuser.ops.run_kept``
     finding one): each call of the ``fuser::ffn`` operator's implementation, and each ``FusedFFN``
     call its kept route does not serve. A test can tell from it that fuser, not the original module,
     computed an output, and how often a shape was routed rather than kept."""
     import fuser.ops
     calls = []
-    real_route, real_kept = fuser.ops.route, fuser.ops.kept
+    real_route, real_kept = fuser.ops.route, fuser.ops.run_kept
 
     def counting(x, *args, **kw):
         calls.append(kw.get("activation", args[-1] if len(args) == 7 else "gelu"))
         return real_route(x, *args, **kw)
 
     def counting_kept(x, *args):
-        r = real_kept(x, *args)
-        if r is not None:
+        y = real_kept(x, *args)
+        if y is not None:
             calls.append(args[-1])
-        return r
+        return y
 
     monkeypatch.setattr(fuser.ops, "route", counting)
-    monkeypatch.setattr(fuser.ops, "kept", counting_kept)
+    monkeypatch.setattr(fuser.ops, "run_kept", counting_kept)
     return calls
 
 

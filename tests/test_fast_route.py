@@ -524,3 +524,69 @@ def test_kept_launch_runs_only_what_its_preparation_validated(monkeypatch, excha
         assert launches(x)
         FakeRoute.stale = True                                                    # plans forgotten
         assert not launches(x)
+
+
+# ---- fuser.ffn's kept routes in one C call (_C.ffn_kept) ------------------------------------------------
+
+def test_ffn_kept_runs_the_route_kept_under_the_calls_key(exchange):
+    """`_C.ffn_kept` (with torch tensors read through the exchange API or exported): None where nothing is kept for
+    the call's route key, or the route is stale, or the arguments are ones ffn_key refuses (the general path then
+    says what is wrong); an eager route's ops run in the call, bitwise the reference's; any other route's run()
+    gets the call's arguments and gives its output."""
+    from fuser import _C
+    from fuser.reference import ACTIVATIONS, eager
+    lin = torch.nn.functional.linear
+    torch.manual_seed(0)
+    x, wu, wd, wg = torch.randn(5, 16), torch.randn(48, 16), torch.randn(16, 48), torch.randn(48, 16)
+    args = (x, wu, wd, wg, None, None, None, "silu")
+    key = _C.ffn_key(*args)
+
+    class Kept:
+        def __init__(self, fused, stale=False):
+            self.fused, self.stale, self.calls = fused, stale, []
+
+        def run(self, *a):
+            self.calls.append(a)
+            return "ran"
+
+    assert _C.ffn_kept({}, lin, *args) is None
+    assert _C.ffn_kept({key: Kept(False, stale=True)}, lin, *args) is None
+    y = _C.ffn_kept({key: Kept(False)}, lin, *args)
+    assert torch.equal(y, eager(x, wu, wd, wg, None, None, None, ACTIVATIONS["silu"]))
+    fused = Kept(True)
+    assert _C.ffn_kept({key: fused}, lin, *args) == "ran" and fused.calls == [args]
+    assert _C.ffn_kept({key: fused}, lin, x, wu, wd, wg, None, None, None, "tanh") is None        # refused by ffn_key
+    assert _C.ffn_kept({key: fused}, lin, x[:, :8], wu, wd, wg, None, None, None, "silu") is None  # another shape
+
+    class Broken(Kept):
+        def run(self, *a):
+            raise RuntimeError("from run")
+    with pytest.raises(RuntimeError, match="from run"):
+        _C.ffn_kept({key: Broken(True)}, lin, *args)
+    with pytest.raises(TypeError, match="ffn_kept"):
+        _C.ffn_kept([], lin, *args)
+
+
+def test_fuser_ffn_serves_a_kept_eager_route_without_a_python_frame_of_fusers(exchange):
+    """After a shape's first call, fuser.ffn's eager route runs in one C call: no Python function of fuser's
+    package runs besides ffn itself (not Route.run, not the key's or the route's lookup); the operator's
+    autograd kernel finds it the same way."""
+    import fuser.ops as fops
+    here = os.path.dirname(fops.__file__)
+    torch.manual_seed(1)
+    x, wu, wd = torch.randn(4, 8), torch.randn(24, 8), torch.randn(8, 24)
+    with torch.no_grad():
+        want = fuser.ffn(x, wu, wd, activation="relu")    # decides and keeps the route
+        frames = []
+
+        def profile(frame, event, arg):
+            if event == "call" and frame.f_code.co_filename.startswith(here):
+                frames.append(frame.f_code.co_name)
+        sys.setprofile(profile)
+        try:
+            y = fuser.ffn(x, wu, wd, activation="relu")
+            z = fops.run_kept(x, wu, wd, None, None, None, None, "relu")
+        finally:
+            sys.setprofile(None)
+    assert torch.equal(y, want) and torch.equal(z, want)
+    assert frames == ["ffn", "run_kept"], frames
