@@ -47,7 +47,6 @@ _raw_stream = interop.raw_stream
 _current_device = interop.current_device
 _capturing = runtime.capturing
 _disabled = interop.disabled
-_kept_scratch = runtime.kept_scratch
 _ffn_run = getattr(_C, "ffn_run", None)
 _any_autocast = torch._C._is_any_autocast_enabled
 _any_requires_grad = torch._C._any_requires_grad

@@ -31,11 +31,12 @@ _any_requires_grad = torch._C._any_requires_grad
 _export = interop.export
 _raw_stream = interop.raw_stream
 _current_device = interop.current_device
-_kept_scratch = runtime.kept_scratch
+_scratch_get = runtime.scratch_table().get   # (device, stream) -> the scratch kept there
 _ffn_run = getattr(_C, "ffn_run", None)
 _eager = _C.eager
 _linear = torch.nn.functional.linear
 _capturing = runtime.capturing
+_empty_like = torch.empty_like
 _MAX_PREPARED = 64                 # prepared launches a route keeps (one per layer it serves, per stream)
 
 
@@ -95,19 +96,25 @@ class FusedRoute(Route):
     everything the preparation checked but the addresses."""
 
     fused = True
-    __slots__ = ("device", "launch", "prepared")
+    __slots__ = ("device", "launch", "prepared", "same_shape")
 
     def __init__(self, plan, device):
         super().__init__(plan)
         self.device = device
         self.launch = runtime.launch_for(plan, device)
         self.prepared = {}   # (stream, tokens, w_up, w_down, w_gate addresses) -> (scratch, prepared launch)
+        # y = empty_like(x), the cheapest allocation, where y has x's shape (and dtype: a quantized chain's x and y
+        # are both bfloat16); x is row-major, as the route's checks require, so y is too
+        c = plan.chain
+        self.same_shape = c["d_out"] == c["d_model"]
 
     def run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out=None, scales=None):
         if interop.disabled() or (_grad_enabled() and _any_requires_grad(x, w_up, w_down, w_gate, b_up, b_gate, b_down)):
             return Route.run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out, scales)
         if out is not None:
             y = out
+        elif self.same_shape:
+            y = _empty_like(x)
         elif scales is not None:   # a quantized chain's output: bfloat16
             y = x.new_empty((*x.shape[:-1], w_down.shape[0]), dtype=torch.bfloat16)
         else:
@@ -130,7 +137,7 @@ class FusedRoute(Route):
         key = (stream, m, up, down, gate) if scales is None else (
             stream, m, up, down, gate, *(None if t is None else t.data_ptr() for t in scales))
         e = self.prepared.get(key)
-        if e is None or _kept_scratch(device, stream) is not e[0]:
+        if e is None or _scratch_get((device, stream)) is not e[0]:
             e = self._prepare(key, x, (w_up, w_down, w_gate, b_up, b_gate, b_down), activation, y, scales)
         # the other addresses C reads itself (torch's DLPack C exchange API: no data_ptr() calls here)
         _ffn_run(e[1], x, y, up, down, gate, b_up, b_gate, b_down)

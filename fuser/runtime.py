@@ -175,11 +175,6 @@ def scratch(device, stream, tickets=0, ws_floats=0):
     return buf
 
 
-def kept_scratch(device, stream):
-    """The scratch kept for (device, stream), or None."""
-    return _scratch.get((device, stream))
-
-
 def scratch_table():
     """The table of kept scratch, (device, stream) -> Scratch, to read only (its ``get`` is what a kept
     launch checks per call: one dict lookup with a key made once)."""

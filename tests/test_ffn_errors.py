@@ -234,9 +234,10 @@ def test_fused_route_prepares_its_launch_once_and_then_passes_only_addresses(mon
     kept = {(0, 0x1234): ("SCRATCH", M)}
     route = FusedRoute.__new__(FusedRoute)
     route.plan, route.stale, route.device, route.launch, route.prepared = "PLAN", False, 0, FakeLaunch(), {}
+    route.same_shape = L == K
     monkeypatch.setattr(fuser.route, "_raw_stream", lambda device: 0x1234)
     monkeypatch.setattr(fuser.route, "_current_device", lambda: 0)
-    monkeypatch.setattr(fuser.route, "_kept_scratch", lambda device, stream: kept.get((device, stream)))
+    monkeypatch.setattr(fuser.route, "_scratch_get", kept.get)
     # what C reads of each argument: an int or None as it is, a tensor's data_ptr()
     monkeypatch.setattr(fuser.route, "_ffn_run", lambda *a: runs.append(
         tuple(v if v is None or isinstance(v, (int, str)) else v.data_ptr() for v in a)))

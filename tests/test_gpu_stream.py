@@ -69,6 +69,22 @@ def test_stream_plan_in_a_cuda_graph():
         assert rel_error(out, ref) < 1.5e-2
 
 
+@pytest.mark.parametrize("l", [512, 384])
+def test_a_fused_routes_output_is_allocated_row_major_in_xs_shape(l):
+    """fuser.ffn on a fused route allocates y itself: x's shape (empty_like(x), the cheapest allocation, where
+    d_out is d_model) or [..., d_out]; row-major, every element written (the reference in float64 agrees), on
+    the kept route's later calls too."""
+    p = fuser.plan(96, 512, 1024, d_out=l, activation="relu", target="h200", fused=True, kind="stream", bm=64)
+    t = tensors(96, 512, 1024, l, False, 3)
+    t["x"] = t["x"].view(2, 48, 512)
+    for _ in range(2):
+        y = fuser.ffn(activation="relu", plan=p, **t)
+        ref = fuser.ffn_reference(activation="relu", compute_dtype=torch.float64, **t)
+        assert y.shape == (2, 48, l) and y.is_contiguous() and y.dtype == torch.bfloat16
+        assert rel_error(y, ref) < 1.5e-2
+        t["x"] = torch.randn_like(t["x"])
+
+
 @pytest.mark.parametrize("d,f,m", [(1024, 2048, 300), (4096, 4096, 300)])
 def test_row_tiles_in_either_unit_order(d, f, m):
     """Three row tiles of 128 (the last partial) with weights that stay in L2 (13 MB: row tile by row tile)
