@@ -184,7 +184,8 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
         w_down: ``[d_out, d_ff]``.
         b_up, b_gate: ``[d_ff]``; b_down: ``[d_out]``; all optional.
         activation: ``"relu"``, ``"gelu"`` (exact, erf), ``"gelu_tanh"`` or ``"silu"``.
-        out: optional ``[..., d_out]`` tensor to write the result into (must not overlap an input).
+        out: optional ``[..., d_out]`` tensor to write the result into (must not overlap an input); the eager
+            route's down projection writes there itself where its GEMM can (no copy of the result).
         plan: optional :class:`fuser.Plan` for this chain to run instead of the planner's choice (a fused
             plan runs where the fused path is available; see ``fuser.env()``). It is checked first
             against the GPU of x and these tokens (:meth:`fuser.Plan.check`): a ValueError names the

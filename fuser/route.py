@@ -69,11 +69,10 @@ class Route:
             s_x, s_up, s_gate, s_down, s_h = scales
             y = fp8.eager(x, w_up, w_down, fp8.Scales(x=s_x, up=s_up, down=s_down, h=s_h, gate=s_gate),
                           w_gate=w_gate, b_up=b_up, b_gate=b_gate, b_down=b_down, activation=activation)
-        elif pack is None:
-            y = _eager(_linear, ACTIVATIONS[activation], x, w_up, w_down, w_gate, b_up, b_gate, b_down)
-        else:
-            y = _eager(_linear, ACTIVATIONS[activation], x, w_up, w_down, w_gate, b_up, b_gate, b_down, *pack)
-        if out is None:
+        else:   # (with out: the down projection written there where C can, y is out then)
+            y = _eager(_linear, ACTIVATIONS[activation], x, w_up, w_down, w_gate, b_up, b_gate, b_down,
+                       *(() if pack is None else pack), *(() if out is None else (out,)))
+        if out is None or y is out:
             return y
         if y.requires_grad:
             raise ValueError("out: out= does not support autograd (an input requires grad); "

@@ -151,12 +151,21 @@ PyObject *fuser_act_function(int a);
 
 /* The eager route's ops as fuser.ffn runs them (eager_bind.c): linear and act called on t (x, w_up, w_down, w_gate,
  * b_up, b_gate, b_down; None where absent), gate and up weights that are the two row halves of one tensor packed
- * as that tensor. y, or NULL with an exception set. */
-PyObject *fuser_eager_call(fuser_state *st, PyObject *linear, PyObject *act, PyObject *const *t);
+ * as that tensor; the down projection written into `out` where it can be (NULL or None: none). y (out where
+ * written there), or NULL with an exception set. */
+PyObject *fuser_eager_call(fuser_state *st, PyObject *linear, PyObject *act, PyObject *const *t, PyObject *out);
 
 /* torch._addmm_activation as gate_setup registered it (borrowed), or NULL where torch has none or nothing is
  * registered (gate_bind.c). */
 PyObject *fuser_addmm_activation(void);
+
+/* 1 where no torch dispatch or function mode is active and gate_setup has registered its predicates; 0 where
+ * not, -1 with an exception set (gate_bind.c). */
+int fuser_no_mode(void);
+
+/* (linear, mm, addmm) as gate_setup registered them for writing the down projection into a given output
+ * (borrowed), or NULL (gate_bind.c). */
+PyObject *fuser_down_out_ops(void);
 
 /* act(h) as the activation's in-place form (h overwritten, bitwise the same values, no new tensor allocated)
  * where gate_setup registered one for act, h records no autograd (h.requires_grad is False) and no torch

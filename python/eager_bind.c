@@ -146,12 +146,15 @@ out:
     return rc;
 }
 
+static PyObject *down(fuser_state *st, PyObject *linear, PyObject *const *c, PyObject *out);
+
 /* A plain chain's whole FFN with its up projection, bias and activation as one cuBLASLt GEMM with an epilogue
  * (torch._addmm_activation: ReLU, or GELU in its tanh form, on the fp32 sums plus the bias, rounded once), then
  * the down projection: one launch and two passes of H fewer than linear and the activation. Where it applies
  * (act ReLU or tanh GELU, a bias, the addmm_activation torch has, fuser_eager_may_fuse: no autograd, for which
- * that op has no derivative), y; else Py_None (new references), NULL with an exception set. */
-static PyObject *lt_ffn(fuser_state *st, PyObject *linear, PyObject *act, PyObject *const *t)
+ * that op has no derivative), y (`dst` where down_into wrote it there; dst NULL or None: a new tensor); else
+ * Py_None (new references), NULL with an exception set. */
+static PyObject *lt_ffn(fuser_state *st, PyObject *linear, PyObject *act, PyObject *const *t, PyObject *dst)
 {
     const int a = fuser_act_index(act);
     PyObject *op = fuser_addmm_activation();
@@ -185,8 +188,8 @@ static PyObject *lt_ffn(fuser_state *st, PyObject *linear, PyObject *act, PyObje
     PyObject *args[4] = {t[4], x2, wt, a == FUSER_ACT_GELU_TANH ? Py_True : Py_False};
     h = kwnames ? PyObject_Vectorcall(op, args, 3, kwnames) : NULL;
     PyObject *c[3] = {h, t[2], t[6]};
-    y = h ? PyObject_Vectorcall(linear, c, 3, NULL) : NULL;
-    if (!y || nd == 2) {
+    y = h ? down(st, linear, c, dst) : NULL;
+    if (!y || nd == 2 || (dst && y == dst)) {
         out = y;
         y = NULL;
         goto done;
@@ -220,18 +223,91 @@ done:
     return out;
 }
 
+/* linear(g, w, b) written into `out` by the ops linear runs for it, where that gives linear's result bit for bit:
+ * `linear` is the registered torch.nn.functional.linear, no autograd records the call and no torch mode watches,
+ * g and out compact with out [..., d_out] over g's rows, and g 2-D, or 3-D, or without a bias (linear's input
+ * of more dimensions with a bias runs as a matmul and an add on some torch versions). Then addmm(b, g2, w.t())
+ * or mm(g2, w.t()) into out's 2-D view, g2 g's (what linear itself runs on such an input), and out (new
+ * reference); Py_None (new reference) where not; NULL with an exception set. */
+static PyObject *down_into(fuser_state *st, PyObject *linear, PyObject *g, PyObject *w, PyObject *b, PyObject *out)
+{
+    PyObject *ops = fuser_down_out_ops();
+    if (!ops || linear != PyTuple_GET_ITEM(ops, 0))
+        return Py_NewRef(Py_None);
+    PyObject *ts[3] = {g, w, b};
+    int ok = fuser_gate_records(ts, 3);
+    if (ok == 0)
+        ok = fuser_no_mode();
+    else
+        ok = ok < 0 ? -1 : 0;
+    if (ok <= 0)
+        return ok < 0 ? NULL : Py_NewRef(Py_None);
+    fuser_held h[2];
+    memset(h, 0, sizeof h);
+    fuser_tensor tg, to;
+    int fits = compact(st, g, &tg, &h[0]) && compact(st, out, &to, &h[1]) && tg.ndim >= 2 &&
+               (b == Py_None || tg.ndim <= 3) && to.ndim == tg.ndim && tg.dtype == to.dtype &&
+               memcmp(tg.shape, to.shape, sizeof(int64_t) * (size_t)(tg.ndim - 1)) == 0;
+    const int64_t n = fits ? tg.shape[tg.ndim - 1] : 0, l = fits ? to.shape[to.ndim - 1] : 0;
+    fuser_release(&h[0]);
+    fuser_release(&h[1]);
+    if (!fits)
+        return Py_NewRef(Py_None);
+    PyObject *const *kn = &PyTuple_GET_ITEM(st->kept_names, 0);
+    static PyObject *out_name; /* ("out",), made once */
+    if (!out_name && !(out_name = Py_BuildValue("(s)", "out")))
+        return NULL;
+    PyObject *minus = PyLong_FromLong(-1), *nn = PyLong_FromLongLong(n), *ll = PyLong_FromLongLong(l);
+    PyObject *vg[3] = {g, minus, nn}, *vo[3] = {out, minus, ll}, *vw[1] = {w};
+    PyObject *g2 = minus && nn && ll ? (tg.ndim == 2 ? Py_NewRef(g) : PyObject_VectorcallMethod(kn[KN_VIEW], vg, 3, NULL))
+                                     : NULL;
+    PyObject *o2 = g2 ? PyObject_VectorcallMethod(kn[KN_VIEW], vo, 3, NULL) : NULL;
+    PyObject *wt = o2 ? PyObject_VectorcallMethod(kn[KN_T], vw, 1, NULL) : NULL;
+    PyObject *r = NULL;
+    if (wt) {
+        PyObject *a[4] = {b, g2, wt, o2};
+        r = b == Py_None ? PyObject_Vectorcall(PyTuple_GET_ITEM(ops, 1), a + 1, 2, out_name)
+                         : PyObject_Vectorcall(PyTuple_GET_ITEM(ops, 2), a, 3, out_name);
+    }
+    Py_XDECREF(minus);
+    Py_XDECREF(nn);
+    Py_XDECREF(ll);
+    Py_XDECREF(g2);
+    Py_XDECREF(o2);
+    Py_XDECREF(wt);
+    if (!r)
+        return NULL;
+    Py_DECREF(r);
+    return Py_NewRef(out);
+}
+
+/* linear(g, w_down, b_down) (c: g, w_down, b_down), into `out` where down_into can (out: NULL or None for a new
+ * tensor): y (out where written there), or NULL with an exception set. */
+static PyObject *down(fuser_state *st, PyObject *linear, PyObject *const *c, PyObject *out)
+{
+    if (out && out != Py_None) {
+        PyObject *y = down_into(st, linear, c[0], c[1], c[2], out);
+        if (y != Py_None)
+            return y;
+        Py_DECREF(y);
+    }
+    return PyObject_Vectorcall(linear, c, 3, NULL);
+}
+
 /* linear(x, w_up, b_up); with w_gate act(linear(x, w_gate, b_gate)) * that, else act(that); then
  * linear(h, w_down, b_down). t: x, w_up, w_down, w_gate, b_up, b_gate, b_down (None where absent). A plain
  * chain's up projection and activation run as one GEMM with an epilogue where lt_ffn applies, else its
  * activation in place of the GEMM's result where fuser_act_in_place applies (one allocation fewer); the gate
  * step runs as fuser's gate kernel where it applies (fuser_gate_try: the same values, one kernel instead of
  * two, in place of the gate GEMM's result), else as the two ops. pk (or NULL): the gate and up weights as one
- * tensor, its bias and PK_* bits, for one GEMM in place of the gate's and up's where runs_packed says so. */
-static PyObject *run_eager(fuser_state *st, PyObject *linear, PyObject *act, PyObject *const *t, PyObject *const *pk)
+ * tensor, its bias and PK_* bits, for one GEMM in place of the gate's and up's where runs_packed says so. out
+ * (NULL or None: none): a tensor the down projection writes into where down_into can, which is then returned. */
+static PyObject *run_eager(fuser_state *st, PyObject *linear, PyObject *act, PyObject *const *t, PyObject *const *pk,
+                           PyObject *out)
 {
     PyObject *g;
     if (t[3] == Py_None) {
-        PyObject *y = lt_ffn(st, linear, act, t);
+        PyObject *y = lt_ffn(st, linear, act, t, out);
         if (y != Py_None)
             return y;
         Py_DECREF(y);
@@ -272,36 +348,39 @@ static PyObject *run_eager(fuser_state *st, PyObject *linear, PyObject *act, PyO
     if (!g)
         return NULL;
     PyObject *c[3] = {g, t[2], t[6]};
-    PyObject *y = PyObject_Vectorcall(linear, c, 3, NULL);
+    PyObject *y = down(st, linear, c, out);
     Py_DECREF(g);
     return y;
 }
 
-/* eager(linear, act, x, w_up, w_down, w_gate, b_up, b_gate, b_down[, packed, packed_bias, pack]) -> y; with
- * nine arguments, gate and up weights that are the two row halves of one tensor are packed as that tensor */
+/* eager(linear, act, x, w_up, w_down, w_gate, b_up, b_gate, b_down[, packed, packed_bias, pack][, out]) -> y;
+ * without `packed`, gate and up weights that are the two row halves of one tensor are packed as that tensor;
+ * with `out` (a tensor or None), y is `out` where the down projection could write there (down_into), else a new
+ * tensor for the caller to copy */
 PyObject *fuser_py_eager(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 9 && nargs != 12)
+    if (nargs != 9 && nargs != 10 && nargs != 12 && nargs != 13)
         return PyErr_Format(PyExc_TypeError,
                             "eager(linear, act, x, w_up, w_down, w_gate, b_up, b_gate, b_down[, packed, packed_bias, "
-                            "pack]): 9 or 12 arguments, got %zd", nargs);
-    if (nargs == 12 && args[9] != Py_None && !PyLong_Check(args[11]))
+                            "pack][, out]): 9, 10, 12 or 13 arguments, got %zd", nargs);
+    if (nargs >= 12 && args[9] != Py_None && !PyLong_Check(args[11]))
         return PyErr_Format(PyExc_TypeError, "eager: pack must be an int (1: gate first, 2: no autograd), got %s",
                             Py_TYPE(args[11])->tp_name);
     fuser_state *st = fuser_get_state(module);
-    if (nargs == 12)
-        return run_eager(st, args[0], args[1], args + 2, args + 9);
-    return fuser_eager_call(st, args[0], args[1], args + 2);
+    PyObject *out = nargs == 10 || nargs == 13 ? args[nargs - 1] : NULL;
+    if (nargs >= 12)
+        return run_eager(st, args[0], args[1], args + 2, args + 9, out);
+    return fuser_eager_call(st, args[0], args[1], args + 2, out);
 }
 
 /* (binding.h) */
-PyObject *fuser_eager_call(fuser_state *st, PyObject *linear, PyObject *act, PyObject *const *t)
+PyObject *fuser_eager_call(fuser_state *st, PyObject *linear, PyObject *act, PyObject *const *t, PyObject *out)
 {
     PyObject *pk[3];
     const int packed = base_pack(st, t, pk);
     if (packed <= 0)
-        return packed < 0 ? NULL : run_eager(st, linear, act, t, NULL);
-    PyObject *y = run_eager(st, linear, act, t, pk);
+        return packed < 0 ? NULL : run_eager(st, linear, act, t, NULL, out);
+    PyObject *y = run_eager(st, linear, act, t, pk, out);
     for (int i = 0; i < 3; i++)
         Py_DECREF(pk[i]);
     return y;
@@ -459,7 +538,7 @@ static PyObject *kept_eager(PyObject *module, PyObject *d, PyObject *x, PyObject
     Py_DECREF(same);
     PyObject *t[7] = {x, k[K_TENSORS], k[K_TENSORS + 1], k[K_TENSORS + 2], k[K_TENSORS + 3], k[K_TENSORS + 4],
                       k[K_TENSORS + 5]};
-    PyObject *y = run_eager(st, k[K_LINEAR], k[K_ACT], t, k[K_PACKED] == Py_None ? NULL : k + K_PACKED);
+    PyObject *y = run_eager(st, k[K_LINEAR], k[K_ACT], t, k[K_PACKED] == Py_None ? NULL : k + K_PACKED, NULL);
     return !y || k[K_POST] == Py_None ? y : after_ffn(st, d, k[K_POST], k[K_DROPOUTS], y);
 }
 

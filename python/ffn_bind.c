@@ -156,7 +156,7 @@ PyObject *fuser_py_ffn_kept(PyObject *module, PyObject *const *args, Py_ssize_t 
     } else if (stale != Py_False) {
         y = Py_NewRef(Py_None); /* the general path decides again */
     } else if (fused == Py_False && fn) {
-        y = fuser_eager_call(st, args[1], fn, t);
+        y = fuser_eager_call(st, args[1], fn, t, NULL);
     } else {
         PyObject *call[9] = {r, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[A_OUT]};
         y = PyObject_VectorcallMethod(kn[KN_RUN], call, 9, NULL);

@@ -47,9 +47,9 @@ def test_gate_setup_takes_torchs_op_or_none():
     args = [runtime.gate_cubin, tuple(ACTIVATIONS[a] for a in runtime.GATE_ACTS), *[len] * 7]
     none = (None,) * 4
     try:
-        _C.gate_setup(*args, None, none)        # a torch without _addmm_activation: the ops run
+        _C.gate_setup(*args, None, none, None)  # a torch without _addmm_activation: the ops run
         with pytest.raises(TypeError, match="argument 10 is not callable"):
-            _C.gate_setup(*args, "addmm", none)
+            _C.gate_setup(*args, "addmm", none, None)
     finally:
         runtime.register_eager_hooks()         # the real ones again
 
@@ -118,10 +118,10 @@ def test_gate_setup_checks_the_in_place_forms():
     args = [runtime.gate_cubin, tuple(ACTIVATIONS[a] for a in runtime.GATE_ACTS), *[len] * 7, None]
     try:
         with pytest.raises(TypeError, match="acts_in_place: a tuple of 4"):
-            _C.gate_setup(*args, (torch.relu_,))
+            _C.gate_setup(*args, (torch.relu_,), None)
         with pytest.raises(TypeError, match=r"acts_in_place\[2\] is neither callable nor None"):
-            _C.gate_setup(*args, (None, None, "gelu_", None))
-        _C.gate_setup(*args, (None,) * 4)     # none registered: the activation runs out of place
+            _C.gate_setup(*args, (None, None, "gelu_", None), None)
+        _C.gate_setup(*args, (None,) * 4, None)     # none registered: the activation runs out of place
         x, wu, wd, _, _ = tensors()
         with torch.no_grad():
             _, seen = ops_seen(lambda: _C.eager(F.linear, ACTIVATIONS["relu"], x, wu, wd, None, None, None, None))

@@ -55,9 +55,9 @@ def test_the_gate_declines_cpu_tensors_and_unknown_activations():
 
 def test_gate_setup_checks_its_arguments():
     with pytest.raises(TypeError, match="a tuple of 4 functions"):
-        _C.gate_setup(runtime.gate_cubin, (F.relu,), *[len] * 8, (None,) * 4)
+        _C.gate_setup(runtime.gate_cubin, (F.relu,), *[len] * 8, (None,) * 4, None)
     with pytest.raises(TypeError, match="argument 3 is not callable"):
-        _C.gate_setup(runtime.gate_cubin, tuple(ACTIVATIONS[a] for a in ACTS), 1, *[len] * 7, (None,) * 4)
+        _C.gate_setup(runtime.gate_cubin, tuple(ACTIVATIONS[a] for a in ACTS), 1, *[len] * 7, (None,) * 4, None)
 
 
 def test_the_cpu_eager_route_still_runs_the_ops():

@@ -229,8 +229,8 @@ def test_eager_says_what_pack_must_be():
     x, w, wd = torch.randn(2, 8), torch.randn(32, 8), torch.randn(8, 16)
     with pytest.raises(TypeError, match="pack must be an int"):
         _C.eager(F.linear, SILU, x, w[16:], wd, w[:16], None, None, None, w, None, "gate first")
-    with pytest.raises(TypeError, match="9 or 12 arguments"):
-        _C.eager(F.linear, SILU, x, w[16:], wd, w[:16], None, None, None, w)
+    with pytest.raises(TypeError, match="9, 10, 12 or 13 arguments"):
+        _C.eager(F.linear, SILU, x, w[16:], wd, w[:16], None, None, None, w, None)
 
 
 # ---- FusedFFN -------------------------------------------------------------------------------------------

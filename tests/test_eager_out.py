@@ -1,0 +1,123 @@
+"""The eager route with a caller's ``out=``: the down projection writes into ``out`` itself (python/eager_bind.c's
+down_into: ``torch.addmm`` or ``torch.mm`` into out's 2-D view, the ops ``F.linear`` runs for such an input), so
+``fuser.ffn(..., out=)`` on the eager route costs no copy of y. Bitwise the ops' result; where it could not be
+(autograd, a torch mode, another linear, a layout linear would treat otherwise), a new tensor the caller copies."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import fuser
+from fuser import _C
+from fuser.module import packed_gate_up
+from fuser.reference import ACTIVATIONS, eager
+
+
+def ops_seen(fn):
+    """fn()'s result and how often it ran each aten op (the profiler observes without a torch mode)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        y = fn()
+    return y, {e.key: e.count for e in prof.key_averages()}
+
+
+def copies(seen):
+    return seen.get("aten::copy_", 0)
+
+
+def tensors(shape, gated, bias, dtype=torch.float32, d=16, f=40, l=24, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+
+    def r(*s):
+        return (torch.randn(*s, generator=gen) / 4).to(dtype)
+    t = dict(x=r(*shape, d), w_up=r(f, d), w_down=r(l, f), w_gate=r(f, d) if gated else None,
+             b_up=r(f) if bias else None, b_gate=r(f) if gated and bias else None, b_down=r(l) if bias else None)
+    return t
+
+
+ORDER = ("x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape,bias", [((5,), True), ((5,), False), ((2, 3), True), ((2, 3), False),
+                                        ((2, 1, 3), False), ((0,), True)])
+@pytest.mark.parametrize("gated,act", [(False, "gelu"), (True, "silu")])
+def test_the_down_projection_writes_into_out_with_the_ops_bits(shape, bias, gated, act, dtype):
+    t = tensors(shape, gated, bias, dtype)
+    args = [t[k] for k in ORDER]
+    want = eager(*args, ACTIVATIONS[act])
+    out = torch.full_like(want, float("nan"))
+    with torch.no_grad():
+        _, plain = ops_seen(lambda: _C.eager(F.linear, ACTIVATIONS[act], *args))
+        y, seen = ops_seen(lambda: _C.eager(F.linear, ACTIVATIONS[act], *args, out))
+    assert y is out and torch.equal(out, want)
+    # no copy of y: only the copies the ops themselves make (a CPU addmm copies its bias into its result)
+    assert copies(seen) == copies(plain) and ("aten::addmm" if bias else "aten::mm") in seen, (seen, plain)
+
+
+def test_a_packed_gate_and_up_writes_into_out_too():
+    torch.manual_seed(0)
+    f = 40
+    x, both, wd, bd = torch.randn(2, 3, 16), torch.randn(2 * f, 16), torch.randn(24, f), torch.randn(24)
+    wg, wu = both[:f], both[f:]
+    pk = packed_gate_up(wg, wu)
+    out = torch.empty(2, 3, 24)
+    with torch.no_grad():
+        y = _C.eager(F.linear, ACTIVATIONS["silu"], x, wu, wd, wg, None, None, bd, *pk, out)
+        want = _C.eager(F.linear, ACTIVATIONS["silu"], x, wu, wd, wg, None, None, bd, *pk)
+    assert y is out and torch.equal(out, want)
+
+
+@pytest.mark.parametrize("why", ["autograd", "a dispatch mode", "another linear", "four dimensions with a bias",
+                                 "out not compact", "out of another dtype"])
+def test_a_new_tensor_where_out_cannot_take_the_ops_result(why):
+    class Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    t = tensors((2, 2, 3) if why.startswith("four") else (2, 3), False, True)
+    if why == "autograd":
+        t["w_down"].requires_grad_()
+    args = [t[k] for k in ORDER]
+    want = eager(*args, ACTIVATIONS["relu"])
+    out = torch.empty(*want.shape[:-1], 48)[..., :24] if why == "out not compact" else torch.empty(
+        want.shape, dtype=torch.float64 if why == "out of another dtype" else want.dtype)
+    linear = (lambda *a: F.linear(*a)) if why == "another linear" else F.linear
+
+    def call():
+        if why == "a dispatch mode":
+            with Seen():
+                return _C.eager(linear, ACTIVATIONS["relu"], *args, out)
+        return _C.eager(linear, ACTIVATIONS["relu"], *args, out)
+    y = call()
+    assert y is not out and torch.equal(y, want), why
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_fuser_ffn_on_the_eager_route_fills_out_without_a_copy(gated):
+    t = tensors((3, 5), gated, True, torch.bfloat16, seed=4)
+    act = "silu" if gated else "gelu"
+    with torch.no_grad():
+        want, plain = ops_seen(lambda: fuser.ffn(activation=act, **t))
+        out = torch.full_like(want, float("nan"))
+        y, seen = ops_seen(lambda: fuser.ffn(activation=act, out=out, **t))
+    assert y is out and torch.equal(out, want)
+    assert copies(seen) == copies(plain), (seen, plain)
+    with pytest.raises(ValueError, match="out= does not support autograd"):
+        fuser.ffn(activation=act, out=out, **dict(t, w_down=t["w_down"].clone().requires_grad_()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(77,), (2, 64)])
+@pytest.mark.parametrize("gated,act,bias", [(False, "gelu", False), (False, "relu", True), (False, "gelu_tanh", True),
+                                            (True, "silu", True), (True, "silu", False)])
+def test_on_a_hopper_gpu_out_holds_the_routes_bits(shape, gated, act, bias):
+    """bf16 on the GPU: the epilogue path (ReLU / tanh GELU with an up bias), the in-place activation and the gate
+    kernel each write their down projection into out, bit for bit what the same route returns without it."""
+    t = {k: None if v is None else v.cuda() for k, v in
+         tensors(shape, gated, bias, torch.bfloat16, d=256, f=1024, l=256, seed=5).items()}
+    args = [t[k] for k in ORDER]
+    with torch.no_grad():
+        want = _C.eager(F.linear, ACTIVATIONS[act], *args)
+        out = torch.full_like(want, float("nan"))
+        y = _C.eager(F.linear, ACTIVATIONS[act], *args, out)
+    assert y is out and torch.equal(out, want)
