@@ -230,13 +230,14 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
             if r is not None and not r.stale:
                 return r.run(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, None, st)
         return _quantized(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out, plan, st, key)
-    if out is None and plan is None and _keyed:
-        # run_kept, inline: this is every call's path (the key, the kept route and an eager route's ops in C)
-        y = _ffn_kept(_routes, _linear, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
+    if plan is None and _keyed:
+        # run_kept, inline: this is every call's path (the key, the kept route and an eager route's ops in C;
+        # out validated there with the rest)
+        y = _ffn_kept(_routes, _linear, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out)
         if y is not None:
             return y
         key = _key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation)
-    # the first call of its route key, or one with out=, plan= or tensors of another DLPack producer
+    # the first call of its route key, or one with plan=, a bad argument or tensors of another DLPack producer
     tensors = (x, w_up, w_down, w_gate, b_up, b_gate, b_down)
     chain = _check(tensors, activation, out)
     if plan is not None:

@@ -101,7 +101,7 @@ PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs)
     return res;
 }
 
-static PyObject *route_key(fuser_state *st, PyObject *const *args, PyObject *scales, int *act);
+static PyObject *route_key(fuser_state *st, PyObject *const *args, PyObject *out, PyObject *scales, int *act);
 
 /* ffn_key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation[, scales]) -> bytes: the per-call form of
  * ffn_check for fuser.ffn's kept routes. Each tensor is an instance of the registered tensor type
@@ -118,24 +118,30 @@ PyObject *fuser_py_ffn_key(PyObject *module, PyObject *const *args, Py_ssize_t n
     if (nargs != A_OUT + 1 && nargs != A_OUT + 2)
         return PyErr_Format(PyExc_TypeError, "ffn_key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation"
                             "[, scales]): got %zd arguments", nargs);
-    return route_key(fuser_get_state(module), args, nargs == A_OUT + 2 ? args[A_OUT + 1] : Py_None, NULL);
+    return route_key(fuser_get_state(module), args, NULL, nargs == A_OUT + 2 ? args[A_OUT + 1] : Py_None, NULL);
 }
 
-/* ffn_kept(routes, linear, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation) -> y or None: fuser.ffn's
- * call (without out=, plan= or scales) by the route `routes` keeps under its route key (ffn_key's), in one
- * crossing: a route whose `fused` is False runs the eager ops here (the 9-argument form of `eager`, with
- * `linear` and the activation function gate_setup registered); any other route's `run` gets the call. None
- * where no fresh route is kept for the key (no entry, a stale one, or arguments ffn_key refuses: the general
- * path then decides, or says what is wrong). */
+/* ffn_kept(routes, linear, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation[, out]) -> y or None:
+ * fuser.ffn's call (without plan= or scales) by the route `routes` keeps under its route key (ffn_key's), in
+ * one crossing: a route whose `fused` is False runs the eager ops here (the 9-argument form of `eager`, with
+ * `linear` and the activation function gate_setup registered); any other route's `run` gets the call. With
+ * `out` (not None), validated with the rest as ffn_check validates it (writable, its shape, no overlap) and
+ * not requiring grad, every route's run(..., out) gets the call. None where no fresh route is kept for the
+ * key (no entry, a stale one, or arguments the checks refuse: the general path then decides, or says what
+ * is wrong). */
 PyObject *fuser_py_ffn_kept(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != A_OUT + 3 || !PyDict_Check(args[0]))
+    if ((nargs != A_OUT + 3 && nargs != A_OUT + 4) || !PyDict_Check(args[0]))
         return PyErr_Format(PyExc_TypeError, "ffn_kept(routes: dict, linear, x, w_up, w_down, w_gate, b_up, b_gate, "
-                            "b_down, activation): got %zd arguments", nargs);
+                            "b_down, activation[, out]): got %zd arguments", nargs);
     fuser_state *st = fuser_get_state(module);
     PyObject *const *t = args + 2;
+    PyObject *out = nargs == A_OUT + 4 && args[A_OUT + 3] != Py_None ? args[A_OUT + 3] : NULL;
+    PyObject *const *kn = &PyTuple_GET_ITEM(st->kept_names, 0);
+    if (out && !fuser_attr_is(out, kn[KN_REQUIRES_GRAD], Py_False))
+        Py_RETURN_NONE; /* (the general path says why autograd cannot record a result written into it) */
     int act = -1;
-    PyObject *key = route_key(st, t, Py_None, &act);
+    PyObject *key = route_key(st, t, out, Py_None, &act);
     if (!key) {
         if (!PyErr_ExceptionMatches(PyExc_Exception))
             return NULL;
@@ -147,7 +153,6 @@ PyObject *fuser_py_ffn_kept(PyObject *module, PyObject *const *args, Py_ssize_t 
     if (!r)
         return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
     Py_INCREF(r); /* (the call below may change the dict) */
-    PyObject *const *kn = &PyTuple_GET_ITEM(st->kept_names, 0);
     PyObject *stale = PyObject_GetAttr(r, kn[KN_STALE]);
     PyObject *fused = stale == Py_False ? PyObject_GetAttr(r, kn[KN_FUSED]) : NULL;
     PyObject *fn = fuser_act_function(act), *y;
@@ -155,11 +160,11 @@ PyObject *fuser_py_ffn_kept(PyObject *module, PyObject *const *args, Py_ssize_t 
         y = NULL; /* reading the route's fields raised */
     } else if (stale != Py_False) {
         y = Py_NewRef(Py_None); /* the general path decides again */
-    } else if (fused == Py_False && fn) {
+    } else if (fused == Py_False && fn && !out) {
         y = fuser_eager_call(st, args[1], fn, t, NULL);
     } else {
-        PyObject *call[9] = {r, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[A_OUT]};
-        y = PyObject_VectorcallMethod(kn[KN_RUN], call, 9, NULL);
+        PyObject *call[10] = {r, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[A_OUT], out};
+        y = PyObject_VectorcallMethod(kn[KN_RUN], call, out ? 10 : 9, NULL);
     }
     Py_XDECREF(stale);
     Py_XDECREF(fused);
@@ -168,26 +173,32 @@ PyObject *fuser_py_ffn_kept(PyObject *module, PyObject *const *args, Py_ssize_t 
 }
 
 /* The route key of t (x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation) and a quantized chain's
- * `scales` (or None), validated as ffn_check validates them (ffn_key's docstring); with `act`, the chain's
- * FUSER_ACT_* there. A bytes object, or NULL with an exception set. */
-static PyObject *route_key(fuser_state *st, PyObject *const *args, PyObject *scales, int *act)
+ * `scales` (or None), validated as ffn_check validates them (ffn_key's docstring), and `out` with them where
+ * given (NULL: none); with `act`, the chain's FUSER_ACT_* there. A bytes object (out is not part of the key),
+ * or NULL with an exception set. */
+static PyObject *route_key(fuser_state *st, PyObject *const *args, PyObject *out, PyObject *scales, int *act)
 {
     const char *activation = activation_name(args[A_OUT]);
     if (!activation)
         return NULL;
-    fuser_held held[A_OUT];
-    const fuser_tensor *t[A_OUT] = {NULL};
-    memset(held, 0, sizeof held);
-    int opts[A_OUT];
+    PyObject *obj[N_TENSOR_ARGS];
     for (int i = 0; i < A_OUT; i++)
-        opts[i] = FUSER_TAKE_NO_CAPSULE | FUSER_TAKE_REGISTERED; /* a user's capsule: the general path says no */
+        obj[i] = args[i];
+    obj[A_OUT] = out;
+    const int n = out ? N_TENSOR_ARGS : A_OUT;
+    fuser_held held[N_TENSOR_ARGS];
+    const fuser_tensor *t[N_TENSOR_ARGS] = {NULL};
+    memset(held, 0, sizeof held);
+    int opts[N_TENSOR_ARGS];
+    for (int i = 0; i < N_TENSOR_ARGS; i++) /* a user's capsule: the general path says no */
+        opts[i] = FUSER_TAKE_NO_CAPSULE | FUSER_TAKE_REGISTERED | (i == A_OUT ? FUSER_TAKE_WRITABLE : 0);
     if (args[A_X] == Py_None || args[A_W_UP] == Py_None || args[A_W_DOWN] == Py_None)
         return PyErr_Format(PyExc_TypeError, "ffn_key: x, w_up and w_down are required");
     fuser_chain c;
     PyObject *res = NULL;
     fuser_held sheld[FUSER_NUM_SCALES];
     memset(sheld, 0, sizeof sheld);
-    if (!take_and_validate(st, args, A_OUT, Py_None, opts, activation, held, t, &c, scales,
+    if (!take_and_validate(st, obj, n, Py_None, opts, activation, held, t, &c, scales,
                            FUSER_TAKE_NO_CAPSULE | FUSER_TAKE_REGISTERED, 0, sheld)) {
         /* bytes, not a tuple of ints: no object for the garbage collector to count, one cheap hash */
         const int64_t key[7] = {c.m, c.k, c.n, c.l,
@@ -198,7 +209,7 @@ static PyObject *route_key(fuser_state *st, PyObject *const *args, PyObject *sca
         if (act)
             *act = (int)c.act;
     }
-    for (int i = 0; i < A_OUT; i++)
+    for (int i = 0; i < n; i++)
         fuser_release(&held[i]);
     for (int i = 0; i < FUSER_NUM_SCALES; i++)
         fuser_release(&sheld[i]);

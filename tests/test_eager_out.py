@@ -121,3 +121,37 @@ def test_on_a_hopper_gpu_out_holds_the_routes_bits(shape, gated, act, bias):
         out = torch.full_like(want, float("nan"))
         y = _C.eager(F.linear, ACTIVATIONS[act], *args, out)
     assert y is out and torch.equal(out, want)
+
+
+def test_an_out_call_runs_the_kept_route_after_its_first():
+    """fuser.ffn(..., out=) finds its route kept under the call's key as a call without out does (out checked in
+    the same C call: its shape, writability, no overlap), so its later calls skip the general path's checks; a bad
+    out still gets the general path's error."""
+    import os
+    import sys
+    import fuser.ops as fops
+    here = os.path.dirname(fops.__file__)
+    t = tensors((4, 6), False, True, seed=6)
+    with torch.no_grad():
+        want = fuser.ffn(activation="relu", **t)
+        out = torch.empty_like(want)
+        fuser.ffn(activation="relu", out=out, **t)
+        frames = []
+
+        def profile(frame, event, arg):
+            if event == "call" and frame.f_code.co_filename.startswith(here):
+                frames.append(frame.f_code.co_name)
+        out.fill_(float("nan"))
+        sys.setprofile(profile)
+        try:
+            y = fuser.ffn(activation="relu", out=out, **t)
+        finally:
+            sys.setprofile(None)
+        assert y is out and torch.equal(out, want)
+        assert frames == ["ffn", "run"], frames          # the kept route's run, no general path
+        with pytest.raises(ValueError, match=r"out: expected shape \[4, 6, 24\]"):
+            fuser.ffn(activation="relu", out=torch.empty(4, 6, 23), **t)
+        with pytest.raises(ValueError, match="out: its memory overlaps w_up"):
+            fuser.ffn(activation="relu", out=t["w_up"].view(-1)[:4 * 6 * 24].view(4, 6, 24), **t)
+    with pytest.raises(ValueError, match="out: it requires grad"):
+        fuser.ffn(activation="relu", out=torch.empty_like(want).requires_grad_(), **t)

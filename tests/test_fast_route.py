@@ -532,7 +532,8 @@ def test_ffn_kept_runs_the_route_kept_under_the_calls_key(exchange):
     """`_C.ffn_kept` (with torch tensors read through the exchange API or exported): None where nothing is kept for
     the call's route key, or the route is stale, or the arguments are ones ffn_key refuses (the general path then
     says what is wrong); an eager route's ops run in the call, bitwise the reference's; any other route's run()
-    gets the call's arguments and gives its output."""
+    gets the call's arguments and gives its output; with an `out` (checked with the rest) every route's run() gets
+    it."""
     from fuser import _C
     from fuser.reference import ACTIVATIONS, eager
     lin = torch.nn.functional.linear
@@ -555,6 +556,13 @@ def test_ffn_kept_runs_the_route_kept_under_the_calls_key(exchange):
     assert torch.equal(y, eager(x, wu, wd, wg, None, None, None, ACTIVATIONS["silu"]))
     fused = Kept(True)
     assert _C.ffn_kept({key: fused}, lin, *args) == "ran" and fused.calls == [args]
+    out = torch.empty(5, 16)
+    assert _C.ffn_kept({key: fused}, lin, *args, out) == "ran" and fused.calls[-1] == (*args, out)
+    eager_route = Kept(False)                                  # with out, every route's run gets the call
+    assert _C.ffn_kept({key: eager_route}, lin, *args, out) == "ran" and eager_route.calls == [(*args, out)]
+    assert _C.ffn_kept({key: fused}, lin, *args, None) == "ran" and fused.calls[-1] == args
+    assert _C.ffn_kept({key: fused}, lin, *args, torch.empty(5, 15)) is None                     # out's shape
+    assert _C.ffn_kept({key: fused}, lin, *args, torch.empty(5, 16, requires_grad=True)) is None  # out records
     assert _C.ffn_kept({key: fused}, lin, x, wu, wd, wg, None, None, None, "tanh") is None        # refused by ffn_key
     assert _C.ffn_kept({key: fused}, lin, x[:, :8], wu, wd, wg, None, None, None, "silu") is None  # another shape
 
