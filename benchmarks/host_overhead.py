@@ -87,8 +87,10 @@ NULL = "ops, again"
 #: as a kept fused launch does (what reading each weight through the exchange API costs); the eager ops as
 #: fuser.ffn's route calls them (`_C.eager`: a plain chain's activation in place of the up projection's
 #: result) and, on a plain chain, with a look-alike of the activation that C does not know (so it runs out of
-#: place, allocating its result as the ops do): what the in-place activation saves
-PIECES = ("ffn_key", "kept_match", "kept_eager", "kept_eager_all", "_C.eager", "_C.eager, act out of place")
+#: place, allocating its result as the ops do): what the in-place activation saves; and fuser.ffn with out= (its
+#: kept route, the down projection written into out)
+PIECES = ("ffn_key", "kept_match", "kept_eager", "kept_eager_all", "_C.eager", "_C.eager, act out of place",
+          "fuser.ffn, out=")
 #: What a loop's time is read from (--clock)
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
 FUSED_TARGETS = {"FusedFFN": 6.0, "fuser.ffn": 8.0, "torch.ops": 15.0}
@@ -192,6 +194,8 @@ def eager_variants(w, device, pieces=False):
             out["kept_eager_all"] = lambda: _C.kept_eager(d, x, every)
         lin = torch.nn.functional.linear
         out["_C.eager"] = lambda: _C.eager(lin, act, x, wu, wd, wg, None, None, None)
+        y = torch.empty(*x.shape[:-1], wd.shape[0], device=device, dtype=dtype)
+        out["fuser.ffn, out="] = lambda: fuser.ffn(x, wu, wd, w_gate=wg, activation=w.activation, out=y)
         if wg is None:
             look_alike = functools.partial(act.func, *act.args, **act.keywords) if isinstance(
                 act, functools.partial) else functools.partial(act)
@@ -266,7 +270,8 @@ def report_eager(rows):
         print(f"{label:34s}" + "".join(f"{c:>18s}" for c in cells) + f"  null {paired[NULL]:+.2f}")
         if any(n in res for n in PIECES):
             print(f"{'':34s}pieces: " + ", ".join(f"{n} {res[n]:.2f}" + (f" ({paired[n]:+.2f} over the ops)"
-                                                                       if n.startswith(("kept_eager", "_C.eager"))
+                                                                       if n.startswith(("kept_eager", "_C.eager",
+                                                                                        "fuser.ffn"))
                                                                        else "")
                                                   for n in PIECES if n in res))
     for n, (over, raw, ratio, label, null) in worst.items():

@@ -506,7 +506,8 @@ def gate_cubin(device):
 def register_eager_hooks():
     """Register with C what the eager route's own steps need (``_C.gate_setup``): the gate kernel's loader, the
     activations, torch's predicates read at each call, ``torch._addmm_activation`` (None on a torch without
-    it), the activations' in-place forms, and the ops that write the down projection into a caller's ``out``.
+    it), the activations' in-place forms, and the linear whose ``out=`` form writes the down projection into a
+    caller's ``out``.
     Done at import.
 
     Example:
@@ -516,8 +517,7 @@ def register_eager_hooks():
     _C.gate_setup(gate_cubin, tuple(ACTIVATIONS[a] for a in GATE_ACTS), capturing,
                   torch._C._len_torch_dispatch_stack, torch._C._is_torch_function_mode_enabled,
                   interop.current_device, interop.raw_stream, interop.disabled, torch.is_grad_enabled,
-                  getattr(torch, "_addmm_activation", None), _in_place_acts(),
-                  (torch.nn.functional.linear, torch.mm, torch.addmm))
+                  getattr(torch, "_addmm_activation", None), _in_place_acts(), torch.nn.functional.linear)
 
 
 register_eager_hooks()

@@ -163,9 +163,9 @@ PyObject *fuser_addmm_activation(void);
  * not, -1 with an exception set (gate_bind.c). */
 int fuser_no_mode(void);
 
-/* (linear, mm, addmm) as gate_setup registered them for writing the down projection into a given output
+/* The linear gate_setup registered for writing the down projection into a given output with its out= form
  * (borrowed), or NULL (gate_bind.c). */
-PyObject *fuser_down_out_ops(void);
+PyObject *fuser_down_out_linear(void);
 
 /* act(h) as the activation's in-place form (h overwritten, bitwise the same values, no new tensor allocated)
  * where gate_setup registered one for act, h records no autograd (h.requires_grad is False) and no torch

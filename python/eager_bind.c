@@ -223,58 +223,53 @@ done:
     return out;
 }
 
-/* linear(g, w, b) written into `out` by the ops linear runs for it, where that gives linear's result bit for bit:
+/* linear(g, w, b) written into `out` by linear's own out= form, where that gives linear's result bit for bit:
  * `linear` is the registered torch.nn.functional.linear, no autograd records the call and no torch mode watches,
- * g and out compact with out [..., d_out] over g's rows, and g 2-D, or 3-D, or without a bias (linear's input
- * of more dimensions with a bias runs as a matmul and an add on some torch versions). Then addmm(b, g2, w.t())
- * or mm(g2, w.t()) into out's 2-D view, g2 g's (what linear itself runs on such an input), and out (new
- * reference); Py_None (new reference) where not; NULL with an exception set. */
+ * g and out compact with out [..., d_out] over g's rows, g of at least 2 dimensions (the out= form resizes a 1-D
+ * out), and with a bias at most 3 (linear runs a 3-D input with a bias as one addmm over its rows, its out= form
+ * as a matmul and an add, so that input is passed as its 2-D view; inputs of more dimensions with a bias run as
+ * one addmm on some torch versions and as a matmul and an add on others). Then out (new reference); Py_None (new
+ * reference) where not; NULL with an exception set. */
 static PyObject *down_into(fuser_state *st, PyObject *linear, PyObject *g, PyObject *w, PyObject *b, PyObject *out)
 {
-    PyObject *ops = fuser_down_out_ops();
-    if (!ops || linear != PyTuple_GET_ITEM(ops, 0))
+    PyObject *reg = fuser_down_out_linear();
+    if (!reg || linear != reg)
         return Py_NewRef(Py_None);
     PyObject *ts[3] = {g, w, b};
     int ok = fuser_gate_records(ts, 3);
-    if (ok == 0)
-        ok = fuser_no_mode();
-    else
-        ok = ok < 0 ? -1 : 0;
+    ok = ok == 0 ? fuser_no_mode() : ok < 0 ? -1 : 0;
     if (ok <= 0)
         return ok < 0 ? NULL : Py_NewRef(Py_None);
     fuser_held h[2];
     memset(h, 0, sizeof h);
     fuser_tensor tg, to;
-    int fits = compact(st, g, &tg, &h[0]) && compact(st, out, &to, &h[1]) && tg.ndim >= 2 &&
-               (b == Py_None || tg.ndim <= 3) && to.ndim == tg.ndim && tg.dtype == to.dtype &&
-               memcmp(tg.shape, to.shape, sizeof(int64_t) * (size_t)(tg.ndim - 1)) == 0;
-    const int64_t n = fits ? tg.shape[tg.ndim - 1] : 0, l = fits ? to.shape[to.ndim - 1] : 0;
+    const int fits = compact(st, g, &tg, &h[0]) && compact(st, out, &to, &h[1]) && tg.ndim >= 2 &&
+                     (b == Py_None || tg.ndim <= 3) && to.ndim == tg.ndim && tg.dtype == to.dtype &&
+                     memcmp(tg.shape, to.shape, sizeof(int64_t) * (size_t)(tg.ndim - 1)) == 0;
+    const int flat = fits && b != Py_None && tg.ndim == 3;
+    const int64_t n = tg.shape[tg.ndim - 1], l = to.shape[to.ndim - 1];
     fuser_release(&h[0]);
     fuser_release(&h[1]);
     if (!fits)
         return Py_NewRef(Py_None);
-    PyObject *const *kn = &PyTuple_GET_ITEM(st->kept_names, 0);
     static PyObject *out_name; /* ("out",), made once */
     if (!out_name && !(out_name = Py_BuildValue("(s)", "out")))
         return NULL;
-    PyObject *minus = PyLong_FromLong(-1), *nn = PyLong_FromLongLong(n), *ll = PyLong_FromLongLong(l);
-    PyObject *vg[3] = {g, minus, nn}, *vo[3] = {out, minus, ll}, *vw[1] = {w};
-    PyObject *g2 = minus && nn && ll ? (tg.ndim == 2 ? Py_NewRef(g) : PyObject_VectorcallMethod(kn[KN_VIEW], vg, 3, NULL))
-                                     : NULL;
-    PyObject *o2 = g2 ? PyObject_VectorcallMethod(kn[KN_VIEW], vo, 3, NULL) : NULL;
-    PyObject *wt = o2 ? PyObject_VectorcallMethod(kn[KN_T], vw, 1, NULL) : NULL;
-    PyObject *r = NULL;
-    if (wt) {
-        PyObject *a[4] = {b, g2, wt, o2};
-        r = b == Py_None ? PyObject_Vectorcall(PyTuple_GET_ITEM(ops, 1), a + 1, 2, out_name)
-                         : PyObject_Vectorcall(PyTuple_GET_ITEM(ops, 2), a, 3, out_name);
+    PyObject *g2 = Py_NewRef(g), *o2 = Py_NewRef(out);
+    if (flat) {
+        PyObject *const *kn = &PyTuple_GET_ITEM(st->kept_names, 0);
+        PyObject *minus = PyLong_FromLong(-1), *nn = PyLong_FromLongLong(n), *ll = PyLong_FromLongLong(l);
+        PyObject *vg[3] = {g, minus, nn}, *vo[3] = {out, minus, ll};
+        Py_SETREF(g2, minus && nn && ll ? PyObject_VectorcallMethod(kn[KN_VIEW], vg, 3, NULL) : NULL);
+        Py_SETREF(o2, g2 ? PyObject_VectorcallMethod(kn[KN_VIEW], vo, 3, NULL) : NULL);
+        Py_XDECREF(minus);
+        Py_XDECREF(nn);
+        Py_XDECREF(ll);
     }
-    Py_XDECREF(minus);
-    Py_XDECREF(nn);
-    Py_XDECREF(ll);
+    PyObject *a[4] = {g2, w, b, o2};
+    PyObject *r = g2 && o2 ? PyObject_Vectorcall(linear, a, 3, out_name) : NULL;
     Py_XDECREF(g2);
     Py_XDECREF(o2);
-    Py_XDECREF(wt);
     if (!r)
         return NULL;
     Py_DECREF(r);

@@ -29,8 +29,8 @@ typedef struct {
  * the activation functions in FUSER_ACT_* order, and the per-call predicates (torch's capturing(),
  * len(dispatch stack), function mode enabled, current device, current raw stream of a device; fuser's
  * FUSER_DISABLE; torch's is_grad_enabled()), torch._addmm_activation (None where torch has none), the
- * activations' in-place forms in FUSER_ACT_* order (each a function of one tensor, or None), and the down
- * projection's ops into a given output ((torch.nn.functional.linear, torch.mm, torch.addmm), or None). */
+ * activations' in-place forms in FUSER_ACT_* order (each a function of one tensor, or None), and the linear whose
+ * out= form writes the down projection into a given output (torch.nn.functional.linear, or None). */
 enum { H_LOADER, H_ACTS, H_CAPTURING, H_DISPATCH, H_FUNCTION, H_DEVICE, H_STREAM, H_DISABLED, H_GRAD, H_ADDMM_ACT,
        H_ACTS_INPLACE, H_DOWN_OUT, H_COUNT };
 static PyObject *hooks, *s_requires_grad, *s_is_cuda;
@@ -305,10 +305,10 @@ int fuser_no_mode(void)
 }
 
 /* (binding.h) */
-PyObject *fuser_down_out_ops(void)
+PyObject *fuser_down_out_linear(void)
 {
-    PyObject *ops = hooks ? PyTuple_GET_ITEM(hooks, H_DOWN_OUT) : NULL;
-    return ops == Py_None ? NULL : ops;
+    PyObject *f = hooks ? PyTuple_GET_ITEM(hooks, H_DOWN_OUT) : NULL;
+    return f == Py_None ? NULL : f;
 }
 
 /* (binding.h) */
@@ -346,17 +346,12 @@ PyObject *fuser_py_gate_setup(PyObject *module, PyObject *const *args, Py_ssize_
         return PyErr_Format(PyExc_TypeError, "gate_setup(loader, acts: a tuple of %d functions, capturing, "
                                              "dispatch_len, function_mode, current_device, raw_stream, disabled, grad_enabled, "
                                              "addmm_activation, acts_in_place: a tuple of %d functions or None, "
-                                             "down_out: (linear, mm, addmm) or None)",
+                                             "down_out: linear or None)",
                             FUSER_ACT_SILU + 1, FUSER_ACT_SILU + 1);
     for (int i = 0; i < H_COUNT; i++)
-        if (i != H_ACTS && i != H_ACTS_INPLACE && i != H_DOWN_OUT && !(i == H_ADDMM_ACT && args[i] == Py_None) &&
+        if (i != H_ACTS && i != H_ACTS_INPLACE && !((i == H_ADDMM_ACT || i == H_DOWN_OUT) && args[i] == Py_None) &&
             !PyCallable_Check(args[i]))
             return PyErr_Format(PyExc_TypeError, "gate_setup: argument %d is not callable", i + 1);
-    PyObject *down = args[H_DOWN_OUT];
-    if (down != Py_None && !(PyTuple_Check(down) && PyTuple_GET_SIZE(down) == 3 &&
-                             PyCallable_Check(PyTuple_GET_ITEM(down, 0)) && PyCallable_Check(PyTuple_GET_ITEM(down, 1)) &&
-                             PyCallable_Check(PyTuple_GET_ITEM(down, 2))))
-        return PyErr_Format(PyExc_TypeError, "gate_setup: down_out must be (linear, mm, addmm), three functions, or None");
     for (int i = 0; i <= FUSER_ACT_SILU; i++) {
         PyObject *f = PyTuple_GET_ITEM(args[H_ACTS_INPLACE], i);
         if (f != Py_None && !PyCallable_Check(f))

@@ -141,13 +141,14 @@ static PyMethodDef module_methods[] = {
      "flag_owner.flag: what is_compiling() returns outside TorchScript (flag None: call is_compiling)."},
     {"gate_setup", (PyCFunction)(void (*)(void))fuser_py_gate_setup, METH_FASTCALL,
      "gate_setup(loader, acts, capturing, dispatch_len, function_mode, current_device, raw_stream, disabled,\n"
-     "grad_enabled, addmm_activation, acts_in_place): what\n"
+     "grad_enabled, addmm_activation, acts_in_place, down_out): what\n"
      "the eager route's gate kernel needs (fuser.runtime registers it at import): loader(device) -> the gate\n"
      "kernels' CUBIN (bytes) or why there is none (str); acts: the activation functions in FUSER_ACT_* order;\n"
      "then torch's predicates and fuser's FUSER_DISABLE, read at each call; torch._addmm_activation or None\n"
      "(the eager route's up projection with its ReLU or tanh GELU in cuBLASLt's epilogue); acts_in_place: the\n"
      "activations' in-place forms in FUSER_ACT_* order, each a function of one tensor or None (the eager route's\n"
-     "activation on the up projection's own result, where no autograd records it)."},
+     "activation on the up projection's own result, where no autograd records it); down_out: the linear whose out=\n"
+     "form writes the eager route's down projection into a caller's out (torch.nn.functional.linear), or None."},
     {"gate", (PyCFunction)(void (*)(void))fuser_py_gate, METH_FASTCALL,
      "gate(g, u, act) -> bool: g = act(g) * u in place by fuser's gate kernel (bitwise PyTorch's two ops) where\n"
      "it applies: plain compact 16-bit CUDA tensors of one shape on the current device, no autograd, no torch\n"
