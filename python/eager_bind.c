@@ -247,7 +247,7 @@ static PyObject *down_into(fuser_state *st, PyObject *linear, PyObject *g, PyObj
                      (b == Py_None || tg.ndim <= 3) && to.ndim == tg.ndim && tg.dtype == to.dtype &&
                      memcmp(tg.shape, to.shape, sizeof(int64_t) * (size_t)(tg.ndim - 1)) == 0;
     const int flat = fits && b != Py_None && tg.ndim == 3;
-    const int64_t n = tg.shape[tg.ndim - 1], l = to.shape[to.ndim - 1];
+    const int64_t n = fits ? tg.shape[tg.ndim - 1] : 0, l = fits ? to.shape[to.ndim - 1] : 0;
     fuser_release(&h[0]);
     fuser_release(&h[1]);
     if (!fits)
