@@ -259,6 +259,12 @@ def test_fused_route_prepares_its_launch_once_and_then_passes_only_addresses(mon
         kept[(0, 0x1234)] = ("BIGGER", M)                         # the stream's scratch was replaced
         route.run(x3, *(a[k] for k in order), "silu")
         assert len(prepared) == 3 and runs[-1][0] == "PREPARED3" and prepared[-1]["scratch"] == ("BIGGER", M)
+        # where d_out is d_model the route allocates y as empty_like(x): x's shape, row-major, a fresh tensor
+        route.same_shape = True
+        wd_square = torch.randn(K, N).to(a["w_down"].dtype)
+        y = route.run(x3, a["w_up"], wd_square, *(a[k] for k in order[2:]), "silu")
+        assert y.shape == x3.shape and y.is_contiguous() and y.dtype == x3.dtype and y.data_ptr() != x3.data_ptr()
+        assert runs[-1][2] == y.data_ptr()
 
 
 def test_route_key_validates_as_ffn_check_does(export_path):
