@@ -71,18 +71,23 @@ def test_stream_plan_in_a_cuda_graph():
 
 @pytest.mark.parametrize("l", [512, 384])
 def test_a_fused_routes_output_is_allocated_row_major_in_xs_shape(l):
-    """fuser.ffn on a fused route allocates y itself: x's shape (empty_like(x), the cheapest allocation, where
-    d_out is d_model) or [..., d_out]; row-major, every element written (the reference in float64 agrees), on
-    the kept route's later calls too."""
+    """A fused route allocates y itself: x's shape (empty_like(x), the cheapest allocation, where d_out is
+    d_model) or [..., d_out]; row-major, every element written (the reference in float64 agrees), through
+    fuser.ffn and on the route's later calls (its prepared launch re-pointed at a new x and y)."""
+    from fuser.route import route_for
     p = fuser.plan(96, 512, 1024, d_out=l, activation="relu", target="h200", fused=True, kind="stream", bm=64)
     t = tensors(96, 512, 1024, l, False, 3)
     t["x"] = t["x"].view(2, 48, 512)
-    for _ in range(2):
-        y = fuser.ffn(activation="relu", plan=p, **t)
+    r = route_for(_C.ffn_check(*(t[k] for k in ("x", "w_up", "w_down"))), p)
+    assert r.fused
+    for call in range(3):
+        args = [t.get(k) for k in ("x", "w_up", "w_down", "w_gate", "b_up", "b_gate", "b_down")]
+        y = fuser.ffn(activation="relu", plan=p, **t) if call == 0 else r.run(*args, "relu")
         ref = fuser.ffn_reference(activation="relu", compute_dtype=torch.float64, **t)
         assert y.shape == (2, 48, l) and y.is_contiguous() and y.dtype == torch.bfloat16
         assert rel_error(y, ref) < 1.5e-2
         t["x"] = torch.randn_like(t["x"])
+    assert len(r.prepared) == 1
 
 
 @pytest.mark.parametrize("d,f,m", [(1024, 2048, 300), (4096, 4096, 300)])
