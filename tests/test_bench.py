@@ -169,3 +169,17 @@ def test_graphs_hold_several_short_calls_whatever_the_host_probe_says():
     # one set is larger than 4x L2: repeated, so a replay is not mostly the graph's launch
     assert graph_calls(0.0, 1) == graph_calls(80.0, 1) == GRAPH_MIN_CALLS and graph_calls(GRAPH_SHORT_US, 1) == 1
     assert graph_calls(GRAPH_SHORT_US, 24) == 1 and graph_calls(5000.0, 24) == 1
+
+
+def test_a_back_to_back_sequence_is_timed_per_call():
+    """The back-to-back variants run S calls between one pair of timestamps and report per call: S such
+    calls of ~1 ms come out near 1 ms each (not S ms, and not one call's time plus the timer's), and S
+    stays within its bounds whatever the probe."""
+    import time
+    from fuser.tools.bench import SEQ_MAX_CALLS, SEQ_MIN_CALLS, back_to_back, seq_calls
+    from fuser.tools.timing import time_interleaved
+    seen = []
+    f, n = back_to_back(lambda: (seen.append(1), time.sleep(0.001)), 5)
+    one, per = time_interleaved([lambda: time.sleep(0.001), (f, n)], rounds=3, warmup=0, cpu=True)
+    assert n == 5 and len(seen) == 15 and 1000 <= per < 1.5 * one
+    assert seq_calls(0.0) == SEQ_MAX_CALLS and seq_calls(1e6) == SEQ_MIN_CALLS and seq_calls(250.0) == 8

@@ -144,7 +144,8 @@ def test_tune_times_no_plan_whose_output_is_wrong(monkeypatch):
 def test_bench_harness_times_like_with_like_on_the_gpu():
     """One small workload through the harness without torch.compile: every variant timed, fuser's eager
     route in a graph within 15% of eager's graph (the same ops), FusedFFN per call timed once its route
-    is kept (within 3x of fuser.ffn per call), and the forced fused kernel's output is the one timed."""
+    is kept (within 3x of fuser.ffn per call), back-to-back calls no slower per call than one call alone, and
+    the forced fused kernel's output is the one timed."""
     from fuser.tools import bench
     want = tuple(v for v in bench.VARIANTS if "compile" not in v and "autotune" not in v)
     results, meta = bench.run([bench.parse_workload("gpt2:16")], variants=want, autotune="none", reps=15,
@@ -153,4 +154,6 @@ def test_bench_harness_times_like_with_like_on_the_gpu():
     assert set(t) == set(want) and all(v > 0 for v in t.values())
     assert 0.87 < t["fuser_graph"] / t["eager_graph"] < 1.15
     assert t["fusedffn"] < 3 * t["fuser"]
+    # back to back, no call waits for the one before it, nor pays the events' and the wait's time alone
+    assert t["eager_seq"] < 1.05 * t["eager"] and t["fusedffn_seq"] < 1.05 * t["fusedffn"]
     assert meta["matmul_tflops"] > 300 and meta["copy_tbps"] > 2

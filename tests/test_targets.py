@@ -15,14 +15,16 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def row(label, over_floor=1.0, vs_eager=3.0, per_call=10.0, fused_tflops=700.0):
     """A harness row for workload `label` whose fuser graph time is `over_floor` x the floor, eager's
-    graph (and torch.compile's) `vs_eager` x that, the per-call baselines `per_call` x FusedFFN's, and the
+    graph (and torch.compile's) `vs_eager` x that, the per-call baselines `per_call` x FusedFFN's (one call, and
+    back to back), and the
     forced fused kernel at `fused_tflops`. The floor is 100 us everywhere, so the CSV's 0.01 us rounding
     moves no ratio."""
     w = parse_workload(label)
     floor, bound = 100.0, "M"
     f = floor * over_floor
     times = dict(fuser_graph=f, fuser=f, fusedffn=f, eager_graph=f * vs_eager, compile_graph=f * vs_eager,
-                 eager=f * per_call, compile=f * per_call, fused_graph=w.flops / (fused_tflops * 1e6))
+                 eager=f * per_call, compile=f * per_call, fused_graph=w.flops / (fused_tflops * 1e6),
+                 fusedffn_seq=f, eager_seq=f * per_call, compile_seq=f * per_call)
     return Result(w, floor, bound, times, {}, "p", True, "p", 1.0, {}, 3, 20).row()
 
 

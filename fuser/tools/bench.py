@@ -24,6 +24,11 @@ Variants (``VARIANTS``; "graph": L calls captured in one CUDA graph, timed per r
   fusedffn         the same FFN as the module ``fuser.optimize`` swaps in (``FusedFFN``), called per
                    call: it keeps its input shape's route, so a call costs no validation
   fused_graph      the best fused plan, forced, in a CUDA graph: fuser's kernel itself
+  eager_seq        eager called S times back to back between the events, timed per call: what a call costs
+                   in a running model outside graphs, where nothing waits for each call (the per-call
+                   variants above time one call from an idle GPU: its host time, the events' and the wait)
+  compile_seq      torch.compile (default mode) the same way
+  fusedffn_seq     FusedFFN the same way
 
 Speedups compare like with like: ``fuser`` against the per-call baselines, ``fuser_graph`` against the
 graphed ones.
@@ -51,12 +56,14 @@ from fuser.tools import targets
 from fuser.tools.timing import graphed, hopper_reason, median_event_us, time_interleaved
 from fuser.tools.workloads import MODELS, PAPER
 
-__all__ = ["VARIANTS", "BASELINES", "Workload", "Result", "Sets", "parse_workload", "workload_set",
-           "measure_ceilings", "run", "host_costs", "Clocks", "graph_calls"]
+__all__ = ["VARIANTS", "BASELINES", "SEQUENCES", "Workload", "Result", "Sets", "parse_workload", "workload_set",
+           "measure_ceilings", "run", "host_costs", "Clocks", "graph_calls", "seq_calls", "back_to_back"]
 
 VARIANTS = ("eager", "eager_graph", "compile", "compile_graph", "autotune", "autotune_graph", "cublas_graph",
-            "fuser", "fuser_graph", "fused_graph", "fusedffn")
+            "fuser", "fuser_graph", "fused_graph", "fusedffn", "eager_seq", "compile_seq", "fusedffn_seq")
 BASELINES = VARIANTS[:7]
+#: The back-to-back variants: each times S calls of the per-call variant it names.
+SEQUENCES = {"eager_seq": "eager", "compile_seq": "compile", "fusedffn_seq": "fusedffn"}
 #: Token counts of the model sweep.
 BENCH_TOKENS = (1, 16, 128, 512, 2048, 8192)
 #: Where max-autotune runs unless asked for everywhere: the model shapes at these token counts.
@@ -68,6 +75,38 @@ GRAPH_SHORT_US = 500.0
 #: graph's own launch (~5-7 us on the H200), and the per-call probe that sets L is host time, which can be
 #: long for a short GPU call
 GRAPH_MIN_CALLS = 4
+#: A back-to-back sequence lasts about this long (the events and the final wait, tens of us on a slow host,
+#: then cost a few percent of it) and holds SEQ_MIN_CALLS to SEQ_MAX_CALLS calls.
+SEQ_US = 2000.0
+SEQ_MIN_CALLS, SEQ_MAX_CALLS = 2, 64
+
+
+def seq_calls(probe_us):
+    """Calls per back-to-back sequence for a call whose eager probe took `probe_us`.
+
+    Example:
+        >>> from fuser.tools.bench import seq_calls
+        >>> seq_calls(100.0), seq_calls(10.0), seq_calls(5000.0)
+        (20, 64, 2)
+    """
+    return max(SEQ_MIN_CALLS, min(SEQ_MAX_CALLS, int(SEQ_US // max(probe_us, 1.0))))
+
+
+def back_to_back(fn, calls):
+    """(a function making `calls` calls of fn one after the other, calls): one sample of a sequence timed
+    per call by ``time_interleaved``.
+
+    Example:
+        >>> from fuser.tools.bench import back_to_back
+        >>> seen = []
+        >>> f, n = back_to_back(lambda: seen.append(1), 3)
+        >>> f(); (len(seen), n)
+        (3, 3)
+    """
+    def run():
+        for _ in range(calls):
+            fn()
+    return run, calls
 
 
 def graph_calls(probe_us, sets):
@@ -344,7 +383,7 @@ def _variants(w, sets, want, autotune, log):
     fns = {"eager": per_call(eager_ops)}
     torch._dynamo.reset()       # each workload compiles from scratch (compile times are cold)
     for v, mode in (("compile", "default"), ("autotune", "max-autotune-no-cudagraphs")):
-        if v not in want or (v == "autotune" and not autotune):
+        if (v not in want and f"{v}_seq" not in want) or (v == "autotune" and not autotune):
             continue
         # a code object of its own: dynamo caches compiled code per code object, and the two modes must
         # not evict or reuse each other's
@@ -374,7 +413,7 @@ def _variants(w, sets, want, autotune, log):
         return call
 
     fns["fuser"] = user()
-    if "fusedffn" in want:
+    if "fusedffn" in want or "fusedffn_seq" in want:
         mods = [_module_of(w, s) for s in sets.sets]
         for m, s in zip(mods, sets.sets):     # each module's first call routes its shape (validation and
             for _ in range(3):                # planning, not what is timed); later calls take the kept
@@ -387,8 +426,12 @@ def _variants(w, sets, want, autotune, log):
     graph_of = {"eager_graph": fns["eager"], "compile_graph": fns.get("compile"),
                 "autotune_graph": fns.get("autotune"), "cublas_graph": cublas, "fuser_graph": fns["fuser"],
                 "fused_graph": user(fplan)}
-    out = {k: (f, 1) for k, f in fns.items() if k in want}
-    calls = graph_calls(median_event_us(fns["eager"], 3), sets.n)
+    out = {k: (f, 1) for k, f in fns.items() if k in want}   # (a sequence's own variant may be left out)
+    probe = median_event_us(fns["eager"], 3)
+    for k, v in SEQUENCES.items():
+        if k in want and v in fns:
+            out[k] = back_to_back(fns[v], seq_calls(probe))
+    calls = graph_calls(probe, sets.n)
     # NOTE: the first graph captured in a process runs slower than later captures of the same ops
     # (state set up by the first capture, such as cuBLAS's workspace for the capture stream): a
     # throwaway capture first puts every timed graph in the same conditions (benchmarks/RESULTS.md)
@@ -432,7 +475,7 @@ def run(workloads, *, variants=VARIANTS, autotune="subset", reps=None, log=print
         want = set(variants)
         over = budget_s is not None and t0 - t_start >= budget_s
         if over:
-            want -= {"compile", "compile_graph", "autotune", "autotune_graph"}
+            want -= {"compile", "compile_graph", "compile_seq", "autotune", "autotune_graph"}
         tune = autotune == "all" or (autotune == "subset" and w.name in MODELS and w.m in AUTOTUNE_SUBSET)
         sets = Sets(w)
         c0 = clocks.read()

@@ -13,7 +13,8 @@ from fuser.tools.bench import BASELINES, VARIANTS
 TITLES = {"eager": "eager", "eager_graph": "eager graph", "compile": "compile", "compile_graph": "compile graph",
           "autotune": "max-autotune", "autotune_graph": "max-autotune graph", "cublas_graph": "cuBLAS GEMMs graph",
           "fuser": "fuser", "fuser_graph": "fuser graph", "fused_graph": "fused kernel graph",
-          "fusedffn": "FusedFFN"}
+          "fusedffn": "FusedFFN", "eager_seq": "eager back to back", "compile_seq": "compile back to back",
+          "fusedffn_seq": "FusedFFN back to back"}
 
 
 def write_csv(rows, path):

@@ -56,6 +56,8 @@ METRICS = {
     "vs_eager_graph": (_ratio("eager_graph_us", "fuser_graph_us"), "x"),
     "vs_eager_call": (_ratio("eager_us", "fusedffn_us"), "x"),
     "vs_compile_call": (_ratio("compile_us", "fusedffn_us"), "x"),
+    "vs_eager_seq": (_ratio("eager_seq_us", "fusedffn_seq_us"), "x"),
+    "vs_compile_seq": (_ratio("compile_seq_us", "fusedffn_seq_us"), "x"),
     "x_floor": (_ratio("fuser_graph_us", "floor_us"), "x floor"),
     "vs_faster_baseline": (_vs_faster_baseline, "x"),
     "fused_tflops": (_fused_tflops, " TFLOP/s"),
@@ -109,6 +111,10 @@ TARGETS = (
            "geomean", ">=", 5.0, tokens=(128,)),
     Target(FAST, "paper's table per call: FusedFFN vs torch.compile, outside graphs", tuple(PAPER),
            "vs_compile_call", "geomean", ">=", 8.0, tokens=(128,)),
+    Target(FAST, "paper's table per call, back to back: FusedFFN vs eager, outside graphs", tuple(PAPER),
+           "vs_eager_seq", "geomean", ">=", 5.0, tokens=(128,)),
+    Target(FAST, "paper's table per call, back to back: FusedFFN vs torch.compile, outside graphs", tuple(PAPER),
+           "vs_compile_seq", "geomean", ">=", 8.0, tokens=(128,)),
     Target(FAST, "S1-S8: fuser in a graph over the floor", PAPER_S, "x_floor", "each", "<=", 1.25, tokens=(128,)),
     Target(FAST, "GPT-2 (768 -> 3072, GELU) at >= 2048 tokens: vs eager graph", ("gpt2",), "vs_eager_graph",
            "each", ">=", 1.4, min_tokens=2048),
@@ -218,7 +224,8 @@ def _fmt(v, unit, bare=False):
 
 #: Column titles of the per-row table, one per metric.
 TITLES = {"vs_eager_graph": "vs eager graph", "vs_eager_call": "per call vs eager",
-          "vs_compile_call": "per call vs compile", "x_floor": "graph over floor",
+          "vs_compile_call": "per call vs compile", "vs_eager_seq": "back to back vs eager",
+          "vs_compile_seq": "back to back vs compile", "x_floor": "graph over floor",
           "vs_faster_baseline": "graph over faster baseline", "fused_tflops": "fused kernel TFLOP/s",
           "weight_stream": "GB/s in a graph"}
 
@@ -232,7 +239,7 @@ def markdown(results):
         >>> from fuser.tools.targets import markdown, score
         >>> rows = [dict(workload="gpt2", m=2048, eager_graph_us=41.5, fuser_graph_us=45.7)]
         >>> [line for line in markdown(score([rows])).splitlines() if "| gpt2 |" in line]
-        ['| gpt2 | 2048 | 0.908 |  |  |  |  |  |  |']
+        ['| gpt2 | 2048 | 0.908 |  |  |  |  |  |  |  |  |']
     """
     n = max(len(r["values"]) for r in results)
     names = ["run A", "run B"][:n]
