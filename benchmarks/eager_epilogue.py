@@ -10,10 +10,15 @@ Per cell (a model's FFN at a token count, bfloat16, with biases):
   compile   torch.compile(fuser.reference.eager) in its default mode, with --compile
 
 and the floor of the step removed: two passes of the intermediate (the activation reads and writes it) at the copy
-rate measured in the same run. Every variant is a CUDA graph of calls over rotated input sets (enough that the 60 MB
+rate measured in the same run.
+
+With --zero-bias the cells are FFNs without biases (the paper's G chains, T5's), which fuser's eager route runs as the
+ops, and the candidate beside the ops is the epilogue given a zero bias (``torch._addmm_activation`` over a zeros
+vector made once, then linear): what docs/kernels.md ("Next kernels" 12) would build where it wins. Its output is
+checked against the ops (ReLU: the same values but for the GEMM's own accumulation order). Every variant is a CUDA graph of calls over rotated input sets (enough that the 60 MB
 L2 holds nobody's next inputs), replays interleaved in seeded orders, CUDA events, medians (fuser.tools.timing).
 
-    python benchmarks/eager_epilogue.py [--cells gpt2:2048 ...] [--compile] [--rounds 15] [--json FILE]
+    python benchmarks/eager_epilogue.py [--cells gpt2:2048 ...] [--zero-bias] [--compile] [--rounds 15] [--json FILE]
 """
 import argparse
 import json
@@ -31,12 +36,18 @@ MODELS = {"gpt2": (768, 3072, "gelu_tanh"), "gpt2-medium": (1024, 4096, "gelu_ta
           "gpt2-xl": (1600, 6400, "gelu_tanh"), "opt-1.3b": (2048, 8192, "relu"), "opt-2.7b": (2560, 10240, "relu"),
           "opt-6.7b": (4096, 16384, "relu"), "opt-13b": (5120, 20480, "relu")}
 CELLS = ("gpt2:512", "gpt2:2048", "gpt2:8192", "gpt2-medium:2048", "gpt2-xl:2048", "opt-1.3b:2048", "opt-6.7b:2048")
+#: model -> (d_model, d_ff, activation): FFNs without biases (the paper's plain chains, T5's)
+BIASLESS = {"G4": (768, 3072, "relu"), "G6": (1024, 4096, "relu"), "G7": (768, 768, "relu"),
+            "G8": (2048, 8192, "relu"), "G9": (512, 2048, "relu"), "G10": (384, 1536, "relu"),
+            "t5-large": (1024, 4096, "relu"), "t5-3b": (1024, 16384, "relu")}
+BIASLESS_CELLS = ("G4:128", "G6:128", "G7:128", "G8:128", "G9:128", "G10:128", "G4:1", "G4:16", "t5-large:1",
+                  "t5-large:16", "t5-large:512", "t5-large:2048", "t5-3b:2048")
 L2_BYTES = 60e6
 
 
-def cell(name, rounds, compile_too):
+def cell(name, rounds, compile_too, zero_bias=False):
     model, m = name.split(":")
-    d, f, act_name = MODELS[model]
+    d, f, act_name = (BIASLESS if zero_bias else MODELS)[model]
     m, act = int(m), ACTIVATIONS[act_name]
     per_set = 2 * (m * d + 2 * f * d + f + d + 2 * m * f + m * d)
     sets = max(1, min(8, int(2 * L2_BYTES // per_set) + 1))
@@ -45,8 +56,10 @@ def cell(name, rounds, compile_too):
     def r(*s, scale=1.0):
         return (torch.randn(*s, generator=gen, device="cuda") * scale).bfloat16()
 
-    ts = [dict(x=r(m, d), wu=r(f, d, scale=d ** -0.5), bu=r(f, scale=0.1), wd=r(d, f, scale=f ** -0.5),
-               bd=r(d, scale=0.1)) for _ in range(sets)]
+    ts = [dict(x=r(m, d), wu=r(f, d, scale=d ** -0.5), bu=None if zero_bias else r(f, scale=0.1),
+               wd=r(d, f, scale=f ** -0.5), bd=None if zero_bias else r(d, scale=0.1)) for _ in range(sets)]
+    zeros = torch.zeros(f, device="cuda", dtype=torch.bfloat16)
+    gelu = act_name == "gelu_tanh"
 
     def ops_ffn():
         for t in ts:
@@ -56,15 +69,24 @@ def cell(name, rounds, compile_too):
         for t in ts:
             _C.eager(F.linear, act, t["x"], t["wu"], t["wd"], None, t["bu"], None, t["bd"])
 
+    def zero_bias_ffn():
+        for t in ts:
+            F.linear(torch._addmm_activation(zeros, t["x"], t["wu"].t(), use_gelu=gelu), t["wd"])
+
     with torch.no_grad():
         t0 = ts[0]
-        y = _C.eager(F.linear, act, t0["x"], t0["wu"], t0["wd"], None, t0["bu"], None, t0["bd"])
-        h = torch._addmm_activation(t0["bu"], t0["x"], t0["wu"].t(), use_gelu=act_name == "gelu_tanh")
-        same = torch.equal(y, F.linear(h, t0["wd"], t0["bd"]))
+        if zero_bias:
+            zero_bias_ffn()
+            y = F.linear(torch._addmm_activation(zeros, t0["x"], t0["wu"].t(), use_gelu=gelu), t0["wd"])
+            same = None
+        else:
+            y = _C.eager(F.linear, act, t0["x"], t0["wu"], t0["wd"], None, t0["bu"], None, t0["bd"])
+            h = torch._addmm_activation(t0["bu"], t0["x"], t0["wu"].t(), use_gelu=gelu)
+            same = torch.equal(y, F.linear(h, t0["wd"], t0["bd"]))
         ref = eager(t0["x"], t0["wu"], t0["wd"], None, t0["bu"], None, t0["bd"], act)
         diff = (y.float() - ref.float()).abs().max().item()
         calls = max(1, 4 // sets)
-        variants = {"ops": ops_ffn, "fuser": fuser_ffn}
+        variants = {"ops": ops_ffn, "fuser": zero_bias_ffn if zero_bias else fuser_ffn}
         if compile_too:
             compiled = torch.compile(eager, dynamic=False)
 
@@ -80,28 +102,33 @@ def cell(name, rounds, compile_too):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--cells", nargs="*", default=CELLS)
+    p.add_argument("--cells", nargs="*")
+    p.add_argument("--zero-bias", action="store_true",
+                   help="FFNs without biases, the candidate being the epilogue given a zero bias")
     p.add_argument("--compile", action="store_true", help="time torch.compile of the ops too")
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--json")
     a = p.parse_args(argv)
+    models = BIASLESS if a.zero_bias else MODELS
+    a.cells = a.cells or (BIASLESS_CELLS if a.zero_bias else CELLS)
     for name in a.cells:
-        if name.split(":")[0] not in MODELS or not name.split(":")[-1].isdigit():
-            p.error(f"--cells: {name!r} is not MODEL:TOKENS with MODEL one of {', '.join(MODELS)}")
+        if name.split(":")[0] not in models or not name.split(":")[-1].isdigit():
+            p.error(f"--cells: {name!r} is not MODEL:TOKENS with MODEL one of {', '.join(models)}")
     why = hopper_reason()
     if why:
         sys.exit(f"eager_epilogue.py needs a Hopper GPU: {why}")
     torch._dynamo.config.cache_size_limit = 64
     rate = copy_gbs()
     print(f"copy rate {rate:.0f} GB/s (read + write)")
-    res = {"copy_gbs": rate, "cells": {}}
+    res = {"copy_gbs": rate, "zero_bias": a.zero_bias, "cells": {}}
     for name in a.cells:
-        c = cell(name, a.rounds, a.compile)
+        c = cell(name, a.rounds, a.compile, a.zero_bias)
         c["step_floor_us"] = 2 * c["h_mb"] * 1e6 / (rate * 1e9) * 1e6
         res["cells"][name] = c
         extra = (f", compile {c['compile']:.1f} (fuser {c['compile'] / c['fuser']:.3f}x it)" if "compile" in c else "")
         print(f"{name:18s} ops {c['ops']:8.1f} us  fuser {c['fuser']:8.1f} ({c['ops'] / c['fuser']:.3f}x){extra}  "
-              f"activation pass floor {c['step_floor_us']:.1f}  bitwise _addmm_activation {c['epilogue_bitwise']}, "
+              f"activation pass floor {c['step_floor_us']:.1f}  "
+              + ("" if a.zero_bias else f"bitwise _addmm_activation {c['epilogue_bitwise']}, ") +
               f"max |diff| from the ops {c['max_diff_from_ops']:.2e}")
     if a.json:
         with open(a.json, "w") as fh:

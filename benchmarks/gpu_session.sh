@@ -22,6 +22,8 @@
 #   eager  build, the eager route's GPU tests (packed gate-and-up GEMM, cuBLASLt epilogue, gate kernel, kept
 #          routes, the exchange API), memcheck on the gate kernel, benchmarks/eager_gate.py and eager_epilogue.py,
 #          and the FP8 picks at 576 tokens beside PyTorch's FP8 ops (fp8_decode.py)
+#   zerobias build, benchmarks/eager_epilogue.py --zero-bias twice: bias-free ReLU chains (the paper's G4-G10, T5's)
+#          with the up GEMM's epilogue given a zero bias, beside the ops (docs/kernels.md, "Next kernels" 12)
 #   cells  build, `pick_diff.py time --route` twice on each committed cells file (benchmarks/results/*-cells.json:
 #          a model or search change's picks beside the old ones, eager and fuser's eager route; CELLS=NAME
 #          takes the files whose name holds NAME)
@@ -31,10 +33,10 @@
 #          RUN=a or b names it) and its scorecard (`--score`)
 #   all    check and bench, one after the other (a machine without a 10-minute limit)
 # Logs go to $OUT/results-<stage>.tgz (OUT defaults to ./gpu-out), the one-line summaries to $OUT/gpu.txt.
-#     bash benchmarks/gpu_session.sh check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|cells|host|targets|all
+#     bash benchmarks/gpu_session.sh check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|zerobias|cells|host|targets|all
 set -uo pipefail
 STAGE=${1:-all}
-STAGES="check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|cells|host|targets|all"
+STAGES="check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|zerobias|cells|host|targets|all"
 case "|$STAGES|" in *"|$STAGE|"*) ;; *) echo "usage: $0 $STAGES" >&2; exit 2;; esac
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-gpu-out}
@@ -94,6 +96,14 @@ if [ "$STAGE" = eager ]; then
         > "$OUT/fp8-576.log" 2>&1
     echo "fp8_decode 576 rc $?" | tee -a "$OUT/gpu.txt"; tail -8 "$OUT/fp8-576.log" >> "$OUT/gpu.txt"
     finish eager
+fi
+if [ "$STAGE" = zerobias ]; then
+    for run in a b; do
+        timeout 150 python3 benchmarks/eager_epilogue.py --zero-bias --json "$OUT/zero-bias-$run.json" \
+            > "$OUT/zero-bias-$run.log" 2>&1
+        echo "eager_epilogue --zero-bias $run rc $?" | tee -a "$OUT/gpu.txt"; tail -14 "$OUT/zero-bias-$run.log" >> "$OUT/gpu.txt"
+    done
+    finish zerobias
 fi
 if [ "$STAGE" = cells ]; then
     for cells in benchmarks/results/*${CELLS:-}*-cells.json; do

@@ -216,6 +216,10 @@ def test_the_benchmark_checks_its_cells_and_says_what_it_needs():
                           "eager_epilogue.py")
     r = subprocess.run([sys.executable, script, "--cells", "llama3-8b:128"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "is not MODEL:TOKENS with MODEL one of gpt2" in r.stderr, r.stderr
+    # without biases the cells are other models' (G4: no bias), and GPT-2's (with biases) are not among them
+    r = subprocess.run([sys.executable, script, "--zero-bias", "--cells", "gpt2:512"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "is not MODEL:TOKENS with MODEL one of G4" in r.stderr, r.stderr
     if hopper_reason() is None:
         return   # (on a Hopper GPU the benchmark would run)
     r = subprocess.run([sys.executable, script, "--cells", "gpt2:512"], capture_output=True, text=True, timeout=120)
