@@ -10,13 +10,15 @@ Per cell (a model's FFN at a token count, bfloat16, with biases):
   compile   torch.compile(fuser.reference.eager) in its default mode, with --compile
 
 and the floor of the step removed: two passes of the intermediate (the activation reads and writes it) at the copy
-rate measured in the same run.
-
-With --zero-bias the cells are FFNs without biases (the paper's G chains, T5's), which fuser's eager route runs as the
-ops, and the candidate beside the ops is the epilogue given a zero bias (``torch._addmm_activation`` over a zeros
-vector made once, then linear): what docs/kernels.md ("Next kernels" 12) would build where it wins. Its output is
-checked against the ops (ReLU: the same values but for the GEMM's own accumulation order). Every variant is a CUDA graph of calls over rotated input sets (enough that the 60 MB
+rate measured in the same run. Every variant is a CUDA graph of calls over rotated input sets (enough that the 60 MB
 L2 holds nobody's next inputs), replays interleaved in seeded orders, CUDA events, medians (fuser.tools.timing).
+
+With --zero-bias the cells are FFNs without biases (the paper's G chains, T5's), which fuser's eager route runs as
+the ops, and the variant beside the ops is a candidate instead of fuser:
+
+  zero_bias  the epilogue given a zero bias (``torch._addmm_activation`` over a zeros vector made once), then linear:
+             what docs/kernels.md ("Next kernels" 12) would build where it wins; its largest difference from the ops
+             is reported (ReLU: the same values but for the GEMM's own accumulation order)
 
     python benchmarks/eager_epilogue.py [--cells gpt2:2048 ...] [--zero-bias] [--compile] [--rounds 15] [--json FILE]
 """
@@ -86,7 +88,7 @@ def cell(name, rounds, compile_too, zero_bias=False):
         ref = eager(t0["x"], t0["wu"], t0["wd"], None, t0["bu"], None, t0["bd"], act)
         diff = (y.float() - ref.float()).abs().max().item()
         calls = max(1, 4 // sets)
-        variants = {"ops": ops_ffn, "fuser": zero_bias_ffn if zero_bias else fuser_ffn}
+        variants = {"ops": ops_ffn, **({"zero_bias": zero_bias_ffn} if zero_bias else {"fuser": fuser_ffn})}
         if compile_too:
             compiled = torch.compile(eager, dynamic=False)
 
@@ -125,8 +127,9 @@ def main(argv=None):
         c = cell(name, a.rounds, a.compile, a.zero_bias)
         c["step_floor_us"] = 2 * c["h_mb"] * 1e6 / (rate * 1e9) * 1e6
         res["cells"][name] = c
-        extra = (f", compile {c['compile']:.1f} (fuser {c['compile'] / c['fuser']:.3f}x it)" if "compile" in c else "")
-        print(f"{name:18s} ops {c['ops']:8.1f} us  fuser {c['fuser']:8.1f} ({c['ops'] / c['fuser']:.3f}x){extra}  "
+        mine = "zero_bias" if a.zero_bias else "fuser"
+        extra = (f", compile {c['compile']:.1f} ({mine} {c['compile'] / c[mine]:.3f}x it)" if "compile" in c else "")
+        print(f"{name:18s} ops {c['ops']:8.1f} us  {mine} {c[mine]:8.1f} ({c['ops'] / c[mine]:.3f}x){extra}  "
               f"activation pass floor {c['step_floor_us']:.1f}  "
               + ("" if a.zero_bias else f"bitwise _addmm_activation {c['epilogue_bitwise']}, ") +
               f"max |diff| from the ops {c['max_diff_from_ops']:.2e}")
