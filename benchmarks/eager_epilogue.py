@@ -71,16 +71,17 @@ def cell(name, rounds, compile_too, zero_bias=False):
         for t in ts:
             _C.eager(F.linear, act, t["x"], t["wu"], t["wd"], None, t["bu"], None, t["bd"])
 
+    def zero_bias_one(t):
+        return F.linear(torch._addmm_activation(zeros, t["x"], t["wu"].t(), use_gelu=gelu), t["wd"])
+
     def zero_bias_ffn():
         for t in ts:
-            F.linear(torch._addmm_activation(zeros, t["x"], t["wu"].t(), use_gelu=gelu), t["wd"])
+            zero_bias_one(t)
 
     with torch.no_grad():
         t0 = ts[0]
         if zero_bias:
-            zero_bias_ffn()
-            y = F.linear(torch._addmm_activation(zeros, t0["x"], t0["wu"].t(), use_gelu=gelu), t0["wd"])
-            same = None
+            y, same = zero_bias_one(t0), None
         else:
             y = _C.eager(F.linear, act, t0["x"], t0["wu"], t0["wd"], None, t0["bu"], None, t0["bd"])
             h = torch._addmm_activation(t0["bu"], t0["x"], t0["wu"].t(), use_gelu=gelu)
