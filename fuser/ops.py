@@ -205,7 +205,8 @@ def ffn(x, w_up, w_down, *, w_gate=None, b_up=None, b_gate=None, b_down=None, ac
     device without autograd, it takes fewer steps with the same or nearly the same values: a gated chain's
     activation and product as one kernel of fuser's (bitwise PyTorch's two ops); gate and up weights that are
     the two row halves of one tensor (``w[:d_ff]``, ``w[d_ff:]``) as one GEMM over it; a plain chain with
-    ``b_up`` and ReLU or tanh GELU with the activation in the GEMM's epilogue (one rounding fewer); any other plain
+    ``b_up`` and ReLU or tanh GELU with the activation in the GEMM's epilogue (one rounding fewer; without
+    ``b_up`` over a zero bias, from ``fuser.runtime.ZERO_BIAS_MIN_TOKENS`` tokens where that is on); any other plain
     chain with its activation in place of the up projection's result (the same bits, one allocation fewer).
 
     Returns:

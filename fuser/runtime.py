@@ -325,8 +325,9 @@ _EPILOGUE_ACTS = ("relu", "gelu_tanh")
 
 def eager_ops(chain):
     """The launches fuser's eager route makes for `chain` on a CUDA device (python/eager_bind.c), each costing
-    the host about one PyTorch op: a plain chain up, activation and down, or two where an up bias and ReLU or
-    tanh GELU put the activation in the up GEMM's epilogue; a gated 16-bit chain up, gate, the gate kernel
+    the host about one PyTorch op: a plain chain up, activation and down, or two where an up bias (or a zero bias
+    in its place, from ``ZERO_BIAS_MIN_TOKENS`` tokens) and ReLU or tanh GELU put the activation in the up GEMM's
+    epilogue; a gated 16-bit chain up, gate, the gate kernel
     (activation and product) and down (three where a module packed gate and up into one GEMM: not counted, the
     chain does not say); a quantized one PyTorch's five or three ops at least.
 
@@ -340,7 +341,8 @@ def eager_ops(chain):
         return 5 if chain["gated"] else 3
     if chain["gated"]:
         return 4
-    return 2 if chain["bias_up"] and chain["activation"] in _EPILOGUE_ACTS else 3
+    epilogue = chain["bias_up"] or 0 < ZERO_BIAS_MIN_TOKENS <= chain.get("m", 0)
+    return 2 if epilogue and chain["activation"] in _EPILOGUE_ACTS else 3
 
 
 #: A chain the planner runs eager is launched fused outside CUDA graphs only where its call is predicted at
@@ -503,11 +505,35 @@ def gate_cubin(device):
         return f"{type(e).__name__}: {e}"
 
 
+#: The fewest tokens at which a plain chain without an up bias whose activation is ReLU or tanh GELU takes it in
+#: the up GEMM's cuBLASLt epilogue over a zero bias (``_C.zero_bias_setup``; 0: never, else at least 2, where torch
+#: runs ``_addmm_activation`` through cuBLASLt). Off until timed on a GPU against the ops it replaces
+#: (``benchmarks/eager_epilogue.py --zero-bias``; docs/kernels.md, "Next kernels" 12).
+ZERO_BIAS_MIN_TOKENS = 0
+
+
+def zero_bias(w):
+    """A zero bias for weight `w`'s rows (its dtype and device), which C keeps per device, dtype and length for the
+    process (``_C.zero_bias_setup``), or None while the current stream captures a CUDA graph (the tensor would
+    live in the graph's memory pool; the call runs the ops). Copied from the host, so its zeros are in place on
+    every stream when it returns.
+
+    Example:
+        >>> import torch
+        >>> from fuser import runtime
+        >>> runtime.zero_bias(torch.ones(3, 2, dtype=torch.bfloat16))
+        tensor([0., 0., 0.], dtype=torch.bfloat16)
+    """
+    if capturing():
+        return None
+    return torch.zeros(w.shape[0], dtype=w.dtype).to(w.device)
+
+
 def register_eager_hooks():
     """Register with C what the eager route's own steps need (``_C.gate_setup``): the gate kernel's loader, the
     activations, torch's predicates read at each call, ``torch._addmm_activation`` (None on a torch without
-    it), the activations' in-place forms, and the linear whose ``out=`` form writes the down projection into a
-    caller's ``out``.
+    it), the activations' in-place forms, the linear whose ``out=`` form writes the down projection into a
+    caller's ``out``, and the zero biases' maker and token threshold (``zero_bias``, ``ZERO_BIAS_MIN_TOKENS``).
     Done at import.
 
     Example:
@@ -518,6 +544,7 @@ def register_eager_hooks():
                   torch._C._len_torch_dispatch_stack, torch._C._is_torch_function_mode_enabled,
                   interop.current_device, interop.raw_stream, interop.disabled, torch.is_grad_enabled,
                   getattr(torch, "_addmm_activation", None), _in_place_acts(), torch.nn.functional.linear)
+    _C.zero_bias_setup(zero_bias, ZERO_BIAS_MIN_TOKENS)
 
 
 register_eager_hooks()

@@ -122,6 +122,8 @@ PyObject *fuser_py_tensor_signature(PyObject *module, PyObject *x);
 PyObject *fuser_py_kept_match(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_eager(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_kept_eager(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fuser_py_zero_bias_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fuser_py_zero_bias_info(PyObject *module, PyObject *noargs);
 PyObject *fuser_py_after_ffn(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_install_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_gate_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs);

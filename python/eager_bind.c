@@ -6,6 +6,7 @@
  * with the same values. */
 #include "binding.h"
 
+#include <limits.h>
 #include <string.h>
 
 /* pk[2]'s bits: the gate's weight comes first in the packed tensor; the packed tensor is a detached view, so it
@@ -148,17 +149,77 @@ out:
 
 static PyObject *down(fuser_state *st, PyObject *linear, PyObject *const *c, PyObject *out);
 
+/* Zero biases, for a plain chain without b_up whose activation goes into the up GEMM's epilogue all the same:
+ * torch._addmm_activation takes the epilogue only with a bias, and adding zeros changes no value. One per
+ * (device, dtype, d_ff), made by the registered maker (zero_bias_setup: None while the caller's stream captures a
+ * graph, whose private pool the tensor would live in) and kept for the process, so that a graph which captured a
+ * call reads it at every replay. `zb_min_tokens`: the fewest token rows that take it (0: none; torch runs
+ * _addmm_activation through cuBLASLt from 2 rows, and below copies the bias into the result first, a kernel the
+ * ops do not have). The GIL guards the table. */
+#define ZERO_BIASES 64
+static struct {
+    int device;
+    fuser_dtype dtype;
+    int64_t n;
+    PyObject *t;
+} zb[ZERO_BIASES];
+static int zb_count, zb_min_tokens;
+static PyObject *zb_make;
+
+/* The zero bias for w_up (borrowed: kept in zb), Py_None where there is none to take (the maker gave None,
+ * the table is full, w_up is not a compact tensor), NULL with an exception set. */
+static PyObject *zero_bias(fuser_state *st, PyObject *w_up)
+{
+    fuser_held h;
+    memset(&h, 0, sizeof h);
+    fuser_tensor w;
+    const int ok = compact(st, w_up, &w, &h) && w.ndim == 2;
+    fuser_release(&h);
+    if (!ok || !zb_make)
+        return Py_None;
+    for (int i = 0; i < zb_count; i++)
+        if (zb[i].device == w.device_id && zb[i].dtype == w.dtype && zb[i].n == w.shape[0])
+            return zb[i].t;
+    if (zb_count == ZERO_BIASES)
+        return Py_None;
+    PyObject *z = PyObject_CallOneArg(zb_make, w_up);
+    if (!z || z == Py_None) {
+        Py_XDECREF(z);
+        return z ? Py_None : NULL;
+    }
+    zb[zb_count].device = w.device_id;
+    zb[zb_count].dtype = w.dtype;
+    zb[zb_count].n = w.shape[0];
+    zb[zb_count++].t = z;
+    return z;
+}
+
+/* The token rows of a tensor of shape `shape` (a tuple of ints): the product of all but the last; -1 with an
+ * exception set. */
+static int64_t rows_of(PyObject *shape)
+{
+    int64_t rows = 1;
+    for (Py_ssize_t i = 0; i + 1 < PyTuple_GET_SIZE(shape); i++) {
+        const long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
+        if (v == -1 && PyErr_Occurred())
+            return -1;
+        rows *= v;
+    }
+    return rows;
+}
+
 /* A plain chain's whole FFN with its up projection, bias and activation as one cuBLASLt GEMM with an epilogue
  * (torch._addmm_activation: ReLU, or GELU in its tanh form, on the fp32 sums plus the bias, rounded once), then
  * the down projection: one launch and two passes of H fewer than linear and the activation. Where it applies
- * (act ReLU or tanh GELU, a bias, the addmm_activation torch has, fuser_eager_may_fuse: no autograd, for which
- * that op has no derivative), y (`dst` where down_into wrote it there; dst NULL or None: a new tensor); else
- * Py_None (new references), NULL with an exception set. */
+ * (act ReLU or tanh GELU, a bias or a zero bias in its place (zero_bias, from zb_min_tokens rows), the
+ * addmm_activation torch has, fuser_eager_may_fuse: no autograd, for which that op has no derivative), y (`dst`
+ * where down_into wrote it there; dst NULL or None: a new tensor); else Py_None (new references), NULL with an
+ * exception set. */
 static PyObject *lt_ffn(fuser_state *st, PyObject *linear, PyObject *act, PyObject *const *t, PyObject *dst)
 {
     const int a = fuser_act_index(act);
     PyObject *op = fuser_addmm_activation();
-    if ((a != FUSER_ACT_RELU && a != FUSER_ACT_GELU_TANH) || t[4] == Py_None || !op)
+    if ((a != FUSER_ACT_RELU && a != FUSER_ACT_GELU_TANH) || (t[4] == Py_None && !zb_min_tokens) || !op)
         return Py_NewRef(Py_None);
     PyObject *w[2] = {t[1], t[4]};
     const int ok = fuser_eager_may_fuse(t[0], w, 2);
@@ -172,6 +233,16 @@ static PyObject *lt_ffn(fuser_state *st, PyObject *linear, PyObject *act, PyObje
         Py_DECREF(shape);
         return Py_NewRef(Py_None);
     }
+    PyObject *bias = t[4];
+    if (bias == Py_None) {
+        const int64_t rows = rows_of(shape);
+        bias = rows < 0 ? NULL : rows < zb_min_tokens ? Py_None : zero_bias(st, t[1]);
+        if (bias == Py_None || !bias) {
+            Py_DECREF(shape);
+            return bias ? Py_NewRef(Py_None) : NULL;
+        }
+    }
+    Py_INCREF(bias);
     const Py_ssize_t nd = PyTuple_GET_SIZE(shape);
     PyObject *x2 = NULL, *wt = NULL, *h = NULL, *y = NULL, *out = NULL;
     PyObject *flat[3] = {t[0], PyLong_FromLong(-1), PyTuple_GET_ITEM(shape, nd - 1)};
@@ -185,7 +256,7 @@ static PyObject *lt_ffn(fuser_state *st, PyObject *linear, PyObject *act, PyObje
     static PyObject *kwnames; /* ("use_gelu",), made once */
     if (!kwnames)
         kwnames = PyTuple_Pack(1, kn[KN_USE_GELU]);
-    PyObject *args[4] = {t[4], x2, wt, a == FUSER_ACT_GELU_TANH ? Py_True : Py_False};
+    PyObject *args[4] = {bias, x2, wt, a == FUSER_ACT_GELU_TANH ? Py_True : Py_False};
     h = kwnames ? PyObject_Vectorcall(op, args, 3, kwnames) : NULL;
     PyObject *c[3] = {h, t[2], t[6]};
     y = h ? down(st, linear, c, dst) : NULL;
@@ -219,8 +290,38 @@ done:
     Py_XDECREF(wt);
     Py_XDECREF(h);
     Py_XDECREF(y);
+    Py_DECREF(bias);
     Py_DECREF(shape);
     return out;
+}
+
+/* zero_bias_setup(make, min_tokens) -> (make, min_tokens) as they were: make(w_up) -> a zero bias of w_up's rows
+ * (dtype and device) or None; min_tokens 0 (none) or at least 2. The biases made so far stay (graphs may read
+ * them), and are taken before make is asked for another. */
+PyObject *fuser_py_zero_bias_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    const long n = nargs == 2 && PyLong_Check(args[1]) ? PyLong_AsLong(args[1]) : -1;
+    if (nargs != 2 || (args[0] != Py_None && !PyCallable_Check(args[0])) || !PyLong_Check(args[1]))
+        return PyErr_Format(PyExc_TypeError, "zero_bias_setup(make: callable or None, min_tokens: int)");
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 0 || n == 1 || n > INT_MAX)
+        return PyErr_Format(PyExc_ValueError, "zero_bias_setup: min_tokens must be 0 (never) or at least 2 (torch "
+                                              "runs one token row without cuBLASLt's epilogue), got %ld", n);
+    PyObject *was = Py_BuildValue("(Oi)", zb_make ? zb_make : Py_None, zb_min_tokens);
+    if (!was)
+        return NULL;
+    Py_XSETREF(zb_make, args[0] == Py_None ? NULL : Py_NewRef(args[0]));
+    zb_min_tokens = (int)n;
+    return was;
+}
+
+/* zero_bias_info() -> {"min_tokens": n, "kept": the zero biases made} */
+PyObject *fuser_py_zero_bias_info(PyObject *module, PyObject *noargs)
+{
+    (void)module, (void)noargs;
+    return Py_BuildValue("{s:i,s:i}", "min_tokens", zb_min_tokens, "kept", zb_count);
 }
 
 /* linear(g, w, b) written into `out` by linear's own out= form, where that gives linear's result bit for bit:

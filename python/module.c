@@ -129,6 +129,14 @@ static PyMethodDef module_methods[] = {
      "value of fuser.reference.ACTIVATIONS; absent tensors None). packed: a gated chain's gate and up weights as\n"
      "one tensor (packed_bias: their biases, or None), one GEMM for both; pack: 1 where the gate's rows come\n"
      "first, + 2 where packed is a detached view (used only where autograd records nothing)."},
+    {"zero_bias_setup", (PyCFunction)(void (*)(void))fuser_py_zero_bias_setup, METH_FASTCALL,
+     "zero_bias_setup(make, min_tokens) -> (make, min_tokens) as they were: a plain chain without b_up whose\n"
+     "activation is ReLU or tanh GELU runs eager with it in the up GEMM's epilogue over a zero bias from\n"
+     "min_tokens token rows on (0: never; else at least 2), the bias made once per device, dtype and d_ff by\n"
+     "make(w_up) (a zero tensor of w_up's rows, dtype and device, or None to run the ops) and kept for the\n"
+     "process, across setups (fuser.runtime registers its maker at import)."},
+    {"zero_bias_info", fuser_py_zero_bias_info, METH_NOARGS,
+     "zero_bias_info() -> {'min_tokens': n, 'kept': the zero biases made and kept}"},
     {"kept_eager", (PyCFunction)(void (*)(void))fuser_py_kept_eager, METH_FASTCALL,
      "kept_eager(d, x, k) -> y or None: FusedFFN's kept eager route in one call. d: the module's __dict__;\n"
      "k: the route's fields (fuser.module's _KeptEagerFast). None where nn.Module.__call__ would do more\n"

@@ -6,7 +6,10 @@ On any machine: off a CUDA device the ops run, bitwise the reference (seen in th
 ``gate_setup`` takes torch's op or None. A plain chain that gets no epilogue runs its activation in place of the up
 projection's result (one allocation fewer, the same bits) where nothing records or observes it. On a Hopper GPU (marked gpu): the epilogue runs for every input rank and
 both activations, with ``_addmm_activation``'s bits and as close to the float64 FFN as the ops; the ops run where it does not
-apply (exact GELU, SiLU, no bias, autograd, a torch mode, FUSER_DISABLE); ``fuser.ffn`` and ``FusedFFN`` use it."""
+apply (exact GELU, SiLU, no bias, autograd, a torch mode, FUSER_DISABLE); ``fuser.ffn`` and ``FusedFFN`` use it. A
+chain without b_up takes the epilogue over a zero bias where ``_C.zero_bias_setup`` turns that on (from 2 rows: the
+bits of ``_addmm_activation`` over zeros; one row on the ops; the zeros made once per length and dtype, never while
+a graph is captured)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -52,6 +55,50 @@ def test_gate_setup_takes_torchs_op_or_none():
             _C.gate_setup(*args, "addmm", none, None)
     finally:
         runtime.register_eager_hooks()         # the real ones again
+
+
+# ---- a zero bias in place of a missing b_up ----------------------------------------------------------------
+
+@pytest.fixture
+def zero_bias_from():
+    """set(min_tokens, make=runtime.zero_bias): the zero-bias epilogue's threshold and maker for this test."""
+    was = _C.zero_bias_setup(runtime.zero_bias, runtime.ZERO_BIAS_MIN_TOKENS)
+    yield lambda n, make=runtime.zero_bias: _C.zero_bias_setup(make, n)
+    _C.zero_bias_setup(*was)
+
+
+def test_zero_bias_setup_checks_its_arguments_and_gives_back_what_was_set(zero_bias_from):
+    assert _C.zero_bias_info()["min_tokens"] == runtime.ZERO_BIAS_MIN_TOKENS   # registered at import
+    for bad in (1, -3):
+        with pytest.raises(ValueError, match="min_tokens must be 0 \\(never\\) or at least 2"):
+            _C.zero_bias_setup(runtime.zero_bias, bad)
+    with pytest.raises(TypeError, match="zero_bias_setup\\(make: callable or None, min_tokens: int\\)"):
+        _C.zero_bias_setup("zeros", 2)
+    with pytest.raises(TypeError):
+        _C.zero_bias_setup(runtime.zero_bias, 2.0)
+    with pytest.raises(OverflowError):
+        _C.zero_bias_setup(runtime.zero_bias, 1 << 80)
+    assert _C.zero_bias_setup(None, 64)[1] == runtime.ZERO_BIAS_MIN_TOKENS
+    assert _C.zero_bias_setup(runtime.zero_bias, 2) == (None, 64)
+    assert _C.zero_bias_info()["min_tokens"] == 2
+
+
+def test_the_zero_bias_maker_gives_zeros_of_the_rows_or_none_while_capturing(monkeypatch):
+    w = torch.ones(5, 3, dtype=torch.float16)
+    z = runtime.zero_bias(w)
+    assert z.shape == (5,) and z.dtype == torch.float16 and z.device == w.device and not z.any()
+    monkeypatch.setattr(runtime, "capturing", lambda: True)
+    assert runtime.zero_bias(w) is None
+
+
+def test_off_cuda_a_bias_free_chain_runs_the_ops_and_makes_no_zero_bias(zero_bias_from):
+    made = []
+    zero_bias_from(2, lambda w: made.append(w) or runtime.zero_bias(w))
+    x, wu, wd, _, _ = tensors(shape=(4, 6))
+    with torch.no_grad():
+        y, seen = ops_seen(lambda: _C.eager(F.linear, ACTIVATIONS["relu"], x, wu, wd, None, None, None, None))
+    assert "aten::_addmm_activation" not in seen and not made
+    assert torch.equal(y, eager(x, wu, wd, None, None, None, None, ACTIVATIONS["relu"]))
 
 
 # ---- a plain chain's activation in place ------------------------------------------------------------------
@@ -224,3 +271,109 @@ def test_the_benchmark_checks_its_cells_and_says_what_it_needs():
         return   # (on a Hopper GPU the benchmark would run)
     r = subprocess.run([sys.executable, script, "--cells", "gpt2:512"], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "eager_epilogue.py needs a Hopper GPU:" in r.stderr, r.stderr
+
+
+# ---- the zero bias on a Hopper GPU -----------------------------------------------------------------------
+
+def _zero_bias_want(x, wu, wd, act):
+    """torch._addmm_activation over zeros, then linear: the bits the zero-bias epilogue must give."""
+    x2 = x.reshape(-1, x.shape[-1])
+    zeros = torch.zeros(wu.shape[0], device=x.device, dtype=x.dtype)
+    h = torch._addmm_activation(zeros, x2, wu.t(), use_gelu=act == "gelu_tanh")
+    return F.linear(h, wd).view(*x.shape[:-1], wd.shape[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(), (1,), (2,), (1, 1, 3), (2, 77), (0,)])
+@pytest.mark.parametrize("act", ["relu", "gelu_tanh"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_bias_free_chain_takes_the_epilogue_over_a_zero_bias_from_two_rows(shape, act, dtype, zero_bias_from):
+    zero_bias_from(2)
+    x, wu, wd, _, _ = tensors(act_bias=False, device="cuda", dtype=dtype, shape=shape, d=256, f=1024, seed=3)
+    with torch.no_grad():
+        y, seen = ops_seen(lambda: _C.eager(F.linear, ACTIVATIONS[act], x, wu, wd, None, None, None, None))
+        ops = eager(x, wu, wd, None, None, None, None, ACTIVATIONS[act])
+        exact = eager(*(t.double() for t in (x, wu, wd)), None, None, None, None, ACTIVATIONS[act])
+        want = _zero_bias_want(x, wu, wd, act) if x.numel() else ops
+    assert y.shape == ops.shape
+    if x.numel() // x.shape[-1] < 2:        # torch would copy the bias first: the ops run
+        assert "aten::_addmm_activation" not in seen and torch.equal(y, ops), seen
+        return
+    assert "aten::_addmm_activation" in seen and "aten::relu_" not in seen and "aten::gelu_" not in seen, seen
+    assert torch.equal(y, want)
+    assert rel_error(y, exact) <= 2 * rel_error(ops, exact) + 1e-6, (rel_error(y, exact), rel_error(ops, exact))
+
+
+@pytest.mark.gpu
+def test_the_zero_bias_is_made_once_per_length_and_dtype_from_its_threshold(zero_bias_from):
+    made = []
+    zero_bias_from(64, lambda w: made.append((w.shape[0], w.dtype)) or runtime.zero_bias(w))
+    f = 1024 + 8 * 7            # a length no other test made a zero bias of
+    for dtype in (torch.bfloat16, torch.float16):
+        for m in (32, 63, 64, 200, 64):
+            x, wu, wd, _, _ = tensors(act_bias=False, device="cuda", dtype=dtype, shape=(m,), d=128, f=f, seed=m)
+            with torch.no_grad():
+                y, seen = ops_seen(lambda: _C.eager(F.linear, ACTIVATIONS["relu"], x, wu, wd, None, None, None, None))
+            assert ("aten::_addmm_activation" in seen) == (m >= 64), (m, seen)
+            assert torch.equal(y, _zero_bias_want(x, wu, wd, "relu") if m >= 64 else
+                               eager(x, wu, wd, None, None, None, None, ACTIVATIONS["relu"]))
+    assert made == [(f, torch.bfloat16), (f, torch.float16)]
+
+
+@pytest.mark.gpu
+def test_without_a_zero_bias_from_the_maker_the_ops_run(zero_bias_from):
+    zero_bias_from(2, lambda w: None)
+    x, wu, wd, _, _ = tensors(act_bias=False, device="cuda", dtype=torch.bfloat16, shape=(8,), d=128, f=1024 + 8 * 9)
+    with torch.no_grad():
+        y, seen = ops_seen(lambda: _C.eager(F.linear, ACTIVATIONS["relu"], x, wu, wd, None, None, None, None))
+    assert "aten::_addmm_activation" not in seen and "aten::relu_" in seen
+    assert torch.equal(y, eager(x, wu, wd, None, None, None, None, ACTIVATIONS["relu"]))
+
+
+@pytest.mark.gpu
+def test_a_graph_captures_the_ops_before_a_zero_bias_is_kept_and_the_epilogue_after(zero_bias_from):
+    zero_bias_from(2)
+    f = 1024 + 8 * 11            # no zero bias of this length yet: the first call is inside the capture
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    x = torch.randn(96, 256, device="cuda", generator=gen).bfloat16() / 4
+    wu = torch.randn(f, 256, device="cuda", generator=gen).bfloat16() / 16
+    wd = torch.randn(256, f, device="cuda", generator=gen).bfloat16() / 16
+    call = lambda: _C.eager(F.linear, ACTIVATIONS["relu"], x, wu, wd, None, None, None, None)  # noqa: E731
+    kept = _C.zero_bias_info()["kept"]
+    with torch.no_grad():
+        g1 = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g1):
+            y1 = call()
+        assert _C.zero_bias_info()["kept"] == kept            # none made while capturing
+        call()                                                # outside the capture: the zero bias is made
+        assert _C.zero_bias_info()["kept"] == kept + 1
+        g2 = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g2):
+            y2 = call()
+        for _ in range(2):
+            x.copy_(torch.randn(96, 256, device="cuda", generator=gen).bfloat16() / 4)
+            g1.replay()
+            g2.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(y1, eager(x, wu, wd, None, None, None, None, ACTIVATIONS["relu"]))
+            assert torch.equal(y2, _zero_bias_want(x, wu, wd, "relu"))
+
+
+@pytest.mark.gpu
+def test_fuser_ffn_runs_a_bias_free_relu_chain_with_the_zero_bias(zero_bias_from, monkeypatch, request):
+    zero_bias_from(2)
+    monkeypatch.setattr(runtime, "ZERO_BIAS_MIN_TOKENS", 2)
+    monkeypatch.setattr(runtime, "_host_op", {torch.cuda.current_device(): 1.0})   # no host-bound fused launch
+    route.forget()
+    request.addfinalizer(route.forget)
+    torch.manual_seed(5)
+    x = torch.randn(128, 768, device="cuda").bfloat16()            # the paper's G4 at 128 tokens: eager
+    wu = (torch.randn(3072, 768, device="cuda") / 28).bfloat16()
+    wd = (torch.randn(768, 3072, device="cuda") / 55).bfloat16()
+    r = fuser.ops.route(x, wu, wd, activation="relu")
+    if r.fused:
+        pytest.fail(f"G4 at 128 tokens should run the eager ops: {r}")
+    with torch.no_grad():
+        fuser.ffn(x, wu, wd, activation="relu")
+        y, seen = ops_seen(lambda: fuser.ffn(x, wu, wd, activation="relu"))
+    assert "aten::_addmm_activation" in seen and torch.equal(y, _zero_bias_want(x, wu, wd, "relu"))

@@ -38,6 +38,17 @@ def test_eager_ops_counts_the_eager_routes_launches(chain, ops):
     assert runtime.eager_ops({"dtype": "bfloat16", **chain}) == ops
 
 
+def test_eager_ops_counts_a_zero_bias_epilogue_from_its_token_threshold(monkeypatch):
+    relu = dict(gated=False, bias_up=False, activation="relu", dtype="bfloat16")
+    monkeypatch.setattr(runtime, "ZERO_BIAS_MIN_TOKENS", 0)                 # off: up, ReLU, down
+    assert runtime.eager_ops(dict(relu, m=128)) == 3
+    monkeypatch.setattr(runtime, "ZERO_BIAS_MIN_TOKENS", 2)
+    assert runtime.eager_ops(dict(relu, m=128)) == 2                        # ReLU in the up GEMM's epilogue
+    assert runtime.eager_ops(dict(relu, m=1)) == 3                          # one token: torch runs no cuBLASLt
+    assert runtime.eager_ops(dict(relu, m=128, activation="gelu_tanh")) == 2
+    assert runtime.eager_ops(dict(relu, m=128, activation="silu")) == 3     # no epilogue computes SiLU
+
+
 def test_an_epilogue_chain_is_host_bound_later_than_its_three_op_form():
     """GPT-2's FFN with biases and tanh GELU runs two launches on the eager route, exact GELU three: at a host
     cost between the two thresholds only the three-op form is launched fused outside graphs."""
