@@ -157,6 +157,10 @@ PyObject *fuser_act_function(int a);
  * written there), or NULL with an exception set. */
 PyObject *fuser_eager_call(fuser_state *st, PyObject *linear, PyObject *act, PyObject *const *t, PyObject *out);
 
+/* fuser_eager_call's ops with the packed gate-and-up weights pk given (NULL: none; see eager_bind.c's run_eager),
+ * no out: y, or NULL with an exception set (eager_bind.c). */
+PyObject *fuser_eager_run(fuser_state *st, PyObject *linear, PyObject *act, PyObject *const *t, PyObject *const *pk);
+
 /* torch._addmm_activation as gate_setup registered it (borrowed), or NULL where torch has none or nothing is
  * registered (gate_bind.c). */
 PyObject *fuser_addmm_activation(void);
