@@ -55,7 +55,6 @@ _scratch_of = runtime.scratch_table().get
 _tensor_layout = _C.tensor_layout
 _tensor_signature = _C.tensor_signature
 _kept_match = _C.kept_match
-_kept_eager = _C.kept_eager
 _after_ffn = _C.after_ffn
 _linear = torch.nn.functional.linear
 _empty_like = torch.empty_like
@@ -416,15 +415,16 @@ class FusedFFN(nn.Module):
         # instance, not under torch.compile or tracing, the kept route of the last shape serves the call
         # directly. Everything else, and every call the kept route declines, is nn.Module.__call__,
         # looked up at each call so that patches of it (torch.fx's tracer) apply.
-        # A kept eager route whose checks C can read (``fast``) runs its checks, its ops and the dropout
-        # after them in one C call; a dropout after the FFN that would be the identity is not called.
+        # A kept route whose checks C can read (``fast``: the eager ops, or a kept launch) runs its checks, the
+        # route and the dropout after it in one C call; a dropout after the FFN that would be the identity is
+        # not called.
         if not _is_compiling() and len(args) == 1 and not kwargs:
             d = self.__dict__
             kept = d.get("_kept")
             if kept is not None:
                 fast = kept.fast
                 if fast is not None:
-                    y = _kept_eager(d, args[0], fast)
+                    y = kept.run_c(d, args[0], fast)
                     if y is not None:
                         return y
                 elif ("forward" not in d and self._compiled_call_impl is None
@@ -669,11 +669,11 @@ class FusedFFN(nn.Module):
 
 
 def _install_call(cls):
-    """m(x) of cls's instances through a C call slot: where FusedFFN.__call__ would hand the call to the kept
-    eager route (_C.kept_eager), the slot does so without __call__'s Python frame, and a call that route declines
-    goes on to nn.Module.__call__ as __call__ would send it; every other call runs __call__ as written, which
-    stays what `cls.__call__` names and torch.compile traces. The slot reads torch.compiler's flag that is_compiling() returns outside TorchScript, where torch
-    has it."""
+    """m(x) of cls's instances through a C call slot: where FusedFFN.__call__ would hand the call to a kept
+    route whose checks C reads (``_C.kept_eager``, ``_C.kept_launch``), the slot does so without __call__'s
+    Python frame, and a call that route declines goes on to nn.Module.__call__ as __call__ would send it; every
+    other call runs __call__ as written, which stays what `cls.__call__` names and torch.compile traces. The slot
+    reads torch.compiler's flag that is_compiling() returns outside TorchScript, where torch has it."""
     flag = "_is_compiling_flag" if isinstance(getattr(torch.compiler, "_is_compiling_flag", None), bool) else None
     _C.install_call(cls, _is_compiling, torch.compiler, flag, _Module)
 
@@ -738,16 +738,24 @@ class _Weights:
         return True
 
 
-#: What ``_C.kept_eager`` reads of a kept eager route, in the order of eager_bind.c's K_* fields: the ops
-#: (F.linear, the activation) and the weights, kept_match's arguments, the gate and up weights as one tensor
-#: where they are (``packed_gate_up``: packed, packed_bias, pack; None, None, 0 elsewhere), the route (stale?), the dropouts
-#: between the GEMMs and after the FFN (their names; the classes whose inactive instance after the FFN
-#: is the identity, its call left out), whether the module trains with its own forward, and what else
+#: What C reads of every kept route first (python/kept_bind.c's C_* fields): the route (stale?), the dropouts
+#: between the GEMMs and after the FFN (their names; the classes whose inactive instance after the FFN is the
+#: identity, its call left out), whether the module trains with its own forward, and what else
 #: nn.Module.__call__ would consult (the global hook dicts, torch.jit's tracing state).
+_CALL_FIELDS = ("route", "mid", "post", "dropouts", "train_source", "hooks", "tracing_state")
+#: What ``_C.kept_eager`` reads of a kept eager route (kept_bind.c's K_* fields): the call's fields, the ops
+#: (F.linear, the activation) and the weights, kept_match's arguments, the gate and up weights as one tensor
+#: where they are (``packed_gate_up``: packed, packed_bias, pack; None, None, 0 elsewhere).
 _KeptEagerFast = collections.namedtuple("_KeptEagerFast", (
-    "linear", "act", *_ROLES, "signature", "held", "layout", "laid", "packed", "packed_bias", "pack", "route",
-    "mid", "post", "dropouts",
-    "train_source", "hooks", "tracing_state"))
+    *_CALL_FIELDS, "linear", "act", *_ROLES, "signature", "held", "layout", "laid", "packed", "packed_bias", "pack"))
+#: What ``_C.kept_launch`` reads of a kept launch (kept_bind.c's L_* fields): the call's fields, the prepared
+#: launch and what runs it (``_C.ffn_run``), kept_match's arguments, the device and raw stream prepared for, the scratch table with the stream's
+#: key there and the scratch kept, the tensors autograd would record through besides x, whether the route
+#: runs the eager ops in graphs, y's shape where it is not x's (None: ``empty_like(x)``), torch's
+#: ``_is_any_autocast_enabled`` and ``empty_like``.
+_KeptLaunchFast = collections.namedtuple("_KeptLaunchFast", (
+    *_CALL_FIELDS, "prepared", "run", "signature", "held", "layout", "device", "stream", "scratches", "skey", "scratch",
+    "grad_of", "graphs_eager", "out_shape", "autocast", "empty_like"))
 
 
 def _packed_rows(module, weights, w):
@@ -779,6 +787,7 @@ class _KeptEager:
 
     __slots__ = ("route", "shape", "dtype", "device", "signature", "weights", "w", "act", "mid", "post",
                  "train_source", "fast")
+    run_c = _C.kept_eager   # run with `fast`: checks and ops in one C call
 
     @classmethod
     def bind(cls, module, route, x, w):
@@ -794,8 +803,8 @@ class _KeptEager:
         k.signature = None if weights.layout is None else _tensor_signature(x)
         packed, laid, layout = _packed_rows(module, weights, w)
         k.fast = None if k.signature is None else _KeptEagerFast(
-            _linear, k.act, *k.w, k.signature, weights.held, layout, laid, *packed, route,
-            k.mid, k.post, DROPOUTS, bool(k.train_source), _GLOBAL_HOOKS, _tracing_state)
+            route, k.mid, k.post, DROPOUTS, bool(k.train_source), _GLOBAL_HOOKS, _tracing_state,
+            _linear, k.act, *k.w, k.signature, weights.held, layout, laid, *packed)
         return k
 
     def run(self, module, x):
@@ -841,8 +850,8 @@ class _KeptLaunch:
     were contiguous when prepared). Otherwise the general route runs (and validates)."""
 
     __slots__ = ("route", "shape", "dtype", "device", "stream", "scratch", "skey", "out_shape", "same_shape",
-                 "signature", "weights", "prepared", "mid", "post", "train_source", "graphs_eager", "grad_of")
-    fast = None   # (the launch's checks run here, in run)
+                 "signature", "weights", "prepared", "mid", "post", "train_source", "graphs_eager", "grad_of", "fast")
+    run_c = _C.kept_launch   # run with `fast`: run's checks and the launch in one C call
 
     @classmethod
     def bind(cls, module, route, x, w, y, scales=None):
@@ -868,6 +877,11 @@ class _KeptLaunch:
         borrow = sum(1 << (i + 1) for i, c in enumerate(caps) if c is not None)
         kw = {} if scales is None else {"scales": scales}
         k.prepared = route.launch.prepare(x, caps, module.spec.activation, y, k.scratch, k.stream, borrow, **kw)
+        k.fast = None if k.signature is None else _KeptLaunchFast(
+            route, k.mid, k.post, DROPOUTS, bool(k.train_source), _GLOBAL_HOOKS, _tracing_state,
+            k.prepared, _ffn_run, k.signature, weights.held, weights.layout, k.device, k.stream, runtime.scratch_table(),
+            k.skey, k.scratch, k.grad_of, bool(k.graphs_eager), None if k.same_shape else k.out_shape,
+            _any_autocast, _empty_like)
         return k
 
     def run(self, module, x):

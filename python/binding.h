@@ -42,10 +42,10 @@ fuser_state *fuser_get_state(PyObject *module);
 
 /* The attribute and method names eager_bind.c reads, in the order of fuser_state.kept_names. */
 #define KEPT_NAMES "forward", "_compiled_call_impl", "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", \
-                   "_backward_pre_hooks", "training", "_modules", "stale", "_kept", "fast", "__call__", "chunk", "_base", "requires_grad", "shape", "reshape", "t", "view", "use_gelu", "fused", "run"
+                   "_backward_pre_hooks", "training", "_modules", "stale", "_kept", "fast", "__call__", "chunk", "_base", "requires_grad", "shape", "reshape", "t", "view", "use_gelu", "fused", "run", "new_empty"
 enum {
     KN_FORWARD, KN_COMPILED, KN_HOOKS, KN_TRAINING = KN_HOOKS + 4, KN_MODULES, KN_STALE, KN_KEPT, KN_FAST, KN_CALL,
-    KN_CHUNK, KN_BASE, KN_REQUIRES_GRAD, KN_SHAPE, KN_RESHAPE, KN_T, KN_VIEW, KN_USE_GELU, KN_FUSED, KN_RUN, KN_COUNT
+    KN_CHUNK, KN_BASE, KN_REQUIRES_GRAD, KN_SHAPE, KN_RESHAPE, KN_T, KN_VIEW, KN_USE_GELU, KN_FUSED, KN_RUN, KN_NEW_EMPTY, KN_COUNT
 };
 
 /* The pointer in a capsule of type `name` (fuser's own handles), or NULL with a TypeError saying
@@ -122,6 +122,7 @@ PyObject *fuser_py_tensor_signature(PyObject *module, PyObject *x);
 PyObject *fuser_py_kept_match(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_eager(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_kept_eager(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fuser_py_kept_launch(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_zero_bias_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_zero_bias_info(PyObject *module, PyObject *noargs);
 PyObject *fuser_py_after_ffn(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
@@ -180,6 +181,11 @@ PyObject *fuser_down_out_linear(void);
  * fresh result). The in-place form is PyTorch's own op, so FUSER_DISABLE, which asks for PyTorch's ops, leaves
  * it on. */
 PyObject *fuser_act_in_place(PyObject *act, PyObject *h);
+
+/* 1 where a kept launch prepared for CUDA device `device` and raw stream `stream` (ints) may launch now: that
+ * device current, its current stream that one, no torch dispatch or function mode, FUSER_DISABLE unset, and where
+ * `graphs_eager` no CUDA graph being captured; 0 where not, -1 with an exception set (gate_bind.c). */
+int fuser_launch_may_run(PyObject *device, PyObject *stream, int graphs_eager);
 
 /* 1 where the eager route may run a step of a call on x as other ops than PyTorch's reference ones: x a CUDA
  * tensor, no torch dispatch or function mode, FUSER_DISABLE unset, and autograd recording nothing on x and

@@ -336,6 +336,33 @@ int fuser_eager_may_fuse(PyObject *x, PyObject *const *ts, int n)
     return rec < 0 ? -1 : !rec;
 }
 
+/* 1 where hook i called with `arg` (or no argument) returns a value equal to `want`, 0 where not, -1 with an
+ * exception set. */
+static int hook_equals(int i, PyObject *arg, PyObject *want)
+{
+    PyObject *v = call_hook(i, arg);
+    if (!v)
+        return -1;
+    const int eq = v == want ? 1 : PyObject_RichCompareBool(v, want, Py_EQ);
+    Py_DECREF(v);
+    return eq;
+}
+
+/* (binding.h) */
+int fuser_launch_may_run(PyObject *device, PyObject *stream, int graphs_eager)
+{
+    if (!hooks)
+        return 0;
+    int ok = hook_equals(H_DEVICE, NULL, device);
+    if (ok > 0)
+        ok = hook_equals(H_STREAM, device, stream);
+    if (ok > 0)
+        ok = unobserved();
+    if (ok > 0 && graphs_eager)
+        ok = hook_false(H_CAPTURING);
+    return ok;
+}
+
 /* gate_setup(loader, acts, capturing, dispatch_len, function_mode, current_device, raw_stream, disabled,
  * grad_enabled, addmm_activation, acts_in_place, down_out) */
 PyObject *fuser_py_gate_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)

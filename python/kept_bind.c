@@ -5,12 +5,29 @@
  * kept route declines goes where FusedFFN.__call__ would send it. */
 #include "binding.h"
 
-/* The fields of kept_eager's `k`, in the order of fuser.module's _KeptEagerFast (a kept eager route's `fast`). */
+/* The fields every kept route's tuple (its `fast`) begins with, what plain_call and after_ffn read: the route
+ * (stale?), the dropouts between the GEMMs and after the FFN (their names, or None) and the classes whose inactive
+ * instance after the FFN is the identity, whether the module trains with its own forward, the global hook dicts,
+ * torch.jit's tracing-state function. */
+enum { C_ROUTE, C_MID, C_POST, C_DROPOUTS, C_TRAIN_SOURCE, C_HOOKS, C_TRACING, C_COMMON };
+
+/* A kept eager route's fields after them, in the order of fuser.module's _KeptEagerFast. */
 enum {
-    K_LINEAR, K_ACT, K_TENSORS,                      /* K_TENSORS..+5: w_up, w_down, w_gate, b_up, b_gate, b_down */
+    K_LINEAR = C_COMMON, K_ACT, K_TENSORS,           /* K_TENSORS..+5: w_up, w_down, w_gate, b_up, b_gate, b_down */
     K_SIGNATURE = K_TENSORS + 6, K_HELD, K_LAYOUT, K_LAID,   /* kept_match's arguments */
-    K_PACKED, K_PACKED_BIAS, K_PACK,                 /* run_eager's pk */
-    K_ROUTE, K_MID, K_POST, K_DROPOUTS, K_TRAIN_SOURCE, K_HOOKS, K_TRACING, K_FIELDS
+    K_PACKED, K_PACKED_BIAS, K_PACK,                 /* fuser_eager_run's pk */
+    K_FIELDS
+};
+
+/* A kept launch's fields after them, in the order of fuser.module's _KeptLaunchFast: the prepared launch (a
+ * capsule, which tells the two kinds apart) and the function that runs it (_C.ffn_run, as fuser.module holds it),
+ * kept_match's arguments, the kernel's device and the raw stream it was
+ * prepared for (ints), the scratch table (a dict), the key of the stream's scratch there and the scratch kept, the
+ * tensors autograd would record through besides x, whether the route runs the eager ops while a graph is captured
+ * (bool), y's shape where it is not x's (else None: empty_like), torch's is_any_autocast_enabled and empty_like. */
+enum {
+    L_PREPARED = C_COMMON, L_RUN, L_SIGNATURE, L_HELD, L_LAYOUT, L_DEVICE, L_STREAM, L_SCRATCHES, L_SKEY, L_SCRATCH,
+    L_GRAD_OF, L_GRAPHS_EAGER, L_OUT_SHAPE, L_AUTOCAST, L_EMPTY_LIKE, L_FIELDS
 };
 
 /* 1 where d[name] is an empty dict, 0 where it holds something or is not a dict (or is missing). */
@@ -59,7 +76,8 @@ static int inactive_dropout(PyObject *const *s, PyObject *post, PyObject *dropou
     return plain;
 }
 
-/* Whether the call FusedFFN.__call__ hands over may run here: nothing of nn.Module.__call__ would apply
+/* Whether the call FusedFFN.__call__ hands over may run here (k: a kept route's fields, C_* first): nothing of
+ * nn.Module.__call__ would apply
  * (no hook of the module's or global, no compiled call, forward not replaced on the instance, not traced
  * by torch.jit), the route is not stale, no training forward of its own or active dropout between the
  * GEMMs, and the dropout after the FFN (if any) is there. 1, 0, or -1 with an exception set. */
@@ -69,7 +87,7 @@ static int plain_call(fuser_state *st, PyObject *d, PyObject *const *k)
     int plain = no_module_call(s, d);
     if (plain <= 0)
         return plain;
-    PyObject *hooks = k[K_HOOKS];
+    PyObject *hooks = k[C_HOOKS];
     if (!PyTuple_Check(hooks))
         return 0;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(hooks); i++) {
@@ -77,25 +95,25 @@ static int plain_call(fuser_state *st, PyObject *d, PyObject *const *k)
         if (!PyDict_Check(h) || PyDict_GET_SIZE(h))
             return 0;
     }
-    if (k[K_TRAIN_SOURCE] == Py_True) {
+    if (k[C_TRAIN_SOURCE] == Py_True) {
         PyObject *training = PyDict_GetItemWithError(d, s[KN_TRAINING]);
         if (training != Py_False)
             return PyErr_Occurred() ? -1 : 0;
     }
-    if (k[K_MID] != Py_None) {
-        PyObject *mid = child(s, d, k[K_MID]);
+    if (k[C_MID] != Py_None) {
+        PyObject *mid = child(s, d, k[C_MID]);
         if (!mid || !fuser_attr_is(mid, s[KN_TRAINING], Py_False))
             return PyErr_Occurred() ? -1 : 0;
     }
-    if (k[K_POST] != Py_None && !child(s, d, k[K_POST]))
+    if (k[C_POST] != Py_None && !child(s, d, k[C_POST]))
         return PyErr_Occurred() ? -1 : 0;
-    PyObject *stale = PyObject_GetAttr(k[K_ROUTE], s[KN_STALE]);
+    PyObject *stale = PyObject_GetAttr(k[C_ROUTE], s[KN_STALE]);
     if (!stale)
         return -1;
     Py_DECREF(stale);
     if (stale != Py_False)
         return 0;
-    PyObject *tracing = PyObject_CallNoArgs(k[K_TRACING]);
+    PyObject *tracing = PyObject_CallNoArgs(k[C_TRACING]);
     if (!tracing)
         return -1;
     Py_DECREF(tracing);
@@ -146,7 +164,7 @@ static PyObject *kept_eager(PyObject *module, PyObject *d, PyObject *x, PyObject
     PyObject *t[7] = {x, k[K_TENSORS], k[K_TENSORS + 1], k[K_TENSORS + 2], k[K_TENSORS + 3], k[K_TENSORS + 4],
                       k[K_TENSORS + 5]};
     PyObject *y = fuser_eager_run(st, k[K_LINEAR], k[K_ACT], t, k[K_PACKED] == Py_None ? NULL : k + K_PACKED);
-    return !y || k[K_POST] == Py_None ? y : after_ffn(st, d, k[K_POST], k[K_DROPOUTS], y);
+    return !y || k[C_POST] == Py_None ? y : after_ffn(st, d, k[C_POST], k[C_DROPOUTS], y);
 }
 
 /* kept_eager(d, x, k) -> y or None */
@@ -157,9 +175,103 @@ PyObject *fuser_py_kept_eager(PyObject *module, PyObject *const *args, Py_ssize_
     return kept_eager(module, args[0], args[1], args[2]);
 }
 
-/* FusedFFN's call slot (install_call): `m(x)` served by the module's kept eager route without a Python frame,
- * exactly where FusedFFN.__call__ would serve it from there (one input, no keyword, not compiling, a kept route
- * whose checks C reads); a call that route declines goes where __call__ would send it, nn.Module.__call__; every
+/* 1 where the kept launch `k` (L_* fields) may launch for x, at the address `ptr` (kept_match's): x 16-byte
+ * aligned; on the kernel's device, current, with the current stream the one prepared for and its scratch still
+ * the one kept (fuser_launch_may_run: also no torch mode, FUSER_DISABLE unset, and for a route that runs the eager
+ * ops in graphs no capture); no autocast; no autograd to record through x or the weights. 0 where not, -1 with an
+ * exception set. */
+static int launch_allowed(PyObject *const *k, PyObject *x, PyObject *ptr)
+{
+    const unsigned long long p = PyLong_AsUnsignedLongLongMask(ptr);
+    if (p == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    if (!p || (p & 15) || !PyTuple_Check(k[L_GRAD_OF]) || PyTuple_GET_SIZE(k[L_GRAD_OF]) > 8)
+        return 0;
+    int ok = fuser_launch_may_run(k[L_DEVICE], k[L_STREAM], k[L_GRAPHS_EAGER] == Py_True);
+    if (ok <= 0)
+        return ok;
+    PyObject *scratch = PyDict_GetItemWithError(k[L_SCRATCHES], k[L_SKEY]);
+    if (scratch != k[L_SCRATCH])
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *autocast = PyObject_CallNoArgs(k[L_AUTOCAST]);
+    if (!autocast)
+        return -1;
+    Py_DECREF(autocast);
+    if (autocast != Py_False)
+        return 0;
+    PyObject *ts[9] = {x};
+    const Py_ssize_t n = PyTuple_GET_SIZE(k[L_GRAD_OF]);
+    for (Py_ssize_t i = 0; i < n; i++)
+        ts[i + 1] = PyTuple_GET_ITEM(k[L_GRAD_OF], i);
+    const int rec = fuser_gate_records(ts, (int)n + 1);
+    return rec < 0 ? -1 : !rec;
+}
+
+/* The kept launch `kt` (a tuple of L_FIELDS) of the module whose __dict__ is d, on x: y (a new tensor the kernel
+ * writes, through the dropout after the FFN), or None where it does not serve the call, or NULL with an exception
+ * set. The same checks as fuser.module's _KeptLaunch.run, and FusedFFN.__call__'s before it. */
+static PyObject *kept_launch(PyObject *module, PyObject *d, PyObject *x, PyObject *kt)
+{
+    fuser_state *st = fuser_get_state(module);
+    PyObject *const *k = &PyTuple_GET_ITEM(kt, 0);
+    int ok = plain_call(st, d, k);
+    if (ok <= 0)
+        return ok < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *match[4] = {x, k[L_SIGNATURE], k[L_HELD], k[L_LAYOUT]};
+    PyObject *ptr = fuser_py_kept_match(module, match, 4);
+    if (!ptr || ptr == Py_None)
+        return ptr;
+    ok = launch_allowed(k, x, ptr);
+    if (ok <= 0) {
+        Py_DECREF(ptr);
+        return ok < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    PyObject *y;
+    if (k[L_OUT_SHAPE] == Py_None) {
+        y = PyObject_CallOneArg(k[L_EMPTY_LIKE], x);
+    } else {
+        PyObject *a[2] = {x, k[L_OUT_SHAPE]};
+        y = PyObject_VectorcallMethod(PyTuple_GET_ITEM(st->kept_names, KN_NEW_EMPTY), a, 2, NULL);
+    }
+    PyObject *run[3] = {k[L_PREPARED], ptr, y};
+    PyObject *r = y ? PyObject_Vectorcall(k[L_RUN], run, 3, NULL) : NULL;
+    Py_DECREF(ptr);
+    if (!r) {
+        Py_XDECREF(y);
+        return NULL;
+    }
+    Py_DECREF(r);
+    return k[C_POST] == Py_None ? y : after_ffn(st, d, k[C_POST], k[C_DROPOUTS], y);
+}
+
+/* kept_launch(d, x, k) -> y or None */
+PyObject *fuser_py_kept_launch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyDict_Check(args[0]) || !PyTuple_Check(args[2]) || PyTuple_GET_SIZE(args[2]) != L_FIELDS ||
+        !PyCapsule_CheckExact(PyTuple_GET_ITEM(args[2], L_PREPARED)) ||
+        !PyDict_Check(PyTuple_GET_ITEM(args[2], L_SCRATCHES)))
+        return PyErr_Format(PyExc_TypeError, "kept_launch(d: dict, x, k: tuple of %d, a prepared launch at %d and the "
+                            "scratch table, a dict, at %d)", (int)L_FIELDS, (int)L_PREPARED, (int)L_SCRATCHES);
+    return kept_launch(module, args[0], args[1], args[2]);
+}
+
+/* The kept route `kt` of the module whose __dict__ is d, on x, by its kind (a kept launch's tuple holds its
+ * prepared launch, a capsule, where an eager route's holds F.linear): as kept_launch or kept_eager; None where
+ * kt is neither. */
+static PyObject *kept_route(PyObject *module, PyObject *d, PyObject *x, PyObject *kt)
+{
+    const Py_ssize_t n = PyTuple_Check(kt) ? PyTuple_GET_SIZE(kt) : 0;
+    if (n == L_FIELDS && PyCapsule_CheckExact(PyTuple_GET_ITEM(kt, L_PREPARED)) &&
+        PyDict_Check(PyTuple_GET_ITEM(kt, L_SCRATCHES)))
+        return kept_launch(module, d, x, kt);
+    if (n == K_FIELDS && !PyCapsule_CheckExact(PyTuple_GET_ITEM(kt, K_LINEAR)))
+        return kept_eager(module, d, x, kt);
+    return Py_NewRef(Py_None);
+}
+
+/* FusedFFN's call slot (install_call): `m(x)` served by the module's kept route (the eager ops, or the kept
+ * launch) without a Python frame, exactly where FusedFFN.__call__ would serve it from there (one input, no
+ * keyword, not compiling, a kept route whose checks C reads); a call that route declines goes where __call__ would send it, nn.Module.__call__; every
  * other call goes to the class's __call__ as written in Python, which is also what `FusedFFN.__call__` names and
  * what torch.compile traces. The slot's
  * objects, one set per process: the extension module (its state), torch.compiler.is_compiling, and where
@@ -215,8 +327,8 @@ static PyObject *fused_call(PyObject *self, PyObject *args, PyObject *kwargs)
     PyObject *fast = kept && kept != Py_None ? PyObject_GetAttr(kept, PyTuple_GET_ITEM(st->kept_names, KN_FAST))
                                              : NULL;
     PyObject *y = NULL;
-    if (fast && PyTuple_Check(fast) && PyTuple_GET_SIZE(fast) == K_FIELDS && compiling() == 0)
-        y = kept_eager(slot_module, d, PyTuple_GET_ITEM(args, 0), fast);
+    if (fast && fast != Py_None && compiling() == 0)
+        y = kept_route(slot_module, d, PyTuple_GET_ITEM(args, 0), fast);
     Py_XDECREF(fast);
     Py_DECREF(d);
     if (y && y != Py_None)

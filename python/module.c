@@ -142,9 +142,16 @@ static PyMethodDef module_methods[] = {
      "k: the route's fields (fuser.module's _KeptEagerFast). None where nn.Module.__call__ would do more\n"
      "than call forward, the route is stale, a dropout between the GEMMs or the module's own training\n"
      "forward is active, or kept_match(x, ...) fails; else the eager ops' output."},
+    {"kept_launch", (PyCFunction)(void (*)(void))fuser_py_kept_launch, METH_FASTCALL,
+     "kept_launch(d, x, k) -> y or None: FusedFFN's kept launch in one call. d: the module's __dict__; k: the\n"
+     "launch's fields (fuser.module's _KeptLaunchFast). None where kept_eager's module checks fail, kept_match(x,\n"
+     "...) fails or x is not 16-byte aligned, the device, stream or scratch is not the one prepared for, a torch\n"
+     "mode, autocast, FUSER_DISABLE or autograd applies, or a host-bound route's stream captures a graph; else a\n"
+     "new y the prepared launch writes."},
     {"install_call", (PyCFunction)(void (*)(void))fuser_py_install_call, METH_FASTCALL,
      "install_call(cls, is_compiling, flag_owner, flag, nn_module): instances of cls (FusedFFN) called as m(x) run\n"
-     "its kept eager route from C where FusedFFN.__call__ would run it; a call that route declines goes to\n"
+     "its kept route (the eager ops, or the kept launch) from C where FusedFFN.__call__ would run it; a call that\n"
+     "route declines goes to\n"
      "nn_module.__call__ (as FusedFFN.__call__ sends it), every other call to cls.__call__ as written in Python.\n"
      "flag_owner.flag: what is_compiling() returns outside TorchScript (flag None: call is_compiling)."},
     {"gate_setup", (PyCFunction)(void (*)(void))fuser_py_gate_setup, METH_FASTCALL,

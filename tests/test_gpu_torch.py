@@ -11,6 +11,7 @@ import torch
 
 import fuser
 import fuser.backend  # noqa: F401  (registers the backend where no entry point is installed)
+from fuser import _C
 from conftest import rel_error
 from models import grads, hf, output
 
@@ -192,6 +193,11 @@ def test_fused_module_launches_directly_on_later_calls_and_still_validates(monke
         for y in ys:
             assert rel_error(y, ref) <= 2 * rel_error(eager, ref) + 1e-3
             assert not torch.equal(y, eager)
+        kept = module.__dict__["_kept"]
+        assert kept.fast is not None              # its checks and launch run in one C call (_C.kept_launch)
+        with torch.no_grad():
+            assert torch.equal(_C.kept_launch(module.__dict__, x, kept.fast), kept.run(module, x))
+            assert _C.kept_launch(module.__dict__, x[:16], kept.fast) is None      # another shape: declined
         with torch.no_grad():
             mlp[2].weight = torch.nn.Parameter(torch.randn(d, 2 * f, device="cuda", dtype=torch.bfloat16))
             with pytest.raises(ValueError, match="w_down"):
