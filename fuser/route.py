@@ -92,10 +92,12 @@ class FusedRoute(Route):
     token count and weight addresses, holding no weights; a call then passes C only the weights'
     addresses, which key the preparation, and its other tensors, whose addresses C reads
     (``_C.ffn_run``). Its tensors were validated for this route's signature (``fuser.ops``), which fixes
-    everything the preparation checked but the addresses."""
+    everything the preparation checked but the addresses. A call ``fuser.ffn`` or the operator serves from a
+    kept route runs a launch already prepared in that same C call (``_C.ffn_kept``, reading ``fast``), exactly
+    where ``run`` would launch it; ``run`` serves every other call."""
 
     fused = True
-    __slots__ = ("device", "launch", "prepared", "same_shape")
+    __slots__ = ("device", "launch", "prepared", "same_shape", "fast")
 
     def __init__(self, plan, device):
         super().__init__(plan)
@@ -106,6 +108,9 @@ class FusedRoute(Route):
         # are both bfloat16); x is row-major, as the route's checks require, so y is too
         c = plan.chain
         self.same_shape = c["d_out"] == c["d_model"]
+        # what C reads to run a kept call's prepared launch itself (python/ffn_bind.c's fused_run: F_* fields)
+        self.fast = (device, self.prepared, runtime.scratch_table(), self.same_shape, self.graphs_eager, _ffn_run,
+                     _empty_like)
 
     def run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out=None, scales=None):
         if interop.disabled() or (_grad_enabled() and _any_requires_grad(x, w_up, w_down, w_gate, b_up, b_gate, b_down)):

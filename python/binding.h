@@ -187,6 +187,11 @@ PyObject *fuser_act_in_place(PyObject *act, PyObject *h);
  * `graphs_eager` no CUDA graph being captured; 0 where not, -1 with an exception set (gate_bind.c). */
 int fuser_launch_may_run(PyObject *device, PyObject *stream, int graphs_eager);
 
+/* The raw stream (an int, new reference) a fused route prepared for CUDA device `device` (an int) launches on
+ * now: that device current, FUSER_DISABLE unset, and where `graphs_eager` no CUDA graph being captured; Py_None
+ * where not (the route's Python run then decides), NULL with an exception set (gate_bind.c). */
+PyObject *fuser_route_stream(PyObject *device, int graphs_eager);
+
 /* 1 where the eager route may run a step of a call on x as other ops than PyTorch's reference ones: x a CUDA
  * tensor, no torch dispatch or function mode, FUSER_DISABLE unset, and autograd recording nothing on x and
  * the n tensors ts (None allowed); 0 where not, -1 with an exception set (gate_bind.c). */

@@ -101,7 +101,15 @@ PyObject *fuser_py_ffn_check(PyObject *module, PyObject *args, PyObject *kwargs)
     return res;
 }
 
-static PyObject *route_key(fuser_state *st, PyObject *const *args, PyObject *out, PyObject *scales, int *act);
+/* What route_key read of a call besides its key: the chain's FUSER_ACT_*, its token rows, and the addresses of
+ * w_up, w_down and w_gate (NULL where absent). */
+typedef struct {
+    int act;
+    int64_t m;
+    void *w[3];
+} call_seen;
+
+static PyObject *route_key(fuser_state *st, PyObject *const *args, PyObject *out, PyObject *scales, call_seen *seen);
 
 /* ffn_key(x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation[, scales]) -> bytes: the per-call form of
  * ffn_check for fuser.ffn's kept routes. Each tensor is an instance of the registered tensor type
@@ -121,10 +129,74 @@ PyObject *fuser_py_ffn_key(PyObject *module, PyObject *const *args, Py_ssize_t n
     return route_key(fuser_get_state(module), args, NULL, nargs == A_OUT + 2 ? args[A_OUT + 1] : Py_None, NULL);
 }
 
+/* The fields of a fused route's `fast` (fuser.route's FusedRoute): its CUDA device, its prepared launches (a dict
+ * keyed by (raw stream, token rows, w_up, w_down, w_gate addresses), each (scratch, prepared launch)), the scratch
+ * table (keyed by (device, raw stream)), whether y has x's shape, whether the route runs the eager ops while a
+ * graph is captured, the function that runs a prepared launch (_C.ffn_run, as fuser.route holds it) and
+ * torch.empty_like. */
+enum { F_DEVICE, F_PREPARED, F_SCRATCHES, F_SAME_SHAPE, F_GRAPHS_EAGER, F_RUN, F_EMPTY_LIKE, F_FIELDS };
+
+/* A kept fused route r's output for the validated call t (seen: what route_key read), launched here as
+ * FusedRoute.run would launch it, where r's `fast` allows: y has x's shape, nothing for autograd to record,
+ * FUSER_DISABLE unset, r's device current (and no capture on a route that runs the eager ops then), and a launch
+ * prepared for the current stream, these token rows and weight addresses whose scratch is still the stream's.
+ * y (new reference); Py_None where r.run must (prepare, or run the eager ops); NULL with an exception set. */
+static PyObject *fused_run(fuser_state *st, PyObject *r, PyObject *const *t, const call_seen *seen)
+{
+    PyObject *fast = PyObject_GetAttr(r, PyTuple_GET_ITEM(st->kept_names, KN_FAST));
+    if (!fast) {
+        PyErr_Clear();
+        return Py_NewRef(Py_None);
+    }
+    PyObject *const *k = PyTuple_Check(fast) && PyTuple_GET_SIZE(fast) == F_FIELDS ? &PyTuple_GET_ITEM(fast, 0)
+                                                                                    : NULL;
+    PyObject *y = NULL, *stream = NULL, *w[3] = {NULL, NULL, NULL}, *m = NULL, *key = NULL, *skey = NULL;
+    int rec = 0;
+    if (!k || k[F_SAME_SHAPE] != Py_True || !PyDict_Check(k[F_PREPARED]) || !PyDict_Check(k[F_SCRATCHES]) ||
+        (rec = fuser_gate_records(t, A_OUT)) != 0) {
+        y = rec < 0 ? NULL : Py_NewRef(Py_None);
+        goto done;
+    }
+    stream = fuser_route_stream(k[F_DEVICE], k[F_GRAPHS_EAGER] == Py_True);
+    if (!stream || stream == Py_None) {
+        y = stream ? Py_NewRef(Py_None) : NULL;
+        goto done;
+    }
+    m = PyLong_FromLongLong(seen->m);
+    for (int i = 0; i < 3; i++)
+        w[i] = seen->w[i] ? PyLong_FromVoidPtr(seen->w[i]) : Py_NewRef(Py_None);
+    key = m && w[0] && w[1] && w[2] ? PyTuple_Pack(5, stream, m, w[0], w[1], w[2]) : NULL;
+    PyObject *e = key ? PyDict_GetItemWithError(k[F_PREPARED], key) : NULL;
+    skey = e ? PyTuple_Pack(2, k[F_DEVICE], stream) : NULL;
+    PyObject *scratch = skey ? PyDict_GetItemWithError(k[F_SCRATCHES], skey) : NULL;
+    if (!scratch || !PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 2 || PyTuple_GET_ITEM(e, 0) != scratch) {
+        y = PyErr_Occurred() ? NULL : Py_NewRef(Py_None); /* (nothing prepared here: r.run prepares) */
+        goto done;
+    }
+    Py_INCREF(e); /* (the calls below run Python, which may change the dict) */
+    y = PyObject_CallOneArg(k[F_EMPTY_LIKE], t[A_X]);
+    PyObject *run[9] = {PyTuple_GET_ITEM(e, 1), t[A_X], y, w[0], w[1], w[2], t[A_B_UP], t[A_B_GATE], t[A_B_DOWN]};
+    PyObject *res = y ? PyObject_Vectorcall(k[F_RUN], run, 9, NULL) : NULL;
+    Py_DECREF(e);
+    if (!res)
+        Py_CLEAR(y);
+    Py_XDECREF(res);
+done:
+    for (int i = 0; i < 3; i++)
+        Py_XDECREF(w[i]);
+    Py_XDECREF(m);
+    Py_XDECREF(stream);
+    Py_XDECREF(key);
+    Py_XDECREF(skey);
+    Py_DECREF(fast);
+    return y;
+}
+
 /* ffn_kept(routes, linear, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation[, out]) -> y or None:
  * fuser.ffn's call (without plan= or scales) by the route `routes` keeps under its route key (ffn_key's), in
  * one crossing: a route whose `fused` is False runs the eager ops here (the 9-argument form of `eager`, with
- * `linear` and the activation function gate_setup registered); any other route's `run` gets the call. With
+ * `linear` and the activation function gate_setup registered); a fused route's launch prepared for the call runs
+ * here too where its `fast` allows (fused_run); any other call goes to the route's `run`. With
  * `out` (not None), validated with the rest as ffn_check validates it (writable, its shape, no overlap) and
  * not requiring grad, every route's run(..., out) gets the call. None where no fresh route is kept for the
  * key (no entry, a stale one, or arguments the checks refuse: the general path then decides, or says what
@@ -140,8 +212,8 @@ PyObject *fuser_py_ffn_kept(PyObject *module, PyObject *const *args, Py_ssize_t 
     PyObject *const *kn = &PyTuple_GET_ITEM(st->kept_names, 0);
     if (out && !fuser_attr_is(out, kn[KN_REQUIRES_GRAD], Py_False))
         Py_RETURN_NONE; /* (the general path says why autograd cannot record a result written into it) */
-    int act = -1;
-    PyObject *key = route_key(st, t, out, Py_None, &act);
+    call_seen seen = {-1, 0, {NULL}};
+    PyObject *key = route_key(st, t, out, Py_None, &seen);
     if (!key) {
         if (!PyErr_ExceptionMatches(PyExc_Exception))
             return NULL;
@@ -155,7 +227,7 @@ PyObject *fuser_py_ffn_kept(PyObject *module, PyObject *const *args, Py_ssize_t 
     Py_INCREF(r); /* (the call below may change the dict) */
     PyObject *stale = PyObject_GetAttr(r, kn[KN_STALE]);
     PyObject *fused = stale == Py_False ? PyObject_GetAttr(r, kn[KN_FUSED]) : NULL;
-    PyObject *fn = fuser_act_function(act), *y;
+    PyObject *fn = fuser_act_function(seen.act), *y;
     if (!stale || (stale == Py_False && !fused)) {
         y = NULL; /* reading the route's fields raised */
     } else if (stale != Py_False) {
@@ -163,8 +235,12 @@ PyObject *fuser_py_ffn_kept(PyObject *module, PyObject *const *args, Py_ssize_t 
     } else if (fused == Py_False && fn && !out) {
         y = fuser_eager_call(st, args[1], fn, t, NULL);
     } else {
-        PyObject *call[10] = {r, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[A_OUT], out};
-        y = PyObject_VectorcallMethod(kn[KN_RUN], call, out ? 10 : 9, NULL);
+        y = fused == Py_True && !out ? fused_run(st, r, t, &seen) : Py_NewRef(Py_None);
+        if (y == Py_None) {
+            Py_DECREF(y);
+            PyObject *call[10] = {r, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[A_OUT], out};
+            y = PyObject_VectorcallMethod(kn[KN_RUN], call, out ? 10 : 9, NULL);
+        }
     }
     Py_XDECREF(stale);
     Py_XDECREF(fused);
@@ -176,7 +252,7 @@ PyObject *fuser_py_ffn_kept(PyObject *module, PyObject *const *args, Py_ssize_t 
  * `scales` (or None), validated as ffn_check validates them (ffn_key's docstring), and `out` with them where
  * given (NULL: none); with `act`, the chain's FUSER_ACT_* there. A bytes object (out is not part of the key),
  * or NULL with an exception set. */
-static PyObject *route_key(fuser_state *st, PyObject *const *args, PyObject *out, PyObject *scales, int *act)
+static PyObject *route_key(fuser_state *st, PyObject *const *args, PyObject *out, PyObject *scales, call_seen *seen)
 {
     const char *activation = activation_name(args[A_OUT]);
     if (!activation)
@@ -206,8 +282,12 @@ static PyObject *route_key(fuser_state *st, PyObject *const *args, PyObject *out
                                     (int64_t)c.act << 8 | (int64_t)c.dtype << 16,
                                 (int64_t)t[A_X]->device, t[A_X]->device_id};
         res = PyBytes_FromStringAndSize((const char *)key, sizeof key);
-        if (act)
-            *act = (int)c.act;
+        if (seen) {
+            seen->act = (int)c.act;
+            seen->m = c.m;
+            for (int i = 0; i < 3; i++)
+                seen->w[i] = t[A_W_UP + i] ? t[A_W_UP + i]->data : NULL;
+        }
     }
     for (int i = 0; i < n; i++)
         fuser_release(&held[i]);

@@ -363,6 +363,19 @@ int fuser_launch_may_run(PyObject *device, PyObject *stream, int graphs_eager)
     return ok;
 }
 
+/* (binding.h) */
+PyObject *fuser_route_stream(PyObject *device, int graphs_eager)
+{
+    if (!hooks)
+        return Py_NewRef(Py_None);
+    int ok = hook_equals(H_DEVICE, NULL, device);
+    if (ok > 0)
+        ok = hook_false(H_DISABLED);
+    if (ok > 0 && graphs_eager)
+        ok = hook_false(H_CAPTURING);
+    return ok < 0 ? NULL : ok ? call_hook(H_STREAM, device) : Py_NewRef(Py_None);
+}
+
 /* gate_setup(loader, acts, capturing, dispatch_len, function_mode, current_device, raw_stream, disabled,
  * grad_enabled, addmm_activation, acts_in_place, down_out) */
 PyObject *fuser_py_gate_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)

@@ -80,3 +80,23 @@ def fresh_dynamo():
     torch._dynamo.utils.counters.clear()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def fake_cuda():
+    """The CUDA predicates the C core reads at each call (``_C.gate_setup``'s current device, raw stream and
+    capture), faked for CPU tensors: {"device": the current device (0), "stream": its raw stream (7),
+    "capturing": False}, which a test may change; the real predicates are registered again after it. For tests
+    of the C paths that launch kept or prepared kernels, with a recording launch in place of the kernel's."""
+    from fuser import _C, interop, runtime
+    from fuser.reference import ACTIVATIONS
+    if _C.tensor_intake()["version"] is None:
+        pytest.skip("this torch has no DLPack C exchange API (kept launches are then checked in Python)")
+    state = {"device": 0, "stream": 7, "capturing": False}
+    _C.gate_setup(runtime.gate_cubin, tuple(ACTIVATIONS[a] for a in runtime.GATE_ACTS), lambda: state["capturing"],
+                  torch._C._len_torch_dispatch_stack, torch._C._is_torch_function_mode_enabled,
+                  lambda: state["device"], lambda device: state["stream"] if device == 0 else -1,
+                  interop.disabled, torch.is_grad_enabled, None, (None,) * 4, None)
+    yield state
+    runtime.register_eager_hooks()
+

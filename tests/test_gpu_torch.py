@@ -198,6 +198,12 @@ def test_fused_module_launches_directly_on_later_calls_and_still_validates(monke
         with torch.no_grad():
             assert torch.equal(_C.kept_launch(module.__dict__, x, kept.fast), kept.run(module, x))
             assert _C.kept_launch(module.__dict__, x[:16], kept.fast) is None      # another shape: declined
+            # fuser.ffn on the same kept route: its prepared launch run by _C.ffn_kept, as route.run runs it
+            args = (x, w["up"], w["down"], None, w["b_up"], None, w["b_down"], "silu")
+            r = fuser.ops.route(*args)
+            assert r.fused and r.fast is not None
+            assert torch.equal(fuser.ffn(x, w["up"], w["down"], b_up=w["b_up"], b_down=w["b_down"], activation="silu"),
+                               r.run(*args))
         with torch.no_grad():
             mlp[2].weight = torch.nn.Parameter(torch.randn(d, 2 * f, device="cuda", dtype=torch.bfloat16))
             with pytest.raises(ValueError, match="w_down"):

@@ -3,7 +3,9 @@ of the module runs the kept launch's checks and the launch itself in one C call,
 FusedFFN.__call__. On any machine: the launch is a recorder here and the CUDA predicates (current device, raw
 stream, capture) are fakes registered with ``_C.gate_setup``, so every check C makes is exercised on CPU tensors:
 each condition under which fuser.module's ``_KeptLaunch.run`` declines makes C decline too, and where none applies
-C hands the recorder x's address and a new y. (The real launch on a Hopper GPU: tests/test_gpu_torch.py.)"""
+C hands the recorder x's address and a new y. Likewise a kept fused route's prepared launch, which ``fuser.ffn`` and
+the operator run in their one C call (python/ffn_bind.c's fused_run) wherever fuser.route's ``FusedRoute.run`` would
+launch it, and hand to that ``run`` everywhere else. (The real launches on a Hopper GPU: tests/test_gpu_torch.py.)"""
 import pytest
 import torch
 from torch import nn
@@ -13,21 +15,7 @@ from fuser import _C, route, runtime
 from fuser.module import DROPOUTS, FusedFFN, _GLOBAL_HOOKS, _KeptLaunchFast, _Weights, _tracing_state
 from fuser.reference import ACTIVATIONS
 
-DEVICE, STREAM = 0, 7
-
-
-@pytest.fixture
-def cuda_state():
-    """The CUDA predicates C reads, faked: {"device": current device, "stream": its raw stream, "capturing": bool}."""
-    if _C.tensor_intake()["version"] is None:
-        pytest.skip("this torch has no DLPack C exchange API (kept launches are then checked in Python)")
-    state = {"device": DEVICE, "stream": STREAM, "capturing": False}
-    _C.gate_setup(runtime.gate_cubin, tuple(ACTIVATIONS[a] for a in runtime.GATE_ACTS), lambda: state["capturing"],
-                  torch._C._len_torch_dispatch_stack, torch._C._is_torch_function_mode_enabled,
-                  lambda: state["device"], lambda device: state["stream"] if device == DEVICE else -1,
-                  runtime.interop.disabled, torch.is_grad_enabled, None, (None,) * 4, None)
-    yield state
-    runtime.register_eager_hooks()
+DEVICE, STREAM = 0, 7      # (conftest's fake_cuda: the current device and its raw stream)
 
 
 class _Kept:
@@ -73,7 +61,7 @@ def aligned(m=4, d=16, skew=0):
     return x[off:off + m * d].view(m, d)
 
 
-def test_the_kept_launch_runs_from_c_with_xs_address_and_a_new_y(cuda_state):
+def test_the_kept_launch_runs_from_c_with_xs_address_and_a_new_y(fake_cuda):
     (m, _), x = module(), aligned()
     fast, ran = kept_launch(m, x)
     with torch.no_grad():
@@ -87,7 +75,7 @@ def test_the_kept_launch_runs_from_c_with_xs_address_and_a_new_y(cuda_state):
     assert y.shape == (4, 24) and ran[0][1] is y
 
 
-def test_the_call_slot_and_fusedffns_call_run_it(cuda_state):
+def test_the_call_slot_and_fusedffns_call_run_it(fake_cuda):
     (m, _), x = module(), aligned()
     fast, ran = kept_launch(m, x)
     m.__dict__["_kept"] = _Kept(fast)
@@ -116,12 +104,12 @@ DECLINES = ["FUSER_DISABLE", "autocast", "grad through the weights", "grad throu
 
 
 @pytest.mark.parametrize("why", DECLINES)
-def test_the_kept_launch_declines_where_the_python_checks_would(why, cuda_state, monkeypatch):
+def test_the_kept_launch_declines_where_the_python_checks_would(why, fake_cuda, monkeypatch):
     (m, mlp), x = module(), aligned()
     change = {}
     if why == "a capture on a host-bound route":
         change["graphs_eager"] = True
-        cuda_state["capturing"] = True
+        fake_cuda["capturing"] = True
     if why == "a stale route":
         r = route.Route()
         r.stale = True
@@ -137,9 +125,9 @@ def test_the_kept_launch_declines_where_the_python_checks_would(why, cuda_state,
         x = x.clone().requires_grad_()
         fast, ran = kept_launch(m, x, grad_of=())
     if why == "another device":
-        cuda_state["device"] = DEVICE + 1
+        fake_cuda["device"] = DEVICE + 1
     if why == "another stream":
-        cuda_state["stream"] = STREAM + 1
+        fake_cuda["stream"] = STREAM + 1
     if why == "the scratch replaced":
         fast.scratches[(DEVICE, STREAM)] = "another scratch"
     if why == "misaligned x":
@@ -172,7 +160,7 @@ class _nullcontext:
         return False
 
 
-def test_the_dropout_after_the_ffn_is_left_out_in_eval_and_called_in_training(cuda_state):
+def test_the_dropout_after_the_ffn_is_left_out_in_eval_and_called_in_training(fake_cuda):
     (m, _), x = module(post_dropout=True), aligned()
     assert m.spec.post_dropout is not None
     fast, ran = kept_launch(m, x)
@@ -189,3 +177,90 @@ def test_kept_launch_says_what_it_takes():
         _C.kept_launch({}, torch.zeros(1), (1, 2))
     with pytest.raises(TypeError, match="kept_launch"):
         _C.kept_launch([], torch.zeros(1), tuple(range(len(_KeptLaunchFast._fields))))
+
+
+# ---- a fused route's prepared launch, run by fuser.ffn's and the operator's kept call ----------------------
+
+class _FusedRoute:
+    """What C reads of a kept fused route (fuser.route's FusedRoute): stale, fused, `fast`; its Python `run`
+    records the calls C hands over."""
+
+    stale, fused = False, True
+
+    def __init__(self, fast):
+        self.fast, self.runs = fast, []
+
+    def run(self, x, *args):
+        self.runs.append(args)
+        return "run in Python"
+
+
+def kept_fused_route(x, wu, wd, **change):
+    """A fake fused route kept in fuser.ops._routes under the key of fuser.ffn(x, wu, wd, activation="relu"), with a
+    launch prepared for the fake current stream; returns it and the recorded launches."""
+    from fuser import ops
+    launched = []
+    f = dict(device=DEVICE, prepared={(STREAM, x.numel() // x.shape[-1], wu.data_ptr(), wd.data_ptr(), None):
+                                      ("scratch", "prepared launch")},
+             scratches={(DEVICE, STREAM): "scratch"}, same_shape=True, graphs_eager=False,
+             run=lambda *a: launched.append(a), empty_like=torch.empty_like)
+    f.update(change)
+    r = _FusedRoute(tuple(f.values()))
+    ops._routes[_C.ffn_key(x, wu, wd, None, None, None, None, "relu")] = r
+    return r, launched
+
+
+@pytest.fixture
+def ffn_tensors():
+    from fuser import ops
+    torch.manual_seed(1)
+    x, wu, wd = aligned(), torch.randn(48, 16).bfloat16(), torch.randn(16, 48).bfloat16()
+    yield x, wu, wd
+    ops._routes.clear()
+
+
+@pytest.mark.parametrize("entry", ["fuser.ffn", "torch.ops.fuser.ffn"])
+def test_a_kept_fused_routes_prepared_launch_runs_in_the_kept_call(entry, fake_cuda, ffn_tensors):
+    import fuser
+    x, wu, wd = ffn_tensors
+    r, launched = kept_fused_route(x, wu, wd)
+    with torch.no_grad():
+        y = (fuser.ffn(x, wu, wd, activation="relu") if entry == "fuser.ffn" else
+             torch.ops.fuser.ffn(x, wu, wd, None, None, None, None, "relu"))
+    assert not r.runs and len(launched) == 1
+    prepared, xa, ya, up, down, gate, *biases = launched[0]
+    assert prepared == "prepared launch" and xa is x and ya is y and y.shape == x.shape
+    assert (up, down, gate, biases) == (wu.data_ptr(), wd.data_ptr(), None, [None, None, None])
+
+
+FUSED_DECLINES = ["FUSER_DISABLE", "grad through x", "grad through a weight", "another device", "another stream",
+                  "the scratch replaced", "a capture on a host-bound route", "y of another shape", "out=",
+                  "other weights"]
+
+
+@pytest.mark.parametrize("why", FUSED_DECLINES)
+def test_a_kept_fused_route_runs_in_python_where_its_run_must_decide(why, fake_cuda, ffn_tensors, monkeypatch):
+    import fuser
+    x, wu, wd = ffn_tensors
+    change = {"y of another shape": {"same_shape": False}, "a capture on a host-bound route": {"graphs_eager": True}}
+    r, launched = kept_fused_route(x, wu, wd, **change.get(why, {}))
+    fake_cuda["capturing"] = why == "a capture on a host-bound route"
+    if why == "FUSER_DISABLE":
+        monkeypatch.setenv("FUSER_DISABLE", "1")
+    if why == "another device":
+        fake_cuda["device"] = DEVICE + 1
+    if why == "another stream":
+        fake_cuda["stream"] = STREAM + 1
+    if why == "the scratch replaced":
+        r.fast[2][(DEVICE, STREAM)] = "another scratch"
+    if why == "other weights":                  # the same route key, no launch prepared for their addresses
+        wu, wd = wu.clone(), wd.clone()
+    grad = why.startswith("grad")
+    if why == "grad through x":
+        x.requires_grad_()
+    if why == "grad through a weight":
+        wd.requires_grad_()
+    out = torch.empty_like(x) if why == "out=" else None
+    with torch.set_grad_enabled(grad):
+        y = fuser.ffn(x, wu, wd, activation="relu", out=out)
+    assert not launched and len(r.runs) == 1 and (y == "run in Python" or y is out), why
