@@ -330,8 +330,9 @@ PyObject *fuser_py_zero_bias_info(PyObject *module, PyObject *noargs)
  * g and out compact with out [..., d_out] over g's rows, g of at least 2 dimensions (the out= form resizes a 1-D
  * out), and with a bias at most 3 (linear runs a 3-D input with a bias as one addmm over its rows, its out= form
  * as a matmul and an add, so that input is passed as its 2-D view; inputs of more dimensions with a bias run as
- * one addmm on some torch versions and as a matmul and an add on others). Then out (new reference); Py_None (new
- * reference) where not; NULL with an exception set. */
+ * one addmm on some torch versions and as a matmul and an add on others). A 2-D g (the rows of a flattened
+ * input: lt_ffn) fills an out of any other shape over the same rows through out's 2-D view. Then out (new
+ * reference); Py_None (new reference) where not; NULL with an exception set. */
 static PyObject *down_into(fuser_state *st, PyObject *linear, PyObject *g, PyObject *w, PyObject *b, PyObject *out)
 {
     PyObject *reg = fuser_down_out_linear();
@@ -345,10 +346,15 @@ static PyObject *down_into(fuser_state *st, PyObject *linear, PyObject *g, PyObj
     fuser_held h[2];
     memset(h, 0, sizeof h);
     fuser_tensor tg, to;
-    const int fits = compact(st, g, &tg, &h[0]) && compact(st, out, &to, &h[1]) && tg.ndim >= 2 &&
-                     (b == Py_None || tg.ndim <= 3) && to.ndim == tg.ndim && tg.dtype == to.dtype &&
+    const int both = compact(st, g, &tg, &h[0]) && compact(st, out, &to, &h[1]) && tg.ndim >= 2 &&
+                     tg.dtype == to.dtype && (b == Py_None || tg.ndim <= 3);
+    int64_t rows_out = 1;
+    for (int i = 0; both && i + 1 < to.ndim; i++)
+        rows_out *= to.shape[i];
+    const int same = both && to.ndim == tg.ndim &&
                      memcmp(tg.shape, to.shape, sizeof(int64_t) * (size_t)(tg.ndim - 1)) == 0;
-    const int flat = fits && b != Py_None && tg.ndim == 3;
+    const int fits = same || (both && tg.ndim == 2 && to.ndim != 2 && rows_out == tg.shape[0]);
+    const int flat = fits && (!same || (b != Py_None && tg.ndim == 3));
     const int64_t n = fits ? tg.shape[tg.ndim - 1] : 0, l = fits ? to.shape[to.ndim - 1] : 0;
     fuser_release(&h[0]);
     fuser_release(&h[1]);
