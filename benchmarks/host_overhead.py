@@ -252,8 +252,8 @@ def fused_variants(m=16, d=256, f=512):
     if kept.signature is not None:   # x and the weights checked in one C call (torch's DLPack exchange API)
         variants["| kept check"] = lambda: _C.kept_match(x, kept.signature, kept.weights.held, kept.weights.layout)
     if kept.fast is not None:        # the module's checks, the launch's and the launch in one C call
-        d = module.__dict__
-        variants["| kept launch (C)"] = lambda: _C.kept_launch(d, x, kept.fast)
+        slots = module.__dict__
+        variants["| kept launch (C)"] = lambda: _C.kept_launch(slots, x, kept.fast)
     return plan, variants
 
 
