@@ -33,14 +33,45 @@
 #   targets build, one harness run of every workload the issues' speed targets name (`fuser bench --set targets`;
 #          RUN=a or b names it) and its scorecard (`--score`)
 #   all    check and bench, one after the other (a machine without a 10-minute limit)
+#   queue  the stages in QUEUE (words STAGE or STAGE:VAR=VALUE, e.g. "host zerobias cells:CELLS=margin"), in order,
+#          each started only where its usual time (STAGE_SECONDS below) fits in what is left of BUDGET seconds (540):
+#          a call that a refusal or a slow start shortened still brings back every stage it finished, each as its
+#          own archive, with the summaries one after another in $OUT/gpu.txt
 # Logs go to $OUT/results-<stage>.tgz (OUT defaults to ./gpu-out), the one-line summaries to $OUT/gpu.txt.
-#     bash benchmarks/gpu_session.sh check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|zerobias|cells|host|targets|all
+#     bash benchmarks/gpu_session.sh check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|zerobias|cells|host|targets|all|queue
 set -uo pipefail
 STAGE=${1:-all}
-STAGES="check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|zerobias|cells|host|targets|all"
+STAGES="check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|zerobias|cells|host|targets|all|queue"
 case "|$STAGES|" in *"|$STAGE|"*) ;; *) echo "usage: $0 $STAGES" >&2; exit 2;; esac
-cd "$(dirname "$0")/.."
-FINAL=${OUT:-gpu-out}
+SELF=$(readlink -f "$0")
+cd "$(dirname "$SELF")/.."
+FINAL=$(mkdir -p "${OUT:-gpu-out}" && readlink -f "${OUT:-gpu-out}")
+# Seconds each stage usually takes on the H200 or an H100 (build included), for the queue's budget.
+declare -A STAGE_SECONDS=([check]=330 [bench]=480 [fit]=560 [prefill]=420 [epilogue]=420 [trace]=300 [pairs]=450
+    [onephase]=360 [eager]=480 [zerobias]=160 [cells]=290 [host]=260 [targets]=560)
+if [ "$STAGE" = queue ]; then
+    mkdir -p "$FINAL"
+    start=$SECONDS budget=${BUDGET:-540}
+    : > "$FINAL/queue.txt"
+    for item in ${QUEUE:?QUEUE names the stages to run, e.g. QUEUE="host zerobias"}; do
+        name=${item%%:*} setting=$([ "$item" = "${item#*:}" ] || echo "${item#*:}")
+        est=${STAGE_SECONDS[$name]:-}
+        left=$((budget - (SECONDS - start)))
+        if [ -z "$est" ] || [ "$name" = queue ] || [ "$name" = all ]; then
+            echo "queue: $item is not a stage the queue runs" | tee -a "$FINAL/queue.txt"; continue
+        fi
+        if [ "$est" -gt "$left" ]; then
+            echo "queue: $item left out (usually ${est} s, ${left} s left)" | tee -a "$FINAL/queue.txt"; continue
+        fi
+        echo "== queue: $item (${left} s left)" | tee -a "$FINAL/queue.txt"
+        env ${setting:+"$setting"} OUT="$FINAL" bash "$SELF" "$name" > "$FINAL/stage.log" 2>&1
+        echo "queue: $item rc $? in $((SECONDS - start - (budget - left))) s" | tee -a "$FINAL/queue.txt"
+        cat "$FINAL/gpu.txt" >> "$FINAL/queue.txt" 2>/dev/null
+        rm -f "$FINAL/gpu.txt" "$FINAL/stage.log"
+    done
+    mv "$FINAL/queue.txt" "$FINAL/gpu.txt"
+    exit 0
+fi
 OUT=$FINAL/r
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -120,7 +151,7 @@ if [ "$STAGE" = cells ]; then
                 | cut -c1-200 >> "$OUT/gpu.txt"
         done
     done
-    finish cells
+    finish "cells${CELLS:+-$CELLS}"
 fi
 if [ "$STAGE" = host ]; then
     timeout 480 python3 benchmarks/host_overhead.py --set quick --clock thread --rounds ${ROUNDS:-31} --pieces \
