@@ -148,7 +148,7 @@ out:
     return rc;
 }
 
-static PyObject *down(fuser_state *st, PyObject *linear, PyObject *const *c, PyObject *out);
+static PyObject *down(fuser_state *st, PyObject *linear, PyObject *const *c, PyObject *out, PyObject *lead);
 
 /* Zero biases, for a plain chain without b_up whose activation goes into the up GEMM's epilogue all the same:
  * torch._addmm_activation takes the epilogue only with a bias, and adding zeros changes no value. One per
@@ -260,7 +260,7 @@ static PyObject *lt_ffn(fuser_state *st, PyObject *linear, PyObject *act, PyObje
     PyObject *args[4] = {bias, x2, wt, a == FUSER_ACT_GELU_TANH ? Py_True : Py_False};
     h = kwnames ? PyObject_Vectorcall(op, args, 3, kwnames) : NULL;
     PyObject *c[3] = {h, t[2], t[6]};
-    y = h ? down(st, linear, c, dst) : NULL;
+    y = h ? down(st, linear, c, dst, shape) : NULL;
     if (!y || nd == 2 || (dst && y == dst)) {
         out = y;
         y = NULL;
@@ -330,10 +330,12 @@ PyObject *fuser_py_zero_bias_info(PyObject *module, PyObject *noargs)
  * g and out compact with out [..., d_out] over g's rows, g of at least 2 dimensions (the out= form resizes a 1-D
  * out), and with a bias at most 3 (linear runs a 3-D input with a bias as one addmm over its rows, its out= form
  * as a matmul and an add, so that input is passed as its 2-D view; inputs of more dimensions with a bias run as
- * one addmm on some torch versions and as a matmul and an add on others). A 2-D g (the rows of a flattened
- * input: lt_ffn) fills an out of any other shape over the same rows through out's 2-D view. Then out (new
- * reference); Py_None (new reference) where not; NULL with an exception set. */
-static PyObject *down_into(fuser_state *st, PyObject *linear, PyObject *g, PyObject *w, PyObject *b, PyObject *out)
+ * one addmm on some torch versions and as a matmul and an add on others). `lead`: NULL, or the shape (a tuple)
+ * of the input whose rows a 2-D g holds (lt_ffn flattens x): then out [..., d_out] over that shape's leading
+ * dimensions is filled through its 2-D view. Then out (new reference); Py_None (new reference) where not; NULL
+ * with an exception set. */
+static PyObject *down_into(fuser_state *st, PyObject *linear, PyObject *g, PyObject *w, PyObject *b, PyObject *out,
+                           PyObject *lead)
 {
     PyObject *reg = fuser_down_out_linear();
     if (!reg || linear != reg)
@@ -348,12 +350,22 @@ static PyObject *down_into(fuser_state *st, PyObject *linear, PyObject *g, PyObj
     fuser_tensor tg, to;
     const int both = compact(st, g, &tg, &h[0]) && compact(st, out, &to, &h[1]) && tg.ndim >= 2 &&
                      tg.dtype == to.dtype && (b == Py_None || tg.ndim <= 3);
-    int64_t rows_out = 1;
-    for (int i = 0; both && i + 1 < to.ndim; i++)
-        rows_out *= to.shape[i];
     const int same = both && to.ndim == tg.ndim &&
                      memcmp(tg.shape, to.shape, sizeof(int64_t) * (size_t)(tg.ndim - 1)) == 0;
-    const int fits = same || (both && tg.ndim == 2 && to.ndim != 2 && rows_out == tg.shape[0]);
+    int over_lead = both && !same && lead && tg.ndim == 2 && PyTuple_Check(lead) &&
+                    PyTuple_GET_SIZE(lead) == to.ndim;
+    int64_t rows = 1;
+    for (int i = 0; over_lead && i + 1 < to.ndim; i++) {
+        const long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(lead, i));
+        if (v == -1 && PyErr_Occurred()) {
+            fuser_release(&h[0]);
+            fuser_release(&h[1]);
+            return NULL;
+        }
+        over_lead = v == to.shape[i];
+        rows *= v;
+    }
+    const int fits = same || (over_lead && rows == tg.shape[0]);
     const int flat = fits && (!same || (b != Py_None && tg.ndim == 3));
     const int64_t n = fits ? tg.shape[tg.ndim - 1] : 0, l = fits ? to.shape[to.ndim - 1] : 0;
     fuser_release(&h[0]);
@@ -385,11 +397,11 @@ static PyObject *down_into(fuser_state *st, PyObject *linear, PyObject *g, PyObj
 }
 
 /* linear(g, w_down, b_down) (c: g, w_down, b_down), into `out` where down_into can (out: NULL or None for a new
- * tensor): y (out where written there), or NULL with an exception set. */
-static PyObject *down(fuser_state *st, PyObject *linear, PyObject *const *c, PyObject *out)
+ * tensor; lead as down_into's): y (out where written there), or NULL with an exception set. */
+static PyObject *down(fuser_state *st, PyObject *linear, PyObject *const *c, PyObject *out, PyObject *lead)
 {
     if (out && out != Py_None) {
-        PyObject *y = down_into(st, linear, c[0], c[1], c[2], out);
+        PyObject *y = down_into(st, linear, c[0], c[1], c[2], out, lead);
         if (y != Py_None)
             return y;
         Py_DECREF(y);
@@ -451,7 +463,7 @@ static PyObject *run_eager(fuser_state *st, PyObject *linear, PyObject *act, PyO
     if (!g)
         return NULL;
     PyObject *c[3] = {g, t[2], t[6]};
-    PyObject *y = down(st, linear, c, out);
+    PyObject *y = down(st, linear, c, out, NULL);
     Py_DECREF(g);
     return y;
 }

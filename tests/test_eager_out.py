@@ -108,6 +108,35 @@ def test_fuser_ffn_on_the_eager_route_fills_out_without_a_copy(gated):
         fuser.ffn(activation=act, out=out, **dict(t, w_down=t["w_down"].clone().requires_grad_()))
 
 
+class _CudaLooking(torch.Tensor):
+    """A CPU tensor whose ``is_cuda`` says True, every op that of a plain tensor: the eager route's cuBLASLt
+    epilogue step (taken for CUDA inputs only) then runs on the CPU's ``torch._addmm_activation``."""
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+@pytest.mark.parametrize("lead", [(5,), (2, 3), (2, 2, 3)])
+def test_an_epilogue_chain_writes_out_over_xs_leading_shape(lead):
+    """The epilogue step flattens x to its rows, so its down projection's input is 2-D: an out of x's leading
+    shape is filled through its 2-D view, bit for bit the call without out; an out over the same rows in another
+    shape is not x's and gets nothing (a new tensor)."""
+    t = tensors(lead, False, True, seed=3)
+    t["x"] = t["x"].as_subclass(_CudaLooking)
+    args = [t[k] for k in ORDER]
+    with torch.no_grad():
+        want, seen = ops_seen(lambda: _C.eager(F.linear, ACTIVATIONS["relu"], *args))
+        out = torch.full(want.shape, float("nan"))
+        y, seen_out = ops_seen(lambda: _C.eager(F.linear, ACTIVATIONS["relu"], *args, out))
+        other = torch.full((*lead[::-1], 24) if len(lead) > 1 else (1, 5, 24), float("nan"))
+        z = _C.eager(F.linear, ACTIVATIONS["relu"], *args, other)
+    assert seen.get("aten::_addmm_activation") == 1 == seen_out.get("aten::_addmm_activation"), (seen, seen_out)
+    assert want.shape == (*lead, 24) and y is out and torch.equal(out, want)
+    assert z is not other and torch.equal(z, want) and other.isnan().all()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(77,), (2, 64)])
 @pytest.mark.parametrize("gated,act,bias", [(False, "gelu", False), (False, "relu", True), (False, "gelu_tanh", True),
