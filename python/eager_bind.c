@@ -152,13 +152,14 @@ static PyObject *down(fuser_state *st, PyObject *linear, PyObject *const *c, PyO
 
 /* Zero biases, for a plain chain without b_up whose activation goes into the up GEMM's epilogue all the same:
  * torch._addmm_activation takes the epilogue only with a bias, and adding zeros changes no value. One per
- * (device, dtype, d_ff), made by the registered maker (zero_bias_setup: None while the caller's stream captures a
- * graph, whose private pool the tensor would live in) and kept for the process, so that a graph which captured a
- * call reads it at every replay. `zb_min_tokens`: the fewest token rows that take it (0: none; torch runs
+ * (device kind and index, dtype, d_ff), made by the registered maker (zero_bias_setup: None while the caller's
+ * stream captures a graph, whose private pool the tensor would live in) and kept for the process, so that a
+ * graph which captured a call reads it at every replay. `zb_min_tokens`: the fewest token rows that take it (0: none; torch runs
  * _addmm_activation through cuBLASLt from 2 rows, and below copies the bias into the result first, a kernel the
  * ops do not have). The GIL guards the table. */
 #define ZERO_BIASES 64
 static struct {
+    fuser_device_kind kind;
     int device;
     fuser_dtype dtype;
     int64_t n;
@@ -179,7 +180,7 @@ static PyObject *zero_bias(fuser_state *st, PyObject *w_up)
     if (!ok || !zb_make)
         return Py_None;
     for (int i = 0; i < zb_count; i++)
-        if (zb[i].device == w.device_id && zb[i].dtype == w.dtype && zb[i].n == w.shape[0])
+        if (zb[i].kind == w.device && zb[i].device == w.device_id && zb[i].dtype == w.dtype && zb[i].n == w.shape[0])
             return zb[i].t;
     if (zb_count == ZERO_BIASES)
         return Py_None;
@@ -188,6 +189,7 @@ static PyObject *zero_bias(fuser_state *st, PyObject *w_up)
         Py_XDECREF(z);
         return z ? Py_None : NULL;
     }
+    zb[zb_count].kind = w.device;
     zb[zb_count].device = w.device_id;
     zb[zb_count].dtype = w.dtype;
     zb[zb_count].n = w.shape[0];

@@ -47,6 +47,17 @@ def rel_error(y, ref):
     return float((y - ref).norm() / ref.norm().clamp_min(1e-300))
 
 
+class CudaLooking(torch.Tensor):
+    """A CPU tensor whose ``is_cuda`` says True, every op that of a plain tensor (``x.as_subclass(CudaLooking)``):
+    the eager route's steps taken for CUDA inputs only (the up GEMM's cuBLASLt epilogue, the zero bias) then run
+    on the CPU's ops, ``torch._addmm_activation`` among them, so that CI checks their C paths."""
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @property
+    def is_cuda(self):
+        return True
+
+
 @pytest.fixture
 def op_calls(monkeypatch):
     """A list that records the activation of every call that takes fuser's general route

@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import fuser
 from fuser import _C, route, runtime
 from fuser.reference import ACTIVATIONS, eager
-from conftest import rel_error
+from conftest import CudaLooking, rel_error
 
 
 def ops_seen(fn):
@@ -101,6 +101,42 @@ def test_off_cuda_a_bias_free_chain_runs_the_ops_and_makes_no_zero_bias(zero_bia
     assert torch.equal(y, eager(x, wu, wd, None, None, None, None, ACTIVATIONS["relu"]))
 
 
+@pytest.mark.parametrize("shape", [(), (1,), (2,), (1, 1, 3), (2, 7)])
+@pytest.mark.parametrize("act", ["relu", "gelu_tanh"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_zero_bias_path_on_cuda_looking_cpu_tensors(shape, act, dtype, zero_bias_from):
+    """The zero-bias epilogue's C path (the rows, the threshold, the kept zeros, the down projection) on the CPU's
+    ``_addmm_activation``: from 2 rows the bits of ``_addmm_activation`` over zeros then linear, below the ops."""
+    zero_bias_from(2)
+    x, wu, wd, _, _ = tensors(act_bias=False, dtype=dtype, shape=shape, f=96 + 8 * 13, seed=7)
+    with torch.no_grad():
+        y, seen = ops_seen(lambda: _C.eager(F.linear, ACTIVATIONS[act], x.as_subclass(CudaLooking), wu, wd, None,
+                                            None, None, None))
+        ops = eager(x, wu, wd, None, None, None, None, ACTIVATIONS[act])
+    assert type(y) is torch.Tensor and y.shape == ops.shape
+    if x.numel() // x.shape[-1] < 2:
+        assert "aten::_addmm_activation" not in seen and torch.equal(y, ops), seen
+        return
+    assert "aten::_addmm_activation" in seen, seen     # (on the CPU it runs its activation as relu_ / gelu_)
+    assert torch.equal(y, _zero_bias_want(x, wu, wd, act))
+
+
+def test_on_cuda_looking_cpu_tensors_a_zero_bias_is_made_once_per_length_and_dtype(zero_bias_from):
+    made = []
+    zero_bias_from(64, lambda w: made.append((w.shape[0], w.dtype, w.device.type)) or runtime.zero_bias(w))
+    f = 96 + 8 * 15
+    for dtype in (torch.float32, torch.bfloat16):
+        for m in (32, 63, 64, 200, 64):
+            x, wu, wd, _, _ = tensors(act_bias=False, dtype=dtype, shape=(m,), f=f, seed=m)
+            with torch.no_grad():
+                y, seen = ops_seen(lambda: _C.eager(F.linear, ACTIVATIONS["relu"], x.as_subclass(CudaLooking), wu,
+                                                    wd, None, None, None, None))
+            assert ("aten::_addmm_activation" in seen) == (m >= 64), (m, seen)
+            assert torch.equal(y, _zero_bias_want(x, wu, wd, "relu") if m >= 64 else
+                               eager(x, wu, wd, None, None, None, None, ACTIVATIONS["relu"]))
+    assert made == [(f, torch.float32, "cpu"), (f, torch.bfloat16, "cpu")]
+
+
 # ---- a plain chain's activation in place ------------------------------------------------------------------
 
 IN_PLACE = {"relu": "aten::relu_", "gelu": "aten::gelu_", "gelu_tanh": "aten::gelu_", "silu": "aten::silu_"}
@@ -177,50 +213,65 @@ def test_gate_setup_checks_the_in_place_forms():
         runtime.register_eager_hooks()
 
 
-# ---- on a Hopper GPU -------------------------------------------------------------------------------------
+# ---- the epilogue, on a Hopper GPU and on CUDA-looking CPU tensors -----------------------------------------
 
-@pytest.mark.gpu
+# Each test below runs on a Hopper GPU and, for CI, on CPU tensors whose is_cuda says True (conftest.CudaLooking):
+# the same C path over the CPU's _addmm_activation, which runs its activation as relu_ / gelu_ inside.
+WHERE = [pytest.param("cuda", marks=pytest.mark.gpu), "cuda-looking cpu"]
+
+
+def placed(where, x):
+    """x as the test passes it: a CUDA tensor as it is, a CPU one as a CudaLooking."""
+    return x if where == "cuda" else x.as_subclass(CudaLooking)
+
+
+@pytest.mark.parametrize("where", WHERE)
 @pytest.mark.parametrize("shape", [(), (5,), (2, 77), (1, 1, 3), (0,), (2, 0)])
 @pytest.mark.parametrize("act", ["relu", "gelu_tanh"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_the_epilogue_runs_with_addmm_activation_bits(shape, act, dtype):
-    x, wu, wd, bu, bd = tensors(device="cuda", dtype=dtype, shape=shape, d=256, f=1024, seed=1)
+def test_the_epilogue_runs_with_addmm_activation_bits(shape, act, dtype, where):
+    device = "cuda" if where == "cuda" else "cpu"
+    x, wu, wd, bu, bd = tensors(device=device, dtype=dtype, shape=shape, d=256, f=1024, seed=1)
     with torch.no_grad():
-        y, seen = ops_seen(lambda: _C.eager(F.linear, ACTIVATIONS[act], x, wu, wd, None, bu, None, bd))
+        y, seen = ops_seen(lambda: _C.eager(F.linear, ACTIVATIONS[act], placed(where, x), wu, wd, None, bu, None,
+                                            bd))
         x2 = x.reshape(-1, x.shape[-1])
         h = torch._addmm_activation(bu, x2, wu.t(), use_gelu=act == "gelu_tanh")
         want = F.linear(h, wd, bd).view(*x.shape[:-1], wd.shape[0])
         ops = eager(x, wu, wd, None, bu, None, bd, ACTIVATIONS[act])
         exact = eager(*(t.double() for t in (x, wu, wd)), None, bu.double(), None, bd.double(), ACTIVATIONS[act])
-    assert "aten::_addmm_activation" in seen and "aten::gelu" not in seen and "aten::relu" not in seen
-    assert y.shape == ops.shape and torch.equal(y, want)
+    assert "aten::_addmm_activation" in seen and (where != "cuda" or ("aten::gelu" not in seen and
+                                                                    "aten::relu" not in seen)), seen
+    assert type(y) is torch.Tensor and y.shape == ops.shape and torch.equal(y, want)
     # one rounding of H fewer than the ops: within the suite's bound of twice their error (bfloat16's H rounded
     # once or twice moves single outputs by a unit in the last place, more than a fixed tolerance allows)
     assert rel_error(y, exact) <= 2 * rel_error(ops, exact) + 1e-6, (rel_error(y, exact), rel_error(ops, exact))
 
 
-@pytest.mark.gpu
+@pytest.mark.parametrize("where", WHERE)
 @pytest.mark.parametrize("why", ["exact gelu", "silu", "no bias", "autograd", "autograd through x", "a dispatch mode",
                                  "FUSER_DISABLE"])
-def test_the_ops_run_where_the_epilogue_does_not_apply(why, monkeypatch):
+def test_the_ops_run_where_the_epilogue_does_not_apply(why, monkeypatch, where):
     class Seen(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
 
     act = {"exact gelu": "gelu", "silu": "silu"}.get(why, "relu")
-    x, wu, wd, bu, bd = tensors(act_bias=why != "no bias", device="cuda", dtype=torch.bfloat16, d=256, f=1024)
+    x, wu, wd, bu, bd = tensors(act_bias=why != "no bias", device="cuda" if where == "cuda" else "cpu",
+                                dtype=torch.bfloat16, d=256, f=1024)
     if why == "autograd":
         wu.requires_grad_()
     if why == "autograd through x":
         x.requires_grad_()
     if why == "FUSER_DISABLE":
         monkeypatch.setenv("FUSER_DISABLE", "1")
+    xp = placed(where, x)
 
     def call():
         if why == "a dispatch mode":
             with Seen():
-                return _C.eager(F.linear, ACTIVATIONS[act], x, wu, wd, None, bu, None, bd)
-        return _C.eager(F.linear, ACTIVATIONS[act], x, wu, wd, None, bu, None, bd)
+                return _C.eager(F.linear, ACTIVATIONS[act], xp, wu, wd, None, bu, None, bd)
+        return _C.eager(F.linear, ACTIVATIONS[act], xp, wu, wd, None, bu, None, bd)
     y, seen = ops_seen(call)
     assert "aten::_addmm_activation" not in seen, why
     assert torch.equal(y, eager(x, wu, wd, None, bu, None, bd, ACTIVATIONS[act])), why

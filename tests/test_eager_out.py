@@ -12,6 +12,7 @@ import fuser
 from fuser import _C
 from fuser.module import packed_gate_up
 from fuser.reference import ACTIVATIONS, eager
+from conftest import CudaLooking
 
 
 def ops_seen(fn):
@@ -108,23 +109,13 @@ def test_fuser_ffn_on_the_eager_route_fills_out_without_a_copy(gated):
         fuser.ffn(activation=act, out=out, **dict(t, w_down=t["w_down"].clone().requires_grad_()))
 
 
-class _CudaLooking(torch.Tensor):
-    """A CPU tensor whose ``is_cuda`` says True, every op that of a plain tensor: the eager route's cuBLASLt
-    epilogue step (taken for CUDA inputs only) then runs on the CPU's ``torch._addmm_activation``."""
-    __torch_function__ = torch._C._disabled_torch_function_impl
-
-    @property
-    def is_cuda(self):
-        return True
-
-
 @pytest.mark.parametrize("lead", [(5,), (2, 3), (2, 2, 3)])
 def test_an_epilogue_chain_writes_out_over_xs_leading_shape(lead):
     """The epilogue step flattens x to its rows, so its down projection's input is 2-D: an out of x's leading
     shape is filled through its 2-D view, bit for bit the call without out; an out over the same rows in another
     shape is not x's and gets nothing (a new tensor)."""
     t = tensors(lead, False, True, seed=3)
-    t["x"] = t["x"].as_subclass(_CudaLooking)
+    t["x"] = t["x"].as_subclass(CudaLooking)
     args = [t[k] for k in ORDER]
     with torch.no_grad():
         want, seen = ops_seen(lambda: _C.eager(F.linear, ACTIVATIONS["relu"], *args))
