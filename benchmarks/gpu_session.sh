@@ -22,7 +22,7 @@
 #   eager  build, the eager route's GPU tests (packed gate-and-up GEMM, cuBLASLt epilogue, gate kernel, kept
 #          routes, the exchange API), memcheck on the gate kernel, benchmarks/eager_gate.py and eager_epilogue.py,
 #          and the FP8 picks at 576 tokens beside PyTorch's FP8 ops (fp8_decode.py)
-#   zerobias build, the zero-bias epilogue's GPU tests, then benchmarks/eager_epilogue.py --zero-bias twice: bias-free
+#   zerobias build, the zero-bias epilogue's and out='s GPU tests, then benchmarks/eager_epilogue.py --zero-bias twice: bias-free
 #          ReLU chains (the paper's G4-G10, T5's) on fuser's eager route with the up GEMM's epilogue over a zero bias
 #          switched on, beside the ops (docs/kernels.md, "Next kernels" 12)
 #   cells  build, `pick_diff.py time --route` twice on each committed cells file (benchmarks/results/*-cells.json:
@@ -130,8 +130,8 @@ if [ "$STAGE" = eager ]; then
     finish eager
 fi
 if [ "$STAGE" = zerobias ]; then
-    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_eager_epilogue.py tests/test_host_bound.py \
-        2>&1 | tail -30 > "$OUT/pytest_zero_bias.log"
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_eager_epilogue.py tests/test_eager_out.py \
+        tests/test_host_bound.py 2>&1 | tail -30 > "$OUT/pytest_zero_bias.log"
     echo "pytest zero bias rc ${PIPESTATUS[0]} $(grep -E '(passed|failed|error)' "$OUT/pytest_zero_bias.log" | tail -1)" \
         | tee -a "$OUT/gpu.txt"
     for run in a b; do
