@@ -34,7 +34,7 @@
 #          RUN=a or b names it) and its scorecard (`--score`)
 #   all    check and bench, one after the other (a machine without a 10-minute limit)
 #   queue  the stages in QUEUE (words STAGE or STAGE:VAR=VALUE, e.g. "host zerobias cells:CELLS=margin"), in order,
-#          each started only where its usual time (STAGE_SECONDS below) fits in what is left of BUDGET seconds (540):
+#          each started only where its usual time (STAGE_SECONDS below) fits in what is left of BUDGET seconds (570):
 #          a call that a refusal or a slow start shortened still brings back every stage it finished, each as its
 #          own archive, with the summaries one after another in $OUT/gpu.txt
 # Logs go to $OUT/results-<stage>.tgz (OUT defaults to ./gpu-out), the one-line summaries to $OUT/gpu.txt.
@@ -48,10 +48,10 @@ cd "$(dirname "$SELF")/.."
 FINAL=$(mkdir -p "${OUT:-gpu-out}" && readlink -f "${OUT:-gpu-out}")
 # Seconds each stage usually takes on the H200 or an H100 (build included), for the queue's budget.
 declare -A STAGE_SECONDS=([check]=330 [bench]=480 [fit]=560 [prefill]=420 [epilogue]=420 [trace]=300 [pairs]=450
-    [onephase]=360 [eager]=480 [zerobias]=160 [cells]=290 [host]=260 [targets]=560)
+    [onephase]=360 [eager]=480 [zerobias]=160 [cells]=240 [host]=260 [targets]=560)
 if [ "$STAGE" = queue ]; then
     mkdir -p "$FINAL"
-    start=$SECONDS budget=${BUDGET:-540}
+    start=$SECONDS budget=${BUDGET:-570}
     : > "$FINAL/queue.txt"
     for item in ${QUEUE:?QUEUE names the stages to run, e.g. QUEUE="host zerobias"}; do
         name=${item%%:*} setting=$([ "$item" = "${item#*:}" ] || echo "${item#*:}")
