@@ -44,6 +44,30 @@ BIASLESS = {"G4": (768, 3072, "relu"), "G6": (1024, 4096, "relu"), "G7": (768, 7
 BIASLESS_CELLS = ("G4:128", "G6:128", "G7:128", "G8:128", "G9:128", "G10:128", "G4:1", "G4:16", "t5-large:1",
                   "t5-large:16", "t5-large:512", "t5-large:2048", "t5-3b:2048")
 L2_BYTES = 60e6
+#: a cell loses where fuser's time is this much over the ops' (ratios of medians move by ~1% between runs)
+LOSS_TOLERANCE = 0.01
+
+
+def zero_bias_verdict(cells):
+    """From timed --zero-bias cells ({name: {"ops": us, "fuser": us, ...}}, names MODEL:TOKENS): the token rows
+    from which to take the zero bias (2 where no cell loses, else the least timed count above every losing cell's;
+    None where the largest still loses), and the worst cell as (name, ops / fuser), so that
+    ``runtime.ZERO_BIAS_MIN_TOKENS`` is set from the measurement. Cells of one token are left out: the zero bias
+    never applies there (torch would copy it into the result first), so fuser ran the ops.
+
+    Example:
+        >>> zero_bias_verdict({"G4:1": {"ops": 10.0, "fuser": 11.0}, "G4:2": {"ops": 10.0, "fuser": 10.5},
+        ...                    "G4:16": {"ops": 10.0, "fuser": 9.0}, "G4:128": {"ops": 20.0, "fuser": 17.0}})
+        (16, ('G4:2', 0.952))
+    """
+    tokens = {n: int(n.rsplit(":", 1)[1]) for n in cells}
+    speed = {n: c["ops"] / c["fuser"] for n, c in cells.items() if tokens[n] >= 2}
+    if not speed:
+        return None, None
+    worst = min(speed, key=speed.get)
+    losing = [tokens[n] for n, v in speed.items() if v < 1 - LOSS_TOLERANCE]
+    above = sorted(tokens[n] for n in speed if losing and tokens[n] > max(losing))
+    return (2 if not losing else above[0] if above else None), (worst, round(speed[worst], 3))
 
 
 def cell(name, rounds, compile_too, zero_bias=False):
@@ -129,6 +153,13 @@ def main(argv=None):
     finally:
         if was is not None:
             _C.zero_bias_setup(*was)
+    verdict = zero_bias_verdict(res["cells"]) if a.zero_bias else (None, None)
+    if verdict[1]:
+        t, (name, speed) = verdict
+        res["min_tokens"] = t
+        print(f"zero bias: worst cell {name} at {speed:.3f}x the ops; "
+              + (f"none over {LOSS_TOLERANCE:.0%} slower than the ops from {t} tokens: ZERO_BIAS_MIN_TOKENS = {t}"
+                 if t else "a cell loses at every token count: leave ZERO_BIAS_MIN_TOKENS = 0"))
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(res, fh, indent=1)

@@ -16,6 +16,26 @@ import fuser
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+def test_the_zero_bias_benchmark_names_the_threshold_from_which_no_cell_loses():
+    """eager_epilogue.py --zero-bias ends with the token count to set ZERO_BIAS_MIN_TOKENS to: 2 where no cell is
+    more than 1% slower than the ops, else the least timed count above every losing cell's; one-token cells (the
+    ops there by design) left out."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import eager_epilogue
+    finally:
+        sys.path.pop(0)
+    v = eager_epilogue.zero_bias_verdict
+
+    def cells(**ratios):   # MODEL_TOKENS=ops/fuser -> timed cells
+        return {k.replace("_", ":"): {"ops": 10.0 * r, "fuser": 10.0} for k, r in ratios.items()}
+    assert v(cells(G4_1=0.5, G4_16=1.1, G4_128=1.05, t5_2048=1.02)) == (2, ("t5:2048", 1.02))
+    assert v(cells(G4_2=0.95, G4_16=1.1, G4_128=0.995)) == (16, ("G4:2", 0.95))     # within 1%: no loss
+    assert v(cells(G4_16=0.9, G4_128=1.1, t5_16=1.2, t5_512=0.97, t5_2048=1.0)) == (2048, ("G4:16", 0.9))
+    assert v(cells(G4_16=1.1, t5_2048=0.98)) == (None, ("t5:2048", 0.98))           # the largest still loses
+    assert v(cells(G4_1=0.9)) == (None, None)
+
+
 def test_host_overhead_loops_never_outrun_the_gpu_sleep():
     """A loop of large FFNs (LLaMA-3-8B at 2048 tokens: ~790 us of GPU time each) queued 118 ms behind a
     ~100 ms sleep and timed the GPU; loops now hold at most 40 ms of GPU time."""
