@@ -22,9 +22,9 @@
 #   eager  build, the eager route's GPU tests (packed gate-and-up GEMM, cuBLASLt epilogue, gate kernel, kept
 #          routes, the exchange API), memcheck on the gate kernel, benchmarks/eager_gate.py and eager_epilogue.py,
 #          and the FP8 picks at 576 tokens beside PyTorch's FP8 ops (fp8_decode.py)
-#   zerobias build, the zero-bias epilogue's and out='s GPU tests, then benchmarks/eager_epilogue.py --zero-bias twice: bias-free
-#          ReLU chains (the paper's G4-G10, T5's) on fuser's eager route with the up GEMM's epilogue over a zero bias
-#          switched on, beside the ops (docs/kernels.md, "Next kernels" 12)
+#   zerobias build, the zero-bias epilogue's and out='s GPU tests, then benchmarks/eager_epilogue.py --zero-bias
+#          twice: bias-free ReLU chains (the paper's G4-G10, T5's) on fuser's eager route with the up GEMM's
+#          epilogue over a zero bias switched on, beside the ops (docs/kernels.md, "Next kernels" 12)
 #   cells  build, `pick_diff.py time --route` twice on each committed cells file (benchmarks/results/*-cells.json:
 #          a model or search change's picks beside the old ones, eager and fuser's eager route; CELLS=NAME
 #          takes the files whose name holds NAME)
@@ -38,7 +38,8 @@
 #          a call that a refusal or a slow start shortened still brings back every stage it finished, each as its
 #          own archive, with the summaries one after another in $OUT/gpu.txt
 # Logs go to $OUT/results-<stage>.tgz (OUT defaults to ./gpu-out), the one-line summaries to $OUT/gpu.txt.
-#     bash benchmarks/gpu_session.sh check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|zerobias|cells|host|targets|all|queue
+#     bash benchmarks/gpu_session.sh \
+#         check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|zerobias|cells|host|targets|all|queue
 set -uo pipefail
 STAGE=${1:-all}
 STAGES="check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|zerobias|cells|host|targets|all|queue"

@@ -154,9 +154,9 @@ static PyObject *down(fuser_state *st, PyObject *linear, PyObject *const *c, PyO
  * torch._addmm_activation takes the epilogue only with a bias, and adding zeros changes no value. One per
  * (device kind and index, dtype, d_ff), made by the registered maker (zero_bias_setup: None while the caller's
  * stream captures a graph, whose private pool the tensor would live in) and kept for the process, so that a
- * graph which captured a call reads it at every replay. `zb_min_tokens`: the fewest token rows that take it (0: none; torch runs
- * _addmm_activation through cuBLASLt from 2 rows, and below copies the bias into the result first, a kernel the
- * ops do not have). The GIL guards the table. */
+ * graph which captured a call reads it at every replay. `zb_min_tokens`: the fewest token rows that take it (0:
+ * none; torch runs _addmm_activation through cuBLASLt from 2 rows, and below copies the bias into the result
+ * first, a kernel the ops do not have). The GIL guards the table. */
 #define ZERO_BIASES 64
 static struct {
     fuser_device_kind kind;
