@@ -271,12 +271,12 @@ static PyObject *kept_route(PyObject *module, PyObject *d, PyObject *x, PyObject
 
 /* FusedFFN's call slot (install_call): `m(x)` served by the module's kept route (the eager ops, or the kept
  * launch) without a Python frame, exactly where FusedFFN.__call__ would serve it from there (one input, no
- * keyword, not compiling, a kept route whose checks C reads); a call that route declines goes where __call__ would send it, nn.Module.__call__; every
- * other call goes to the class's __call__ as written in Python, which is also what `FusedFFN.__call__` names and
- * what torch.compile traces. The slot's
- * objects, one set per process: the extension module (its state), torch.compiler.is_compiling, and where
- * torch keeps the flag that function returns outside TorchScript (torch.compiler's `_is_compiling_flag`,
- * read directly: C code is never scripted), its module and name, or NULL to call the function. */
+ * keyword, not compiling, a kept route whose checks C reads); a call that route declines goes where __call__
+ * would send it, nn.Module.__call__; every other call goes to the class's __call__ as written in Python, which
+ * is also what `FusedFFN.__call__` names and what torch.compile traces. The slot's objects, one set per
+ * process: the extension module (its state), torch.compiler.is_compiling, and where torch keeps the flag that
+ * function returns outside TorchScript (torch.compiler's `_is_compiling_flag`, read directly: C code is never
+ * scripted), its module and name, or NULL to call the function. */
 static PyObject *slot_module, *slot_compiling, *slot_flag_owner, *slot_flag, *slot_nn_module;
 
 /* 1 where torch is compiling or exporting (torch.compiler.is_compiling()), 0 where not, -1 with an exception. */
