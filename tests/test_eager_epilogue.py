@@ -249,16 +249,18 @@ def test_the_epilogue_runs_with_addmm_activation_bits(shape, act, dtype, where):
 
 
 @pytest.mark.parametrize("where", WHERE)
-@pytest.mark.parametrize("why", ["exact gelu", "silu", "no bias", "autograd", "autograd through x", "a dispatch mode",
-                                 "FUSER_DISABLE"])
-def test_the_ops_run_where_the_epilogue_does_not_apply(why, monkeypatch, where):
+@pytest.mark.parametrize("why", ["exact gelu", "silu", "no bias, zero bias off", "no bias, one token", "autograd",
+                                 "autograd through x", "a dispatch mode", "FUSER_DISABLE"])
+def test_the_ops_run_where_the_epilogue_does_not_apply(why, monkeypatch, where, zero_bias_from):
     class Seen(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
 
     act = {"exact gelu": "gelu", "silu": "silu"}.get(why, "relu")
-    x, wu, wd, bu, bd = tensors(act_bias=why != "no bias", device="cuda" if where == "cuda" else "cpu",
-                                dtype=torch.bfloat16, d=256, f=1024)
+    zero_bias_from(0 if why == "no bias, zero bias off" else 2)
+    x, wu, wd, bu, bd = tensors(act_bias=not why.startswith("no bias"), device="cuda" if where == "cuda" else "cpu",
+                                dtype=torch.bfloat16, shape=(1,) if why.endswith("one token") else (2, 3), d=256,
+                                f=1024)
     if why == "autograd":
         wu.requires_grad_()
     if why == "autograd through x":
