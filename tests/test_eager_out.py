@@ -131,10 +131,11 @@ def test_an_epilogue_chain_writes_out_over_xs_leading_shape(lead):
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(77,), (2, 64)])
 @pytest.mark.parametrize("gated,act,bias", [(False, "gelu", False), (False, "relu", True), (False, "gelu_tanh", True),
-                                            (True, "silu", True), (True, "silu", False)])
+                                            (False, "relu", False), (True, "silu", True), (True, "silu", False)])
 def test_on_a_hopper_gpu_out_holds_the_routes_bits(shape, gated, act, bias):
-    """bf16 on the GPU: the epilogue path (ReLU / tanh GELU with an up bias), the in-place activation and the gate
-    kernel each write their down projection into out, bit for bit what the same route returns without it."""
+    """bf16 on the GPU: the epilogue path (ReLU / tanh GELU with an up bias, or ReLU over the zero bias from
+    ZERO_BIAS_MIN_TOKENS rows), the in-place activation and the gate kernel each write their down projection into
+    out, bit for bit what the same route returns without it."""
     t = {k: None if v is None else v.cuda() for k, v in
          tensors(shape, gated, bias, torch.bfloat16, d=256, f=1024, l=256, seed=5).items()}
     args = [t[k] for k in ORDER]

@@ -30,7 +30,7 @@ def test_host_bound_compares_per_call_times_with_margins():
     (dict(gated=False, bias_up=True, activation="gelu"), 3),           # exact GELU: no epilogue computes it
     (dict(gated=False, bias_up=True, activation="gelu_tanh"), 2),      # GPT-2: GELU in the up GEMM's epilogue
     (dict(gated=False, bias_up=True, activation="relu"), 2),           # OPT
-    (dict(gated=False, bias_up=False, activation="relu"), 3),          # no bias: no addmm
+    (dict(gated=False, bias_up=False, activation="relu"), 3),          # no bias, no token count: no zero bias
     (dict(gated=True, bias_up=True, activation="silu"), 4),            # up, gate, the gate kernel, down
     (dict(gated=True, bias_up=False, activation="silu", dtype="float8_e4m3fn"), 5),
 ])
