@@ -507,9 +507,8 @@ def gate_cubin(device):
 
 #: The fewest tokens at which a plain chain without an up bias whose activation is ReLU or tanh GELU takes it in
 #: the up GEMM's cuBLASLt epilogue over a zero bias (``_C.zero_bias_setup``; 0: never, else at least 2, where torch
-#: runs ``_addmm_activation`` through cuBLASLt). 2: timed on the H200 against the ops it replaces
-#: (``benchmarks/eager_epilogue.py --zero-bias``, twice), 1.06-1.16x at 16-2048 tokens, no cell slower; one token
-#: runs the ops (docs/kernels.md, "Next kernels" 12).
+#: runs ``_addmm_activation`` through cuBLASLt). 2: from two rows it beat the ops in every cell
+#: ``benchmarks/eager_epilogue.py --zero-bias`` times (docs/kernels.md, step 50 and "Next kernels" 12).
 ZERO_BIAS_MIN_TOKENS = 2
 
 
