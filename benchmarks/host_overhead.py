@@ -48,8 +48,9 @@ with the eager ops (the kernel has no backward).
     python benchmarks/host_overhead.py [--set quick|models] [--rounds 15] [--calls 150] [--clock wall|thread]
                                        [--grad] [--pieces] [--json FILE]
 
-The JSON holds each variant's median (us) and, under "paired", each variant's paired overhead over the
-baseline (us).
+The JSON holds each variant's median (us), under "paired" each variant's paired overhead over the
+baseline (us), and under "intervals" that overhead's 95% interval (``fuser.tools.timing.median_interval``). A
+verdict whose interval holds its target says so: the rounds did not decide it (run more of them).
 """
 import argparse
 import functools
@@ -67,7 +68,7 @@ import fuser
 from fuser import _C, interop, runtime
 from fuser.reference import ACTIVATIONS, eager
 from fuser.tools.bench import parse_workload, workload_set
-from fuser.tools.timing import hopper_reason, round_orders
+from fuser.tools.timing import hopper_reason, median_interval, round_orders
 
 #: ~100 ms at the H200's clocks (more at lower clocks): the GPU sleep each loop queues behind
 SLEEP_CYCLES = 200_000_000
@@ -139,7 +140,8 @@ def loop_calls(calls, call_gpu_us):
 def measure(variants, rounds, calls, seed, base, clock=time.perf_counter):
     """Per-call host time of each variant, loops interleaved in seeded orders: (the median over rounds of
     each variant's time, name -> us; the median over rounds of each other variant's time minus `base`'s
-    in the same round, name -> us; the calls per loop). On a GPU the loops hold fewer than `calls` calls
+    in the same round, name -> us; the calls per loop; the 95% interval of each such median, name -> (lo, hi),
+    ``median_interval``). On a GPU the loops hold fewer than `calls` calls
     where that many would queue more than QUEUED_GPU_US of GPU time."""
     cuda = torch.cuda.is_available()
     for fn in variants.values():       # warm-up: route, compile, load, allocate scratch, fill caches
@@ -157,9 +159,9 @@ def measure(variants, rounds, calls, seed, base, clock=time.perf_counter):
             if cuda:
                 torch.cuda.synchronize()
     medians = {name: statistics.median(v) for name, v in samples.items()}
-    paired = {name: statistics.median(a - b for a, b in zip(v, samples[base]))
-              for name, v in samples.items() if name != base}
-    return medians, paired, calls
+    diffs = {name: [a - b for a, b in zip(v, samples[base])] for name, v in samples.items() if name != base}
+    paired = {name: statistics.median(d) for name, d in diffs.items()}
+    return medians, paired, calls, {name: median_interval(d) for name, d in diffs.items()}
 
 
 def eager_variants(w, device, pieces=False):
@@ -257,19 +259,37 @@ def fused_variants(m=16, d=256, f=512):
     return plan, variants
 
 
+def verdict(over, interval, target):
+    """The verdict on a paired overhead `over` (us) against `target`: "met" or "MISSED", judged on the median;
+    where its 95% interval (lo, hi) holds the target, the rounds did not decide it, which the verdict says.
+
+    Example:
+        >>> verdict(1.2, (0.8, 1.7), 2.0), verdict(2.6, (2.2, 3.1), 2.0)
+        ('met', 'MISSED')
+        >>> verdict(2.6, (1.1, 4.0), 2.0)
+        'MISSED (undecided: the 95% interval holds the target; more rounds)'
+    """
+    word = "met" if over <= target else "MISSED"
+    lo, hi = interval
+    if lo <= target < hi:
+        word += " (undecided: the 95% interval holds the target; more rounds)"
+    return word
+
+
 def report_eager(rows):
-    """rows: (label, medians, paired, calls per loop) per shape. Each cell: the median, and for the targeted variants the
-    paired overhead over the ops in parentheses; the verdicts judge the paired overhead."""
+    """rows: (label, medians, paired, calls per loop, intervals) per shape. Each cell: the median, and for the
+    targeted variants the paired overhead over the ops in parentheses; the verdicts judge the paired overhead, with
+    its 95% interval beside it."""
     names = ("ops", "fuser.ffn", "FusedFFN", "module")
     print(f"{'shape':34s}" + "".join(f"{n:>18s}" for n in names))
     worst = {n: None for n in TARGETS}
-    for label, res, paired, _ in rows:
+    for label, res, paired, _, ci in rows:
         cells = []
         for n in names:
             over = paired.get(n)
             cells.append(f"{res[n]:8.2f}" + (f" ({over:+6.2f})" if n in TARGETS else " " * 9) + " ")
             if n in TARGETS and (worst[n] is None or over > worst[n][0]):
-                worst[n] = (over, res[n] - res["ops"], res["ops"] / res[n], label, paired[NULL])
+                worst[n] = (over, res[n] - res["ops"], res["ops"] / res[n], label, paired[NULL], ci[n])
         print(f"{label:34s}" + "".join(f"{c:>18s}" for c in cells) + f"  null {paired[NULL]:+.2f}")
         if any(n in res for n in PIECES):
             print(f"{'':34s}pieces: " + ", ".join(f"{n} {res[n]:.2f}" + (f" ({paired[n]:+.2f} over the ops)"
@@ -277,11 +297,11 @@ def report_eager(rows):
                                                                                         "fuser.ffn"))
                                                                        else "")
                                                   for n in PIECES if n in res))
-    for n, (over, raw, ratio, label, null) in worst.items():
-        ok = over <= TARGETS[n]
-        print(f"eager route, {n}: worst {over:+.2f} us over the ops (paired per round; the medians differ by "
+    for n, (over, raw, ratio, label, null, ci) in worst.items():
+        print(f"eager route, {n}: worst {over:+.2f} us over the ops (paired per round, 95% interval {ci[0]:+.2f} to "
+              f"{ci[1]:+.2f}; the medians differ by "
               f"{raw:+.2f}, {ratio:.2f}x their speed; the ops against themselves {null:+.2f}) at {label}; "
-              f"target {TARGETS[n]:.0f} us: {'met' if ok else 'MISSED'}")
+              f"target {TARGETS[n]:.0f} us: {verdict(over, ci, TARGETS[n])}")
 
 
 def main(argv=None):
@@ -328,15 +348,16 @@ def main(argv=None):
                   file=sys.stderr)
     report_eager(rows)
     out = dict(device=device, rounds=a.rounds, calls=a.calls, grad=a.grad, clock=a.clock, fused=None,
-               eager=[dict(shape=label, **res, paired=paired, calls=calls) for label, res, paired, calls in rows])
+               eager=[dict(shape=label, **res, paired=paired, calls=calls, intervals=ci)
+                      for label, res, paired, calls, ci in rows])
     if why is not None or a.grad:
         print(f"== fused route: not measured ({why or 'autograd on: the kernel has no backward'}) ==")
     else:
         with tempfile.TemporaryDirectory() as d:
             os.environ["FUSER_CACHE_DIR"] = d      # the tuned plan and its kernel stay out of the user's cache
             plan, variants = fused_variants()
-            res, paired, _ = measure(variants, a.rounds, a.calls, "fused", "bare launch", CLOCKS[a.clock])
-            out["fused"] = dict(plan=plan.summary(), **res, paired=paired)
+            res, paired, _, ci = measure(variants, a.rounds, a.calls, "fused", "bare launch", CLOCKS[a.clock])
+            out["fused"] = dict(plan=plan.summary(), **res, paired=paired, intervals=ci)
         report_fused(out["fused"])
     if a.json:
         with open(a.json, "w") as f:
@@ -345,16 +366,17 @@ def main(argv=None):
 
 
 def report_fused(res):
-    """res: the medians, the plan and "paired" (the per-round differences' medians), which the targets
-    judge."""
+    """res: the medians, the plan, "paired" (the per-round differences' medians), which the targets judge, and
+    "intervals" (their 95% intervals)."""
     print(f"== fused route: FFN 16 x 256 -> 512 -> 256 bf16 SiLU, {res['plan']}; host us per call (medians) ==")
     for name, us in res.items():
-        if name in ("plan", "paired"):
+        if name in ("plan", "paired", "intervals"):
             continue
         if name in FUSED_TARGETS:
-            over = res["paired"][name]
-            print(f"{name:12s} {us:8.2f}  ({over:+.2f} over bare launch; target {FUSED_TARGETS[name]:.0f}: "
-                  f"{'met' if over <= FUSED_TARGETS[name] else 'MISSED'}; the medians differ by "
+            over, (lo, hi) = res["paired"][name], res["intervals"][name]
+            print(f"{name:12s} {us:8.2f}  ({over:+.2f} over bare launch, 95% interval {lo:+.2f} to {hi:+.2f}; target "
+                  f"{FUSED_TARGETS[name]:.0f}: "
+                  f"{verdict(over, (lo, hi), FUSED_TARGETS[name])}; the medians differ by "
                   f"{us - res['bare launch']:+.2f})")
         else:
             print(f"{name:12s} {us:8.2f}")

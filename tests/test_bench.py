@@ -7,7 +7,7 @@ import pytest
 
 from fuser.tools import bench, bench_report
 from fuser.tools.bench import BASELINES, VARIANTS, Result, Workload, parse_workload, workload_set
-from fuser.tools.timing import round_orders
+from fuser.tools.timing import median_interval, round_orders
 
 
 def test_parse_workload_forms():
@@ -143,6 +143,28 @@ def test_fusedffn_variant_computes_the_workloads_ffn(text):
     ref = fuser.ffn_reference(x, up, s["w_down"], w_gate=gate, activation=w.activation)
     with torch.no_grad():
         torch.testing.assert_close(m(x), ref)
+
+
+def test_median_interval_holds_the_median_as_often_as_it_says():
+    """The sign test's interval: the order statistics a table gives (9 samples: the 2nd and 8th; 31: the 10th
+    and 22nd), the whole range below 6 samples, and over many draws of skewed samples the true median inside
+    it at least 95% of the time, and not always (an interval that always held it would be too wide)."""
+    import random
+    assert median_interval(range(1, 10)) == (2, 8)
+    assert median_interval(range(1, 32)) == (10, 22)
+    assert median_interval([5.0, 1.0, 3.0, 2.0, 4.0]) == (1.0, 5.0)
+    assert median_interval([7.0]) == (7.0, 7.0)
+    rng = random.Random(0)
+    for n in (9, 15, 31):
+        hits = 0
+        for _ in range(2000):
+            lo, hi = median_interval([rng.expovariate(1.0) for _ in range(n)])
+            hits += lo <= math.log(2) <= hi      # the exponential's median
+        assert 0.95 * 2000 - 30 <= hits < 2000, (n, hits)
+    with pytest.raises(ValueError, match="no values"):
+        median_interval([])
+    with pytest.raises(ValueError, match="level"):
+        median_interval([1.0, 2.0], level=1.5)
 
 
 def test_round_orders_vary_every_variants_predecessor():

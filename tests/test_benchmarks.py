@@ -7,6 +7,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -61,23 +62,48 @@ def test_host_overhead_times_every_route_against_its_baseline(tmp_path):
     res = json.loads(out.read_text())
     assert len(res["eager"]) == 3
     for row in res["eager"]:
-        assert {k for k in row if k not in ("shape", "paired", "calls")} == {"ops", "fuser.ffn", "FusedFFN", "module",
+        assert {k for k in row if k not in ("shape", "paired", "calls", "intervals")} == {"ops", "fuser.ffn", "FusedFFN", "module",
                                                                               "ops, again"}
-        assert all(row[k] > 0 for k in row if k not in ("shape", "paired", "calls"))
+        assert all(row[k] > 0 for k in row if k not in ("shape", "paired", "calls", "intervals"))
         assert row["calls"] == 20      # on the CPU every loop holds the calls asked for
         # each over the ops of its round; the ops again: the measurement's noise, a difference near zero
         assert set(row["paired"]) == {"fuser.ffn", "FusedFFN", "module", "ops, again"}
         assert abs(row["paired"]["ops, again"]) < row["ops"], row
+        # each paired median inside its interval, which with two rounds is their range
+        assert set(row["intervals"]) == set(row["paired"])
+        assert all(lo <= row["paired"][k] <= hi for k, (lo, hi) in row["intervals"].items()), row
     assert r.stdout.count("  null ") == 3
     for name in ("fuser.ffn", "FusedFFN"):
         assert re.search(rf"^eager route, {name}: worst [+-][\d.]+ us over the ops .*the ops against themselves "
-                         rf"[+-][\d.]+\) .* target 2 us: (met|MISSED)$", r.stdout, re.M), r.stdout
+                         rf"[+-][\d.]+\) .* target 2 us: (met|MISSED)( \(undecided: .*\))?$", r.stdout, re.M), r.stdout
     if res["fused"] is None:
         assert "== fused route: not measured" in r.stdout
     else:
         assert {"bare launch", "FusedFFN", "fuser.ffn", "torch.ops", "module"} <= set(res["fused"])
         assert {"FusedFFN", "fuser.ffn", "torch.ops"} <= set(res["fused"]["paired"])
-        assert r.stdout.count("over bare launch; target") == 3
+        assert len(re.findall(r"over bare launch, 95% interval [+-][\d.]+ to [+-][\d.]+; target", r.stdout)) == 3
+
+
+def test_host_overhead_verdicts_say_when_the_rounds_do_not_decide_them():
+    """A verdict is judged on the paired median; where that median's 95% interval holds the target, the rounds
+    did not decide it and the verdict says so (on a shared host one row's median moves between runs by more
+    than the 2 us target: without the interval, two verdicts on the same code read as a change)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import host_overhead
+    finally:
+        sys.path.pop(0)
+    v = host_overhead.verdict
+    assert v(1.9, (1.5, 1.99), 2.0) == "met" and v(2.1, (2.01, 2.5), 2.0) == "MISSED"
+    assert v(1.9, (1.5, 2.3), 2.0) == "met (undecided: the 95% interval holds the target; more rounds)"
+    assert v(2.4, (1.0, 3.0), 2.0).startswith("MISSED (undecided")
+    # measure's intervals come from the rounds' differences: a variant that costs ~1 ms more than the base
+    # in every round has an interval far from zero; the base against itself one that holds zero
+    variants = {"base": lambda: None, "same": lambda: None, "slow": lambda: time.sleep(1e-3)}
+    _, paired, _, ci = host_overhead.measure(variants, 7, 2, 0, "base", host_overhead.CLOCKS["wall"])
+    assert set(ci) == {"same", "slow"}
+    assert 900 < ci["slow"][0] <= paired["slow"] <= ci["slow"][1], ci
+    assert ci["same"][0] <= paired["same"] <= ci["same"][1] and ci["same"][1] < 900, ci
 
 
 def test_host_overhead_pieces_time_the_c_calls_inside_the_routes(tmp_path):
@@ -113,7 +139,7 @@ def test_host_overhead_thread_clock_counts_what_the_thread_executes(tmp_path):
             pass
     variants = {"busy": busy, "waits": lambda: time.sleep(1e-3)}
     for clock, waits_us in ((host_overhead.CLOCKS["wall"], (900, 5000)), (host_overhead.CLOCKS["thread"], (0, 200))):
-        med, paired, _ = host_overhead.measure(variants, 3, 5, 0, "busy", clock)
+        med, paired, _, _ = host_overhead.measure(variants, 3, 5, 0, "busy", clock)
         assert 900 < med["busy"] < 5000, med
         assert waits_us[0] <= med["waits"] < waits_us[1], (clock, med)
     out = tmp_path / "host.json"

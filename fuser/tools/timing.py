@@ -7,13 +7,15 @@ Used by the benchmark harness, calibration, tuning, the demo and ``benchmarks/e2
 """
 from __future__ import annotations
 
+import math
 import random
 import statistics
 import time
 
 import torch
 
-__all__ = ["hopper_reason", "median_event_us", "graphed", "round_orders", "time_interleaved", "copy_gbs"]
+__all__ = ["hopper_reason", "median_event_us", "graphed", "round_orders", "time_interleaved", "median_interval",
+           "copy_gbs"]
 
 
 def hopper_reason():
@@ -144,6 +146,36 @@ def time_interleaved(fns, rounds=30, *, warmup=1, seed=0, cpu=False, on_round=No
         if on_round is not None:
             on_round()
     return [statistics.median(s) for s in samples]
+
+
+def median_interval(values, level=0.95):
+    """A distribution-free interval around the median of `values`: the order statistics (lo, hi) that hold
+    the true median with probability at least `level` for independent samples of any continuous
+    distribution (the sign test's interval: the count of samples below the median is binomial(n, 1/2)).
+    With too few samples for `level` (fewer than 6 at 0.95) it is the whole range, which then holds it
+    with less. What a verdict on a noisy median needs: a target inside the interval is not decided by
+    these samples.
+
+    Example:
+        >>> from fuser.tools.timing import median_interval
+        >>> median_interval(range(1, 32))    # 31 samples: the 10th and 22nd of them
+        (10, 22)
+        >>> median_interval([3, 1, 2])
+        (1, 3)
+    """
+    xs = sorted(values)
+    n = len(xs)
+    if n == 0:
+        raise ValueError("median_interval: no values")
+    if not 0 < level < 1:
+        raise ValueError(f"median_interval: level must be in (0, 1), got {level}")
+    tail, below, k = (1 - level) / 2, 0.0, 0
+    while k < n // 2:   # grow k while P(fewer than k + 1 samples below the median) stays within the tail
+        below += math.comb(n, k) / 2 ** n
+        if below > tail:
+            break
+        k += 1
+    return (xs[k - 1], xs[n - k]) if k else (xs[0], xs[-1])
 
 
 def copy_gbs(rounds=15):
