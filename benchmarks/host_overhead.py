@@ -375,8 +375,7 @@ def report_fused(res):
         if name in FUSED_TARGETS:
             over, (lo, hi) = res["paired"][name], res["intervals"][name]
             print(f"{name:12s} {us:8.2f}  ({over:+.2f} over bare launch, 95% interval {lo:+.2f} to {hi:+.2f}; target "
-                  f"{FUSED_TARGETS[name]:.0f}: "
-                  f"{verdict(over, (lo, hi), FUSED_TARGETS[name])}; the medians differ by "
+                  f"{FUSED_TARGETS[name]:.0f}: {verdict(over, (lo, hi), FUSED_TARGETS[name])}; the medians differ by "
                   f"{us - res['bare launch']:+.2f})")
         else:
             print(f"{name:12s} {us:8.2f}")
