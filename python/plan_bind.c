@@ -716,7 +716,8 @@ PyObject *fuser_py_target_for_device(PyObject *module, PyObject *args, PyObject 
 
 PyObject *fuser_py_rules(PyObject *module, PyObject *noargs)
 {
-    static const char *const levels[] = {"chain", "shape", "bm", "bn", "n_iters", "bl", "full"};
+    static const char *const levels[] = {"chain", "shape", "bm", "bn", "n_iters", "bl", "full", "choice"};
+    _Static_assert(sizeof levels / sizeof levels[0] == FUSER_LEVEL_CHOICE + 1, "a name for every rule level");
     (void)module;
     (void)noargs;
     PyObject *l = PyList_New(fuser_num_rules);

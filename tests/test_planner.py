@@ -212,6 +212,16 @@ def test_search_accounts_for_every_candidate_and_is_deterministic():
     assert rank == sorted(rank)
 
 
+def test_every_rule_names_its_level_and_reason():
+    """_C.rules() lists each search rule with the level it judges at, the choice rules (which judge only
+    fields the caller left free) among them, and why it exists."""
+    rules = _C.rules()
+    levels = {level for _, level, _ in rules}
+    assert levels <= {"chain", "shape", "bm", "bn", "n_iters", "bl", "full", "choice"}, levels
+    assert {"full", "choice"} <= levels and all(name and why for name, _, why in rules)
+    assert dict((name, level) for name, level, _ in rules)["stream_fill"] == "choice"
+
+
 def test_search_time_under_20ms():
     """Median search time per shape on this CPU, for the paper's shapes and the baseline model shapes."""
     shapes = list(PAPER.values()) + [dict(w, m=m) for w in MODELS.values() for m in TOKENS]
