@@ -8,6 +8,7 @@ pick differs, and time both picks of each such cell beside PyTorch eager in CUDA
 
     python benchmarks/pick_diff.py dump BEFORE.json             # in the tree before the change (any machine)
     python benchmarks/pick_diff.py dump --fp8 BEFORE8.json      # the quantized (e4m3) chains' picks instead
+    python benchmarks/pick_diff.py dump --target h100 B.json     # another built-in target's picks
     python benchmarks/pick_diff.py dump AFTER.json              # in the tree after it
     python benchmarks/pick_diff.py diff BEFORE.json AFTER.json CELLS.json
     python benchmarks/pick_diff.py time CELLS.json TIMED.json   # on a Hopper GPU, in either tree
@@ -56,11 +57,11 @@ def shapes():
     return out
 
 
-def pick(name, m, dtype="bfloat16"):
-    """The planner's pick for shape `name` at `m` tokens on the H200 target: (summary, constraints or None)."""
+def pick(name, m, dtype="bfloat16", target="h200"):
+    """The planner's pick for shape `name` at `m` tokens on a built-in target: (summary, constraints or None)."""
     import fuser
     d, f, l, gated, act = shapes()[name]
-    p = fuser.plan(m, d, f, d_out=l, gated=gated, activation=act, target="h200", dtype=dtype)
+    p = fuser.plan(m, d, f, d_out=l, gated=gated, activation=act, target=target, dtype=dtype)
     if not p.fused:
         return p.summary(), None
     params = p.raw["params"]
@@ -69,10 +70,11 @@ def pick(name, m, dtype="bfloat16"):
     return p.summary(), dict({k: params[k] for k in PLAN_KEYS}, kind="stream", cluster=list(params["cluster"]))
 
 
-def dump(path, tokens=TOKENS, fp8=False):
-    """The picks of every grid cell (NAME:M; NAME:M:fp8 for the quantized chains), written to `path`."""
+def dump(path, tokens=TOKENS, fp8=False, target="h200"):
+    """The picks of every grid cell (NAME:M; NAME:M:fp8 for the quantized chains) on the built-in `target`,
+    written to `path`."""
     dtype, tag = ("float8_e4m3fn", ":fp8") if fp8 else ("bfloat16", "")
-    picks = {f"{name}:{m}{tag}": pick(name, m, dtype) for name in shapes() for m in tokens}
+    picks = {f"{name}:{m}{tag}": pick(name, m, dtype, target) for name in shapes() for m in tokens}
     with open(path, "w") as f:
         json.dump(picks, f, indent=0)
     return picks
@@ -228,6 +230,7 @@ def main(argv=None):
     sub = ap.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("dump")
     a.add_argument("--fp8", action="store_true", help="the quantized (e4m3) chains' picks")
+    a.add_argument("--target", default="h200", help="the built-in target whose picks to dump (default h200)")
     a.add_argument("out")
     a = sub.add_parser("diff")
     a.add_argument("before")
@@ -244,7 +247,7 @@ def main(argv=None):
     a.add_argument("logs", nargs="+")
     args = ap.parse_args(argv)
     if args.cmd == "dump":
-        print(f"{len(dump(args.out, fp8=args.fp8))} picks written to {args.out}")
+        print(f"{len(dump(args.out, fp8=args.fp8, target=args.target))} picks written to {args.out}")
     elif args.cmd == "diff":
         with open(args.before) as f, open(args.after) as g:
             cells = diff(json.load(f), json.load(g))
