@@ -189,6 +189,17 @@ static int r_stream_fill(const fuser_plan *p, const fuser_target *t)
                                                           : most_units(rt * p->lt2, kt2, 16)));
 }
 
+/* CHOICE: at up to 32 tokens, where the swap-AB tiles (bm 16, 32) hold every token, 64- and 128-row tiles only
+ * for chains whose weights fit L2. Such a tile runs its MMAs over rows that are nearly all padding, which the
+ * cost model hides under the weight stream; where that stream is long it does not hide (LLaMA-2-7B at 1-16
+ * tokens, bm 128 on an H100: 0.72-0.77x eager; docs/planner.md "Padded row tiles at decode"). */
+static int r_stream_decode_rows(const fuser_plan *p, const fuser_target *t)
+{
+    (void)t;
+    return p->kind == FUSER_KIND_STREAM && !fuser_stream_swap(p) && p->chain.m <= 32 &&
+           fuser_stream_phase_weights(p, 1) + fuser_stream_phase_weights(p, 2) > FUSER_STREAM_L2_BYTES;
+}
+
 /* CHOICE: narrow n-tiles (fuser_stream_narrow_bn) and l-tiles (fuser_stream_narrow_bl) only where the last row
  * tile is more than half full: such plans run slower as a tile's real rows fall below that, which the cost
  * model does not see (docs/planner.md, "96- and 112-wide n-tiles"); other tiles serve those counts. */
@@ -256,6 +267,9 @@ const fuser_rule fuser_rules[] = {
      "but a decode phase whose weights fit L2; a phase 1 of one 128-row tile (and its phase 2 after one "
      "split), half the SMs",
      FUSER_LEVEL_CHOICE, r_stream_fill},
+    {"stream_decode_rows", "stream kernel: 64- and 128-row tiles at up to 32 tokens only for chains whose weights "
+                           "fit L2",
+     FUSER_LEVEL_CHOICE, r_stream_decode_rows},
     {"stream_narrow_n", "stream kernel: 96- and 112-wide n-tiles and 96-wide l-tiles where the last row tile is "
                         "more than half full",
      FUSER_LEVEL_CHOICE, r_stream_narrow_n},

@@ -386,3 +386,26 @@ def test_after_one_round_of_128_row_units_phase_2_may_fill_half_the_sms():
     splits = {p.splits for p in fuser.plans(128, 3072, 8192, gated=True, activation="silu", target="h200", fused=True,
                                             kind="stream", bm=128, bn=64, bl=128, k=64)}
     assert {(1, 3), (1, 4)} <= splits and not {(2, 3), (2, 4)} & splits, sorted(splits)
+
+
+def test_decode_plans_of_weights_beyond_l2_use_the_swap_ab_tiles():
+    """At up to 32 tokens a 64- or 128-row tile is nearly all padding rows; where the weights do not fit L2
+    its MMAs do not hide under the weight stream, though the model, bound by HBM there, prices them as
+    hidden. On an H100, whose lower bandwidth made such tiles tie the swap-AB ones, LLaMA-2-7B's bm 128
+    pick ran 0.72-0.80x eager at 1-16 tokens and the bm 16 plan the search now takes 1.13-1.16x (two runs;
+    docs/planner.md, "Padded row tiles at decode"). Chains whose weights fit L2 keep their timed bm 64
+    one-phase plans, 48 tokens may use a 64-row tile, and a caller may still ask for one."""
+    llama2 = dict(gated=True, activation="silu")
+    for target in ("h100", "h200"):
+        for m in (1, 16, 32):
+            p = fuser.plan(m, 4096, 11008, target=target, **llama2)
+            assert p.kind == "stream" and p.tiles["bm"] <= 32, (target, m, p.summary())
+        g3 = fuser.plan(1, 416, 512, d_out=256, activation="relu", target=target)
+        assert g3.kind == "stream" and g3.tiles["bm"] == 64 and g3.raw["params"]["phases"] == 1, g3.summary()
+    wide = {p.tiles["bm"] for p in fuser.plans(48, 4096, 11008, target="h100", fused=True, kind="stream", k=64,
+                                               **llama2)}
+    assert 64 in wide, wide
+    asked = fuser.plan(1, 4096, 11008, target="h100", fused=True, kind="stream", bm=128, s1=1, s2=2, **llama2)
+    assert asked.tiles["bm"] == 128, asked.summary()
+    rules = {name: level for name, level, _ in fuser._C.rules()}
+    assert rules["stream_decode_rows"] == rules["stream_fill"] == "choice"
