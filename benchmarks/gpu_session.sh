@@ -210,7 +210,7 @@ fi
 if [ "$STAGE" != bench ]; then
     # the cluster kernel's correctness matrix (minutes) only with FULL=1
     SKIP=$([ "${FULL:-0}" = 1 ] || echo "--deselect tests/test_gpu_kernels.py::test_correctness_matrix")
-    FUSER_GPU_STREAM_REPORT=$OUT/stream_matrix.json timeout 400 python3 -m pytest -m gpu -q -p no:cacheprovider \
+    FUSER_GPU_STREAM_REPORT=$OUT/stream_matrix.json timeout 400 python3 -m pytest -m gpu -q -rs -p no:cacheprovider \
         --durations=15 $SKIP 2>&1 | tail -45 > "$OUT/pytest_gpu.log"
     echo "pytest -m gpu rc ${PIPESTATUS[0]} $(grep -E '(passed|failed|error|skipped)' "$OUT/pytest_gpu.log" | tail -1)" \
         | tee -a "$OUT/gpu.txt"
