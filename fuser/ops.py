@@ -131,7 +131,10 @@ def scale_tensors(scales):
 
 
 def _remember(key, tensors, r):
-    """Keep route `r` under route key `key` (None: nothing kept); returns `r`."""
+    """Keep route `r` under route key `key` (None: nothing kept), a route whose graphs run the eager ops
+    prepared for them; returns `r`."""
+    if r.graphs_eager:
+        r.prepare(tensors[1])
     if key is not None:
         if len(_routes) >= _MAX_SIGNATURES:
             _routes.clear()

@@ -171,6 +171,14 @@ class HostBoundRoute(FusedRoute):
         super().__init__(plan, device)
         self.graph_plan = graph_plan
 
+    def prepare(self, w_up):
+        """Make, outside any graph, the zero bias the eager ops in graphs take where the chain's activation goes
+        into the up GEMM's epilogue over one (``runtime.eager_ops``): the calls outside graphs launch the fused
+        kernel and never make it, and a capture cannot, so without it the graphs would run the ops unfused."""
+        c = self.graph_plan.chain
+        if not c["bias_up"] and runtime.eager_ops(c) == 2:
+            _C.zero_bias(w_up)
+
     def run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out=None, scales=None):
         if _capturing():
             return Route.run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out, scales)

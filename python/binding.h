@@ -124,6 +124,7 @@ PyObject *fuser_py_eager(PyObject *module, PyObject *const *args, Py_ssize_t nar
 PyObject *fuser_py_kept_eager(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_kept_launch(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_zero_bias_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fuser_py_zero_bias(PyObject *module, PyObject *w_up);
 PyObject *fuser_py_zero_bias_info(PyObject *module, PyObject *noargs);
 PyObject *fuser_py_after_ffn(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_install_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs);

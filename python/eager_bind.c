@@ -320,6 +320,16 @@ PyObject *fuser_py_zero_bias_setup(PyObject *module, PyObject *const *args, Py_s
     return was;
 }
 
+/* zero_bias(w_up) -> the zero bias kept for w_up's rows, dtype and device, made now where there is none yet (by the
+ * registered maker: None while the caller's stream captures a graph), or None where there is none to take. For a
+ * route whose graphs run the eager ops but whose calls outside graphs do not (a host-bound route): a capture
+ * cannot make the bias, so the route makes it when it is decided. */
+PyObject *fuser_py_zero_bias(PyObject *module, PyObject *w_up)
+{
+    PyObject *z = zero_bias(fuser_get_state(module), w_up);
+    return z ? Py_NewRef(z) : NULL;
+}
+
 /* zero_bias_info() -> {"min_tokens": n, "kept": the zero biases made} */
 PyObject *fuser_py_zero_bias_info(PyObject *module, PyObject *noargs)
 {

@@ -135,6 +135,9 @@ static PyMethodDef module_methods[] = {
      "min_tokens token rows on (0: never; else at least 2), the bias made once per device, dtype and d_ff by\n"
      "make(w_up) (a zero tensor of w_up's rows, dtype and device, or None to run the ops) and kept for the\n"
      "process, across setups (fuser.runtime registers its maker at import)."},
+    {"zero_bias", fuser_py_zero_bias, METH_O,
+     "zero_bias(w_up) -> the zero bias kept for w_up's rows, dtype and device (made now by the registered maker\n"
+     "where none is kept: not while a graph is captured), or None where there is none to take."},
     {"zero_bias_info", fuser_py_zero_bias_info, METH_NOARGS,
      "zero_bias_info() -> {'min_tokens': n, 'kept': the zero biases made and kept}"},
     {"kept_eager", (PyCFunction)(void (*)(void))fuser_py_kept_eager, METH_FASTCALL,

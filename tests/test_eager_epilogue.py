@@ -430,3 +430,74 @@ def test_fuser_ffn_runs_a_bias_free_relu_chain_with_the_zero_bias(zero_bias_from
         fuser.ffn(x, wu, wd, activation="relu")
         y, seen = ops_seen(lambda: fuser.ffn(x, wu, wd, activation="relu"))
     assert "aten::_addmm_activation" in seen and torch.equal(y, _zero_bias_want(x, wu, wd, "relu"))
+
+
+def test_a_host_bound_route_makes_the_zero_bias_its_graphs_take_when_it_is_decided(zero_bias_from, monkeypatch):
+    """A host-bound route launches the fused kernel outside graphs and runs the eager ops in them; its calls
+    outside graphs never make the zero bias and a capture cannot, so the route makes it when it is decided
+    (``ops._remember`` asks every route whose graphs run the eager ops to prepare). Only where the eager ops take
+    the epilogue: not for an up bias, a gated chain, SiLU, too few tokens or the epilogue switched off."""
+    zero_bias_from(2)
+    monkeypatch.setattr(runtime, "ZERO_BIAS_MIN_TOKENS", 2)
+
+    def host_bound(m, d, f, **kw):
+        r = route.HostBoundRoute.__new__(route.HostBoundRoute)
+        r.graph_plan = fuser.plan(m, d, f, fused=False, **kw)
+        return r, torch.randn(f, d).bfloat16()
+    for m, f, kw in ((128, 1128, dict(bias=("down",))), (128, 1136, dict(bias=True)),
+                     (128, 1144, dict(gated=True)), (128, 1152, dict(activation="silu")), (1, 1160, {})):
+        r, w = host_bound(m, 64, f, **dict(dict(activation="relu"), **kw))
+        kept = _C.zero_bias_info()["kept"]
+        r.prepare(w)
+        assert _C.zero_bias_info()["kept"] == kept + (f == 1128), (m, f, kw)
+    z = _C.zero_bias(torch.empty(1128, 64, dtype=torch.bfloat16))
+    assert z.shape == (1128,) and z.dtype == torch.bfloat16 and not z.any()
+    monkeypatch.setattr(runtime, "ZERO_BIAS_MIN_TOKENS", 0)
+    r, w = host_bound(128, 64, 1168, activation="gelu_tanh")
+    kept = _C.zero_bias_info()["kept"]
+    r.prepare(w)
+    assert _C.zero_bias_info()["kept"] == kept
+
+    asked = []
+
+    class Graphed:
+        graphs_eager = True
+
+        def prepare(self, w_up):
+            asked.append(w_up)
+    tensors = (torch.randn(4, 64), torch.randn(96, 64), torch.randn(64, 96), None, None, None, None)
+    fuser.ops._remember(None, tensors, Graphed())
+    fuser.ops._remember(None, tensors, route.Route())
+    assert len(asked) == 1 and asked[0] is tensors[1]
+
+
+@pytest.mark.gpu
+def test_graphs_of_a_host_bound_relu_chain_take_the_zero_bias_epilogue(zero_bias_from, monkeypatch, request):
+    """On a host slow enough that a bias-free ReLU chain the planner runs eager launches fused outside graphs, a
+    graph captured after such calls runs the eager route's epilogue over the zero bias the route made when it was
+    decided (before, no call outside graphs had made it, and the graph ran the three ops)."""
+    zero_bias_from(2)
+    monkeypatch.setattr(runtime, "ZERO_BIAS_MIN_TOKENS", 2)
+    monkeypatch.setattr(runtime, "_host_op", {torch.cuda.current_device(): 50.0})   # fused outside graphs
+    route.forget()
+    request.addfinalizer(route.forget)
+    torch.manual_seed(6)
+    f = 1024 + 8 * 13                # no zero bias of this length kept before the route is decided
+    x = torch.randn(128, 768, device="cuda").bfloat16()
+    wu = (torch.randn(f, 768, device="cuda") / 28).bfloat16()
+    wd = (torch.randn(768, f, device="cuda") / 34).bfloat16()
+    kept = _C.zero_bias_info()["kept"]
+    r = fuser.ops.route(x, wu, wd, activation="relu")
+    if not r.graphs_eager:
+        pytest.fail(f"this chain should launch fused outside graphs on a 50 us/op host: {r}")
+    assert _C.zero_bias_info()["kept"] == kept + 1
+    with torch.no_grad():
+        fuser.ffn(x, wu, wd, activation="relu")          # outside graphs: the fused launch
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = fuser.ffn(x, wu, wd, activation="relu")
+        assert _C.zero_bias_info()["kept"] == kept + 1
+        x.copy_(torch.randn(128, 768, device="cuda").bfloat16())
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, _zero_bias_want(x, wu, wd, "relu"))
