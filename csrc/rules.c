@@ -192,7 +192,7 @@ static int r_stream_fill(const fuser_plan *p, const fuser_target *t)
 /* CHOICE: at up to 32 tokens, where the swap-AB tiles (bm 16, 32) hold every token, 64- and 128-row tiles only
  * for chains whose weights fit L2. Such a tile runs its MMAs over rows that are nearly all padding, which the
  * cost model hides under the weight stream; where that stream is long it does not hide (LLaMA-2-7B at 1-16
- * tokens, bm 128 on an H100: 0.72-0.77x eager; docs/planner.md "Padded row tiles at decode"). */
+ * tokens, bm 128 on an H100: 0.72-0.80x eager; docs/planner.md "Padded row tiles at decode"). */
 static int r_stream_decode_rows(const fuser_plan *p, const fuser_target *t)
 {
     (void)t;

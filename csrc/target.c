@@ -115,8 +115,9 @@ static const fuser_target builtin[] = {
         .stream_margin = 0.03,      /* policy: fitted without S8, the models pick for it a stream plan
                                        predicted 2.5% faster than eager that measures 0.90x; at 2.5% G9 at
                                        128 tokens takes a plan measured 0.88x eager. At 3% the picks that
-                                       change from eager (GPT-3 6.7B and G5 at 1-96 tokens, G10 at 192)
-                                       all measured 1.01-1.15x eager (docs/planner.md) */
+                                       change from eager (GPT-3 6.7B and G5 at 1-32 and 96 tokens, G10 at
+                                       192) measured 1.00-1.09x eager on an H100, GPT-3 6.7B's 1.02-1.07x
+                                       on the H200 (docs/planner.md) */
         .max_workspace = (int64_t)256 << 20,
     },
     {
