@@ -308,10 +308,14 @@ double fuser_stream_phase_weights(const fuser_plan *p, int phase)
     return phase == 1 ? e * p->parts * (double)c->n * c->k : e * (double)c->l * c->n;
 }
 
+int fuser_stream_weights_in_l2(const fuser_plan *p)
+{
+    return fuser_stream_phase_weights(p, 1) + fuser_stream_phase_weights(p, 2) <= FUSER_STREAM_L2_BYTES;
+}
+
 int64_t fuser_stream_row_group(const fuser_plan *p, int64_t m)
 {
-    const double weights = fuser_stream_phase_weights(p, 1) + fuser_stream_phase_weights(p, 2);
-    return weights <= FUSER_STREAM_L2_BYTES ? 1 : fuser_ceil_div(m, p->bm);
+    return fuser_stream_weights_in_l2(p) ? 1 : fuser_ceil_div(m, p->bm);
 }
 
 int fuser_plan_derive(fuser_plan *p, fuser_err *err)

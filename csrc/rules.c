@@ -196,8 +196,7 @@ static int r_stream_fill(const fuser_plan *p, const fuser_target *t)
 static int r_stream_decode_rows(const fuser_plan *p, const fuser_target *t)
 {
     (void)t;
-    return p->kind == FUSER_KIND_STREAM && !fuser_stream_swap(p) && p->chain.m <= 32 &&
-           fuser_stream_phase_weights(p, 1) + fuser_stream_phase_weights(p, 2) > FUSER_STREAM_L2_BYTES;
+    return p->kind == FUSER_KIND_STREAM && !fuser_stream_swap(p) && p->chain.m <= 32 && !fuser_stream_weights_in_l2(p);
 }
 
 /* CHOICE: narrow n-tiles (fuser_stream_narrow_bn) and l-tiles (fuser_stream_narrow_bl) only where the last row

@@ -204,6 +204,9 @@ int64_t fuser_stream_units(const fuser_plan *p, int64_t m);
 /** Bytes of a stream plan's weights in phase 1 (W_up and W_gate) or phase 2 (W_down), 16-bit. */
 double fuser_stream_phase_weights(const fuser_plan *p, int phase);
 
+/** 1 where both phases' weights together fit the L2 the stream kernel counts on (FUSER_STREAM_L2_BYTES). */
+int fuser_stream_weights_in_l2(const fuser_plan *p);
+
 /** Row tiles per group of a stream launch's unit order: 1 (row tile by row tile) when the weights stay
  * in L2, so each row tile's H is complete early; else every row tile (each weight tile read from HBM
  * once, by consecutive units). */
