@@ -199,6 +199,18 @@ static int r_stream_decode_rows(const fuser_plan *p, const fuser_target *t)
     return p->kind == FUSER_KIND_STREAM && !fuser_stream_swap(p) && p->chain.m <= 32 && !fuser_stream_weights_in_l2(p);
 }
 
+/* CHOICE: a plain 16-bit chain's swap-AB tiles (bm 16, 32) only at up to 96 tokens. Beyond, each of their many
+ * row tiles streams the weights again through L2 and pays a unit's fixed cost, which the cost model under-prices:
+ * on the H200's timings no such plan is the fastest in any of 13 plain cells of 100-2048 tokens, and those an
+ * H100's model picked at 100-256 tokens ran 0.82-0.96x eager. A gated chain's (S8 at 160 tokens: 1.05-1.13x
+ * eager) are left to the model (docs/planner.md "Narrow row tiles beyond 96 tokens"). */
+static int r_stream_narrow_rows(const fuser_plan *p, const fuser_target *t)
+{
+    (void)t;
+    return p->kind == FUSER_KIND_STREAM && !p->chain.gated && p->chain.dtype != FUSER_E4M3 && p->bm < 64 &&
+           p->chain.m > 96;
+}
+
 /* CHOICE: narrow n-tiles (fuser_stream_narrow_bn) and l-tiles (fuser_stream_narrow_bl) only where the last row
  * tile is more than half full: such plans run slower as a tile's real rows fall below that, which the cost
  * model does not see (docs/planner.md, "96- and 112-wide n-tiles"); other tiles serve those counts. */
@@ -269,6 +281,8 @@ const fuser_rule fuser_rules[] = {
     {"stream_decode_rows", "stream kernel: 64- and 128-row tiles at up to 32 tokens only for chains whose weights "
                            "fit L2",
      FUSER_LEVEL_CHOICE, r_stream_decode_rows},
+    {"stream_narrow_rows", "stream kernel: 16- and 32-row (swap-AB) tiles of plain 16-bit chains at up to 96 tokens",
+     FUSER_LEVEL_CHOICE, r_stream_narrow_rows},
     {"stream_narrow_n", "stream kernel: 96- and 112-wide n-tiles and 96-wide l-tiles where the last row tile is "
                         "more than half full",
      FUSER_LEVEL_CHOICE, r_stream_narrow_n},

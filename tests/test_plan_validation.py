@@ -67,7 +67,7 @@ def test_a_core_plan_is_checked_against_the_target_it_is_given_like_its_dict():
 
 
 @pytest.mark.parametrize("kw", [dict(fused=False), dict(fused=True, kind="cluster"), dict(fused=True, kind="stream"),
-                                dict(fused=True, kind="stream", bm=16), dict(gated=True, activation="silu"),
+                                dict(fused=True, kind="stream", bm=16, s1=1, s2=4), dict(gated=True, activation="silu"),
                                 dict(fused=True, kind="stream", phases=1, bm=64)])
 def test_a_core_plan_and_its_dict_derive_alike_on_every_target(kw):
     kw = dict(dict(activation="gelu"), **kw)

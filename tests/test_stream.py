@@ -409,3 +409,25 @@ def test_decode_plans_of_weights_beyond_l2_use_the_swap_ab_tiles():
     assert asked.tiles["bm"] == 128, asked.summary()
     rules = {name: level for name, level, _ in fuser._C.rules()}
     assert rules["stream_decode_rows"] == rules["stream_fill"] == "choice"
+
+
+def test_plain_chains_beyond_96_tokens_leave_the_swap_ab_tiles():
+    """Beyond 96 tokens a plain chain's 16- and 32-row tiles stream the weights once per row tile through L2,
+    which the model under-prices: on an H100 its G6 and G9 picks of such tiles at 100-256 tokens ran 0.82-0.89x
+    eager and GPT-2 medium's at 128 0.82-0.89x (both cards), and on the H200 no such plan is the fastest in any
+    timed cell of 100-2048 tokens (docs/planner.md, "Narrow row tiles beyond 96 tokens"). At 96 tokens they stay
+    candidates, a gated chain keeps them (S8 at 160 tokens: 1.05-1.13x eager), and a caller who sets the splits
+    may still ask for one."""
+    for target in ("h100", "h200"):
+        for m, d, f in ((100, 512, 2048), (128, 1024, 4096), (128, 512, 2048), (256, 512, 2048), (160, 768, 3072)):
+            bms = {p.tiles["bm"] for p in fuser.plans(m, d, f, activation="gelu", target=target, fused=True,
+                                                      kind="stream", k=64)}
+            assert bms and min(bms) >= 64, (target, m, d, f, bms)
+    assert min(p.tiles["bm"] for p in fuser.plans(96, 512, 2048, activation="gelu", target="h100", fused=True,
+                                                  kind="stream", k=64)) < 64
+    assert min(p.tiles["bm"] for p in fuser.plans(160, 1024, 3072, gated=True, activation="silu", target="h200",
+                                                  fused=True, kind="stream", k=64)) < 64
+    asked = fuser.plan(128, 512, 2048, activation="gelu", target="h100", fused=True, kind="stream", bm=16, s1=1,
+                       s2=4)
+    assert asked.tiles["bm"] == 16, asked.summary()
+    assert {name: level for name, level, _ in fuser._C.rules()}["stream_narrow_rows"] == "choice"
