@@ -14,6 +14,7 @@ pick differs, and time both picks of each such cell beside PyTorch eager in CUDA
     python benchmarks/pick_diff.py time CELLS.json TIMED.json   # on a Hopper GPU, in either tree
     python benchmarks/pick_diff.py time --route CELLS.json T.json  # and fuser's own eager route beside them
     python benchmarks/pick_diff.py backtest LOG.json ...         # any machine: the built model's picks
+    python benchmarks/pick_diff.py backtest --target h100 LOG.json ...  # another built-in target's picks
     python benchmarks/pick_diff.py accuracy LOG.json ...         # any machine: its ranking of timed plans
 
 Quantized picks (``dump --fp8``: cells NAME:M:fp8) are listed and diffed the same way; ``time`` leaves them to
@@ -190,12 +191,31 @@ def timed_plans(paths):
     return out
 
 
-def backtest(paths):
-    """The built model's pick in every cell the timed files hold: (per-cell rows of
-    ``fit_stream.backtest``, geomean regret, geomean speed-up over eager, cells whose pick was not timed)."""
+def routes(paths):
+    """{(name, m): us} of fuser's own eager route in every cell ``time --route`` timed in `paths` (newest last):
+    what an eager pick runs, where the planner prices the route rather than PyTorch's ops."""
+    out = {}
+    for path in paths:
+        if path.endswith(".csv"):
+            continue
+        with open(path) as f:
+            o = json.load(f)
+        for cell, v in (o.items() if isinstance(o, dict) else ()):
+            if isinstance(v, dict) and "after_plan" in v and v.get("route") is not None:
+                name, m = cell.split(":")
+                out[(name, int(m))] = v["route"]
+    return out
+
+
+def backtest(paths, target="h200"):
+    """The built model's pick on the built-in `target` in every cell the timed files hold: (per-cell rows of
+    ``fit_stream.backtest``, geomean regret, geomean speed-up over eager, cells whose pick was not timed).
+    An eager pick's time is fuser's eager route's where the files timed it (``routes``), else PyTorch's ops'."""
     import fuser
     rows = timed_plans(paths)
-    checks = fit_stream.backtest(rows, fit_stream.eager_rows(rows), dict(fuser._C.targets()["h200"]))
+    eager = fit_stream.eager_rows(rows)
+    eager.update({k: t for k, t in routes(paths).items() if k in eager})
+    checks = fit_stream.backtest(rows, eager, dict(fuser._C.targets()[target]))
     timed = [r for r in checks.values() if r["regret"] is not None]
     if not timed:
         raise ValueError(f"no cell of {len(checks)} has its pick timed in {paths}")
@@ -242,6 +262,7 @@ def main(argv=None):
     a.add_argument("cells")
     a.add_argument("out")
     a = sub.add_parser("backtest")
+    a.add_argument("--target", default="h200", help="the built-in target whose picks to judge (default h200)")
     a.add_argument("logs", nargs="+")
     a = sub.add_parser("accuracy")
     a.add_argument("logs", nargs="+")
@@ -257,7 +278,7 @@ def main(argv=None):
             print(f"{cell:16s} {_plan_name(c['before'][0])}  ->  {_plan_name(c['after'][0])}")
         print(f"{len(cells)} cells differ")
     elif args.cmd == "backtest":
-        checks, regret, vs_eager, untimed = backtest(args.logs)
+        checks, regret, vs_eager, untimed = backtest(args.logs, args.target)
         fit_stream.show_checks("the built model's pick per cell, measured, against the best measured", checks)
         print(f"geomean regret {regret:.3f}, geomean speed-up over eager {vs_eager:.3f}; "
               f"picks not timed: {', '.join(untimed) or 'none'}")

@@ -119,7 +119,9 @@ static double gemm_us(const fuser_target *t, double m, double k, double n, doubl
 }
 
 /* The unfused path as fuser runs it: PyTorch eager ops (cuBLAS GEMMs with fused bias, separate
- * activation and product kernels, the intermediate through HBM). A quantized chain's: PyTorch's FP8 ops
+ * activation and product kernels, the intermediate through HBM), a plain chain's ReLU or tanh GELU in the up
+ * GEMM's epilogue where fuser_eager_epilogue says so. (A gated chain's route runs the activation and product as
+ * one kernel, and packed gate and up weights as one GEMM: not counted, docs/planner.md.) A quantized chain's: PyTorch's FP8 ops
  * (fuser.fp8.eager: scaled GEMMs of e4m3 operands with bfloat16 results, the elementwise kernels in
  * bfloat16, and x and H quantized by three elementwise ops each). The GEMMs are tensorwise, at the
  * 16-bit rate (measured no faster than bf16 ones on the H200), each result then scaled per row by one
@@ -136,11 +138,13 @@ static void cost_unfused(fuser_plan *p, const fuser_target *t)
     const double eff = rowwise ? t->eager_fp8_mma_eff : t->eager_mma_eff,
                  w_rate = rowwise ? t->eager_fp8_hbm_eff : 1;
     fuser_cost *k = &p->cost;
-    /* the intermediate's HBM passes: plain: GEMM1 writes H, act reads and writes it, GEMM2 reads it (4);
-     * gated: gate and up written (2), act r+w (2), product reads 2 and writes 1 (3), GEMM2 reads (1): 8.
-     * The gated path also reads x twice. */
-    double ew_bytes = c->gated ? e * M * N * 5 : e * M * N * 2; /* the elementwise kernels' share */
-    double hbm = compulsory_bytes(c) + e * M * N * (c->gated ? 8 : 4) + (c->gated ? e * M * K : 0);
+    /* the activation in the up GEMM's epilogue (fuser_eager_epilogue): no activation kernel */
+    const int epi = fuser_eager_epilogue(c);
+    /* the intermediate's HBM passes: plain: GEMM1 writes H, act reads and writes it, GEMM2 reads it (4; 2 with
+     * the activation in the epilogue); gated: gate and up written (2), act r+w (2), product reads 2 and writes 1
+     * (3), GEMM2 reads (1): 8. The gated path also reads x twice. */
+    double ew_bytes = c->gated ? e * M * N * 5 : epi ? 0 : e * M * N * 2; /* the elementwise kernels' share */
+    double hbm = compulsory_bytes(c) + e * M * N * (c->gated ? 8 : epi ? 2 : 4) + (c->gated ? e * M * K : 0);
     if (q) /* x and H read in bfloat16 and written in e4m3 by the quantizing ops (each pass read and written) */
         ew_bytes += 3 * 3 * M * (K + N);
     if (q && !rowwise) /* each GEMM's bfloat16 result read and written by its per-row scaling */
@@ -152,9 +156,10 @@ static void cost_unfused(fuser_plan *p, const fuser_target *t)
                  gemm_us(t, Mg, N, L, eg, eff, w_rate, !q);
     k->hbm = ew_bytes / (t->hbm_gbs * 1e3);
     k->l2 = k->dsm = k->smem = k->sync = k->tail = 0;
-    /* the GEMMs, the activation and (gated) the product; quantized: and 3 ops each for x and H, and the
-     * per-row scaling ops (tensorwise) or the two scale fills (rowwise) */
-    k->launch = t->eager_op_us * (gemms + (c->gated ? 2 : 1) + (q ? 6 + (rowwise ? 2 : gemms) : 0));
+    /* the GEMMs, the activation (unless in the epilogue) and (gated) the product; quantized: and 3 ops each for x
+     * and H, and the per-row scaling ops (tensorwise) or the two scale fills (rowwise) */
+    k->launch = t->eager_op_us * (gemms + (c->gated ? 2 : epi ? 0 : 1) + (q ? 6 + (rowwise ? 2 : gemms) : 0)) +
+                (epi ? t->eager_epilogue_us : 0);
     k->total = k->compute + k->hbm + k->launch;
     k->useful_flops = k->flops = chain_flops(c);
     k->waves = 0;

@@ -433,11 +433,13 @@ static int run_cluster(sim *S, fuser_err *err)
     return FUSER_OK;
 }
 
-/* ---- the unfused path: PyTorch eager semantics, each kernel reading and writing HBM ---- */
+/* ---- the unfused path: fuser's eager route (PyTorch's ops, a plain chain's activation in the up GEMM's epilogue
+ * where fuser_eager_epilogue says so), each kernel reading and writing HBM ---- */
 
-/* out[m, n] = round(sum_k a[m, k] * w[n, k] + bias[n]): one library GEMM with its bias epilogue. */
+/* out[m, n] = round(act(sum_k a[m, k] * w[n, k] + bias[n])): one library GEMM with its bias epilogue, and the
+ * activation in it when `epi` (fuser_eager_epilogue: one rounding). */
 static void ref_gemm(fuser_dtype dt, const uint16_t *a, const uint16_t *w, const uint16_t *bias, int64_t m,
-                     int64_t k, int64_t n, uint16_t *out)
+                     int64_t k, int64_t n, int epi, fuser_act act, uint16_t *out)
 {
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++) {
@@ -446,7 +448,7 @@ static void ref_gemm(fuser_dtype dt, const uint16_t *a, const uint16_t *w, const
                 acc += fuser_half_to_float(a[i * k + kk], dt) * fuser_half_to_float(w[j * k + kk], dt);
             if (bias)
                 acc += fuser_half_to_float(bias[j], dt);
-            out[i * n + j] = fuser_float_to_half(acc, dt);
+            out[i * n + j] = fuser_float_to_half(epi ? fuser_act_f32(act, acc) : acc, dt);
         }
 }
 
@@ -462,22 +464,23 @@ static int interpret_unfused(const fuser_plan *p, const fuser_ffn_data *d, fuser
                           (long long)MN * 2);
     uint16_t *u = g + MN;
     int64_t bytes = 0;
-    ref_gemm(dt, d->x, d->w_up, d->b_up, M, K, N, u);
+    const int epi = fuser_eager_epilogue(c);
+    ref_gemm(dt, d->x, d->w_up, d->b_up, M, K, N, epi, c->act, u);
     bytes += 2 * (M * K + N * K + (c->bias_up ? N : 0) + MN);
     if (c->gated) {
-        ref_gemm(dt, d->x, d->w_gate, d->b_gate, M, K, N, g);
+        ref_gemm(dt, d->x, d->w_gate, d->b_gate, M, K, N, 0, c->act, g);
         bytes += 2 * (M * K + N * K + (c->bias_gate ? N : 0) + MN);
         for (int64_t i = 0; i < MN; i++) /* act(g): read g, write a */
             g[i] = fuser_float_to_half(fuser_act_f32(c->act, fuser_half_to_float(g[i], dt)), dt);
         for (int64_t i = 0; i < MN; i++) /* a * u: read both, write h */
             u[i] = fuser_float_to_half(fuser_half_to_float(g[i], dt) * fuser_half_to_float(u[i], dt), dt);
         bytes += 2 * (2 * MN) + 2 * (3 * MN);
-    } else {
+    } else if (!epi) {
         for (int64_t i = 0; i < MN; i++)
             u[i] = fuser_float_to_half(fuser_act_f32(c->act, fuser_half_to_float(u[i], dt)), dt);
         bytes += 2 * (2 * MN);
     }
-    ref_gemm(dt, u, d->w_down, d->b_down, M, N, L, d->y);
+    ref_gemm(dt, u, d->w_down, d->b_down, M, N, L, 0, c->act, d->y);
     bytes += 2 * (MN + L * N + (c->bias_down ? L : 0) + M * L);
     free(g);
     res->traffic.hbm = res->traffic.l2 = bytes;

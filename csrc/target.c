@@ -82,6 +82,10 @@ static const fuser_target builtin[] = {
          * 7B decode measured again out of sample, eager from 128 tokens on). */
         .small_gemm_eff = 0.972,
         .eager_op_us = 2.182, .eager_mma_eff = 0.959, .eager_ramp_us = 2.807, .eager_ramp_mb = 2.508,
+        /* the bias-free ReLU chains' eager route with the activation in the up GEMM's epilogue over a zero bias
+         * against PyTorch's ops (G4-G10 at 16-128 tokens, twice each, 2026-12-06, -thirtyseventh-zero-bias-{a,b}):
+         * 1.15-2.32 us saved, of which H's two passes account for 0.09-0.95, the launch ~1.1 of eager_op_us */
+        .eager_epilogue_us = 1.1,
         /* the overlap loss: eager FFNs of 7B-70B weights at 64-128 tokens measured 4-13% over the plain maximum
          * (2026-12-04, docs/planner.md "64-128 tokens"), those of a few MB at any token count under
          * it; p = 3 from 64 MB of weights on: msle of the 46 timed cells of 50 MB or more 0.0015 -> 0.0013 (all
@@ -145,6 +149,7 @@ static const fuser_target builtin[] = {
         .fused_scale_smem = 1, .fused_scale_sync = 1, .fused_scale_tail = 1,
         .small_gemm_eff = 0.972,  /* the H200's, until measured here */
         .eager_op_us = 2.182, .eager_mma_eff = 0.959, .eager_ramp_us = 2.807, .eager_ramp_mb = 2.508,
+        .eager_epilogue_us = 1.1,
         .eager_mixed_p = 3.0, .eager_mixed_mb = 64.0, /* the H200's */
         .eager_fp8_mma_eff = 1.3, .eager_fp8_hbm_eff = 0.667, /* the H200's */
         .stream_mma_eff = 0.80, .stream_fixed_us = 1.194, .stream_time_scale = 1.14, /* the H200's */
@@ -261,6 +266,9 @@ int fuser_target_check(const fuser_target *t, fuser_err *err)
     if (!(t->eager_mixed_p >= 1) || !isfinite(t->eager_mixed_p))
         return fuser_fail(err, FUSER_E_VALUE, "target %s: eager_mixed_p must be >= 1, got %g", t->name,
                           t->eager_mixed_p);
+    if (!(t->eager_epilogue_us >= 0) || !isfinite(t->eager_epilogue_us))
+        return fuser_fail(err, FUSER_E_VALUE, "target %s: eager_epilogue_us must be >= 0, got %g", t->name,
+                          t->eager_epilogue_us);
     if (!(t->eager_ramp_us >= 0) || !isfinite(t->eager_ramp_us))
         return fuser_fail(err, FUSER_E_VALUE, "target %s: eager_ramp_us must be >= 0, got %g", t->name,
                           t->eager_ramp_us);

@@ -466,6 +466,10 @@ class Plan:
             if self.chain["gated"] and self.chain["dtype"] in ("bfloat16", "float16"):
                 out.append("  on a Hopper GPU without autograd, the activation and the product run as fuser's gate "
                            "kernel (one pass, same result; the prediction counts PyTorch's two ops)")
+            elif (not self.chain["gated"] and self.chain["dtype"] in ("bfloat16", "float16")
+                  and self.chain["activation"] in ("relu", "gelu_tanh") and self.chain["m"] >= _C.EAGER_EPILOGUE_TOKENS):
+                out.append("  on a Hopper GPU without autograd, the activation runs in the up GEMM's cuBLASLt epilogue "
+                           "(over the up bias, or a zero bias in its place; the prediction counts it there)")
         top, val = self._bound()
         out.append(f"  predicted {b['total']:.1f} us = launch {b['launch']:.1f} + max(compute {b['compute']:.1f}, "
                    f"hbm {b['hbm']:.1f}, l2 {b['l2']:.1f}, dsm {b['dsm']:.1f}, smem {b['smem']:.1f}) + sync "

@@ -508,8 +508,9 @@ def gate_cubin(device):
 #: The fewest tokens at which a plain chain without an up bias whose activation is ReLU or tanh GELU takes it in
 #: the up GEMM's cuBLASLt epilogue over a zero bias (``_C.zero_bias_setup``; 0: never, else at least 2, where torch
 #: runs ``_addmm_activation`` through cuBLASLt). 2: from two rows it beat the ops in every cell
-#: ``benchmarks/eager_epilogue.py --zero-bias`` times (docs/kernels.md, step 50 and "Next kernels" 12).
-ZERO_BIAS_MIN_TOKENS = 2
+#: ``benchmarks/eager_epilogue.py --zero-bias`` times (docs/kernels.md, step 50 and "Next kernels" 12). The
+#: planner prices the eager route by the C core's copy of this default (``_C.EAGER_EPILOGUE_TOKENS``).
+ZERO_BIAS_MIN_TOKENS = _C.EAGER_EPILOGUE_TOKENS
 
 
 def zero_bias(w):

@@ -288,7 +288,8 @@ static int module_exec(PyObject *m)
     if (PyModule_AddIntConstant(m, "DLPACK_MAJOR", 1) || PyModule_AddIntConstant(m, "DLPACK_MINOR", 0) ||
         PyModule_AddIntConstant(m, "ALIGN_BYTES", FUSER_ALIGN_BYTES) ||
         PyModule_AddIntConstant(m, "STREAM_TRACE_WORDS", FUSER_STREAM_TRACE_WORDS) ||
-        PyModule_AddIntConstant(m, "FP8_ROWWISE_TOKENS", FUSER_FP8_ROWWISE_TOKENS))
+        PyModule_AddIntConstant(m, "FP8_ROWWISE_TOKENS", FUSER_FP8_ROWWISE_TOKENS) ||
+        PyModule_AddIntConstant(m, "EAGER_EPILOGUE_TOKENS", FUSER_EAGER_EPILOGUE_TOKENS))
         return -1;
     return 0;
 }

@@ -345,19 +345,22 @@ BACKTEST_LOGS = [f"benchmarks/results/2026-12-02-h200-{n}.json" for n in (
         "twentyseventh-pick-diff-bn112-b", "twentyseventh-pick-diff-bm64-a", "twentyseventh-pick-diff-bm64-b")] + [
     f"benchmarks/results/2026-12-05-h200-thirtysecond-{n}.json" for n in (
         "bl96-a", "bl96-b", "bl96-prefill-a", "bl96-prefill-b", "gate-model-a", "gate-model-b")] + [
-    f"benchmarks/results/2026-12-05-h200-thirtysecond-targets-{r}.csv" for r in "ab"]
+    f"benchmarks/results/2026-12-05-h200-thirtysecond-targets-{r}.csv" for r in "ab"] + [
+    f"benchmarks/results/2026-12-06-h200-fortieth-epilogue-route-{r}.json" for r in "ab"]
 
 
 def test_the_planners_picks_on_every_timed_cell_stay_timed_and_fast():
-    """The built model's pick in each of the 253 cells the committed H200 timings cover is a plan they
-    timed (or eager), within 1% of the best timed there (geomean) and 13% faster than eager (geomean).
-    The model before 96-wide n-tiles scored 1.015 and 1.128 on the 226 cells timed before those at bm 64;
-    on the 242 cells before the harness rows this one scores 1.008 and 1.140 (docs/planner.md: what
-    earlier models scored)."""
+    """The built model's pick in each of the 270 cells the committed H200 timings cover is a plan they
+    timed (or eager), within 1.4% of the best timed there (geomean) and 9% faster than eager (geomean), an eager
+    pick timed as fuser's eager route where the files time it (``pick_diff.routes``: the 81 plain ReLU cells
+    whose fused picks the route-priced model sends to eager), else as PyTorch's ops. The model that priced
+    eager as the ops scores 1.015 and 1.092 on these cells, and scored 1.009 and 1.131 on the 253 before the route
+    timings, which judged eager picks by the ops' slower times (docs/planner.md, "The eager route's epilogue in
+    the model")."""
     pd = _pick_diff()
     checks, regret, vs_eager, untimed = pd.backtest([str(ROOT / p) for p in BACKTEST_LOGS])
-    assert len(checks) == 253 and untimed == [], untimed
-    assert regret <= 1.010 and vs_eager >= 1.130, (regret, vs_eager)
+    assert len(checks) == 270 and untimed == [], untimed
+    assert regret <= 1.014 and vs_eager >= 1.090, (regret, vs_eager)
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks/pick_diff.py"), "backtest",
                         *[str(ROOT / p) for p in BACKTEST_LOGS]], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and f"geomean regret {regret:.3f}" in r.stdout, r.stderr

@@ -315,13 +315,15 @@ def test_one_phase_plans_of_one_row_tile_have_their_own_unit_cost():
 
 def test_one_round_units_of_few_weights_cost_what_one_row_tile_does():
     """stream_unit_one_kb extends that unit cost to one-phase plans of several row tiles (up to 256 token
-    rows) whose units all run at once and each stream at most that many KB of weights: G3 at 128 tokens
-    (two row tiles of 64, units of ~61 KB) runs its one-phase plan where with 0 KB it stays eager; G9 (512 -> 2048 -> 512) at 128 tokens (units of 288 KB), a plan of more units than SMs,
+    rows) whose units all run at once and each stream at most that many KB of weights: G3's shape at 128 tokens
+    (two row tiles of 64, units of ~61 KB; with exact GELU, which the eager route runs as PyTorch's ops) runs its
+    one-phase plan where with 0 KB it stays eager; G9 (512 -> 2048 -> 512) at 128 tokens (units of 288 KB), a plan
+    of more units than SMs,
     and G2 (512 -> 256 -> 64) at 384 tokens (six row tiles) keep the general cost; a negative value is
     refused."""
     h200 = dict(fuser._C.targets()["h200"])
     none = dict(h200, stream_unit_one_kb=0.0)
-    args = dict(d_out=256, activation="relu")
+    args = dict(d_out=256, activation="gelu")
     p = fuser.plan(128, 416, 512, target=h200, **args)
     assert p.kind == "stream" and p.raw["params"]["phases"] == 1 and p.derived["grid_m"] == 2
     assert not fuser.plan(128, 416, 512, target=none, **args).fused

@@ -501,3 +501,33 @@ def test_graphs_of_a_host_bound_relu_chain_take_the_zero_bias_epilogue(zero_bias
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(y, _zero_bias_want(x, wu, wd, "relu"))
+
+
+def test_the_planner_prices_the_eager_route_with_its_epilogue():
+    """A plain 16-bit chain with ReLU or tanh GELU runs its activation in the up GEMM's epilogue from
+    ``_C.EAGER_EPILOGUE_TOKENS`` rows (the runtime's zero-bias default): the model's eager prediction drops the
+    activation kernel (eager_op_us for eager_epilogue_us) and H's two passes through it. Priced so, the eager
+    route beats the fused picks of the paper's ReLU chains that it beat on the GPU (G6 and G9 at 128 tokens on
+    an H100: 1.10-1.14x the ops, the fused picks 0.82-0.89x; G10 at 1024 tokens on the H200: 1.38x the fused
+    pick), while G1, whose fused plan beats the route, stays fused (docs/planner.md, "The eager route's
+    epilogue in the model")."""
+    t = fuser._C.targets()["h200"]
+    m, d, f = 128, 512, 2048
+
+    def eager(act, m=m, gated=False, **target):
+        return fuser.plan(m, d, f, activation=act, gated=gated, fused=False, target=dict(t, **target)).predicted_us
+
+    h_passes = 2 * 2 * m * f / (t["hbm_gbs"] * 1e3)
+    assert eager("gelu") - eager("relu") == pytest.approx(t["eager_op_us"] - t["eager_epilogue_us"] + h_passes)
+    assert eager("gelu_tanh") == pytest.approx(eager("relu"))
+    assert eager("relu", eager_epilogue_us=2.0) - eager("relu") == pytest.approx(2.0 - t["eager_epilogue_us"])
+    one = fuser._C.EAGER_EPILOGUE_TOKENS - 1     # too few rows for the epilogue: PyTorch's three ops
+    assert eager("relu", m=one) == pytest.approx(eager("gelu", m=one))
+    assert eager("silu", gated=True) == pytest.approx(eager("silu", gated=True, eager_epilogue_us=9.0))
+    assert fuser._C.EAGER_EPILOGUE_TOKENS == runtime.ZERO_BIAS_MIN_TOKENS
+    with pytest.raises(ValueError, match="eager_epilogue_us must be >= 0"):
+        fuser.plan(m, d, f, activation="relu", target=dict(t, eager_epilogue_us=-1.0))
+    for target, (m, d, f) in (("h100", (128, 1024, 4096)), ("h100", (128, 512, 2048)), ("h200", (1024, 384, 1536))):
+        p = fuser.plan(m, d, f, activation="relu", target=target)
+        assert not p.fused and "cuBLASLt epilogue" in p.explain(), (target, m, d, f, p.summary())
+    assert fuser.plan(128, 32, 512, d_out=256, activation="relu", target="h200").fused

@@ -44,6 +44,11 @@ static inline int fuser_fp8_rowwise(int64_t m)
     return m >= FUSER_FP8_ROWWISE_ALL_TOKENS || (m >= FUSER_FP8_ROWWISE_TOKENS && m % FUSER_FP8_ROWWISE_TOKENS == 0);
 }
 
+/** The fewest token rows from which fuser's eager route puts a plain chain's ReLU or tanh GELU in the up GEMM's
+ * cuBLASLt epilogue (over b_up, or a zero bias in its place): torch runs that epilogue from two rows. The
+ * runtime's default (fuser.runtime.ZERO_BIAS_MIN_TOKENS); the planner prices the eager route by it. */
+#define FUSER_EAGER_EPILOGUE_TOKENS 2
+
 /** Activations. Values are stable (used in cache keys, plans and generated code). */
 typedef enum {
     FUSER_ACT_RELU = 0,
@@ -75,6 +80,14 @@ typedef struct fuser_chain {
     int bias_down;    /* b_down [L] present */
     fuser_dtype dtype;
 } fuser_chain;
+
+/** Whether fuser's eager route runs `c`'s activation in the up GEMM's epilogue: a plain 16-bit chain with ReLU or
+ * tanh GELU from FUSER_EAGER_EPILOGUE_TOKENS rows (one launch and two passes of H fewer than PyTorch's ops). */
+static inline int fuser_eager_epilogue(const fuser_chain *c)
+{
+    return !c->gated && (c->dtype == FUSER_BF16 || c->dtype == FUSER_F16) &&
+           (c->act == FUSER_ACT_RELU || c->act == FUSER_ACT_GELU_TANH) && c->m >= FUSER_EAGER_EPILOGUE_TOKENS;
+}
 
 /** The dtype of a chain's output and biases: its own, or bfloat16 for a quantized (e4m3) chain. */
 fuser_dtype fuser_chain_out_dtype(const fuser_chain *c);

@@ -50,6 +50,9 @@ typedef struct fuser_target {
      * mma_tflops its GEMMs reach when compute-bound, and each GEMM's ramp: eager_ramp_us x (1 -
      * exp(-bytes / eager_ramp_mb)) of fill and drain on top of its bandwidth or compute time */
     double eager_op_us, eager_mma_eff, eager_ramp_us, eager_ramp_mb;
+    /* what the activation costs in the up GEMM's cuBLASLt epilogue (fuser_eager_epilogue) in place of its own
+     * kernel's eager_op_us: the epilogue GEMM's time over a plain GEMM's */
+    double eager_epilogue_us;
     /* a 16-bit library GEMM's compute time tc and bandwidth time tm do not overlap fully: max(tc, tm)
      * plus the excess of their smooth maximum (tc^p + tm^p)^(1/p), p = eager_mixed_p (large: none), in
      * full from eager_mixed_mb MB of weights on and in proportion below (small GEMMs' ramp covers it) */
