@@ -121,9 +121,9 @@ static double gemm_us(const fuser_target *t, double m, double k, double n, doubl
 /* The unfused path as fuser runs it: PyTorch eager ops (cuBLAS GEMMs with fused bias, separate
  * activation and product kernels, the intermediate through HBM), a plain chain's ReLU or tanh GELU in the up
  * GEMM's epilogue where fuser_eager_epilogue says so. (A gated chain's route runs the activation and product as
- * one kernel, and packed gate and up weights as one GEMM: not counted, docs/planner.md.) A quantized chain's: PyTorch's FP8 ops
- * (fuser.fp8.eager: scaled GEMMs of e4m3 operands with bfloat16 results, the elementwise kernels in
- * bfloat16, and x and H quantized by three elementwise ops each). The GEMMs are tensorwise, at the
+ * one kernel, and packed gate and up weights as one GEMM: not counted, docs/planner.md.) A quantized chain's:
+ * PyTorch's FP8 ops (fuser.fp8.eager: scaled GEMMs of e4m3 operands with bfloat16 results, the elementwise
+ * kernels in bfloat16, and x and H quantized by three elementwise ops each). The GEMMs are tensorwise, at the
  * 16-bit rate (measured no faster than bf16 ones on the H200), each result then scaled per row by one
  * more op, except where fuser_fp8_rowwise says rowwise (multiples of 128 tokens, and 512 on): rowwise,
  * at eager_fp8_mma_eff of the matmul rate and reading their weights at eager_fp8_hbm_eff of the

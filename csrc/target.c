@@ -149,8 +149,7 @@ static const fuser_target builtin[] = {
         .fused_scale_smem = 1, .fused_scale_sync = 1, .fused_scale_tail = 1,
         .small_gemm_eff = 0.972,  /* the H200's, until measured here */
         .eager_op_us = 2.182, .eager_mma_eff = 0.959, .eager_ramp_us = 2.807, .eager_ramp_mb = 2.508,
-        .eager_epilogue_us = 1.1,
-        .eager_mixed_p = 3.0, .eager_mixed_mb = 64.0, /* the H200's */
+        .eager_epilogue_us = 1.1, .eager_mixed_p = 3.0, .eager_mixed_mb = 64.0, /* the H200's */
         .eager_fp8_mma_eff = 1.3, .eager_fp8_hbm_eff = 0.667, /* the H200's */
         .stream_mma_eff = 0.80, .stream_fixed_us = 1.194, .stream_time_scale = 1.14, /* the H200's */
         .stream_operand_bytes_per_clk = 93.713, .stream_unit_us = 1.985, .stream_sm_gbs = 75.6,
