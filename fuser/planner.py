@@ -466,8 +466,7 @@ class Plan:
             if self.chain["gated"] and self.chain["dtype"] in ("bfloat16", "float16"):
                 out.append("  on a Hopper GPU without autograd, the activation and the product run as fuser's gate "
                            "kernel (one pass, same result; the prediction counts PyTorch's two ops)")
-            elif (not self.chain["gated"] and self.chain["dtype"] in ("bfloat16", "float16")
-                  and self.chain["activation"] in ("relu", "gelu_tanh") and self.chain["m"] >= _C.EAGER_EPILOGUE_TOKENS):
+            elif self._d.get("eager_epilogue"):
                 out.append("  on a Hopper GPU without autograd, the activation runs in the up GEMM's cuBLASLt epilogue "
                            "(over the up bias, or a zero bias in its place; the prediction counts it there)")
         top, val = self._bound()

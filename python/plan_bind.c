@@ -443,6 +443,9 @@ PyObject *fuser_plan_to_dict(const fuser_plan *p)
     bad = bad || PyDict_SetItemString(d, "traffic", tr) || PyDict_SetItemString(d, "cost", cost);
     Py_XDECREF(tr);
     Py_XDECREF(cost);
+    /* an unfused plan: whether the eager route it prices runs the activation in the up GEMM's epilogue */
+    bad = bad || (!p->fused && PyDict_SetItemString(d, "eager_epilogue",
+                                                     fuser_eager_epilogue(&p->chain) ? Py_True : Py_False));
     if (!bad && p->fused) {
         PyObject *params = Py_BuildValue("{s:s,s:(iiii),s:i,s:i,s:i,s:i,s:i,s:s,s:s,s:i,s:i,s:i,s:i}", "kind",
                                          kind_names[p->kind], "cluster", p->cls_m, p->cls_n, p->cls_k, p->cls_l, "bm",

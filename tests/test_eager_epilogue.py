@@ -529,5 +529,7 @@ def test_the_planner_prices_the_eager_route_with_its_epilogue():
         fuser.plan(m, d, f, activation="relu", target=dict(t, eager_epilogue_us=-1.0))
     for target, (m, d, f) in (("h100", (128, 1024, 4096)), ("h100", (128, 512, 2048)), ("h200", (1024, 384, 1536))):
         p = fuser.plan(m, d, f, activation="relu", target=target)
-        assert not p.fused and "cuBLASLt epilogue" in p.explain(), (target, m, d, f, p.summary())
+        assert not p.fused and p.raw["eager_epilogue"] and "cuBLASLt epilogue" in p.explain(), (target, m, d, f)
+    exact = fuser.plan(128, 1024, 4096, activation="gelu", fused=False, target="h200")
+    assert not exact.raw["eager_epilogue"] and "cuBLASLt epilogue" not in exact.explain()
     assert fuser.plan(128, 32, 512, d_out=256, activation="relu", target="h200").fused
