@@ -349,7 +349,8 @@ def eager_ops(chain):
 #: least this much faster there (the host's time per op is measured, the rest is the model's) ...
 HOST_BOUND_MARGIN = 1.25
 #: ... and its kernel at most this much slower on the GPU than the eager ops (what a host running ahead of
-#: the GPU, where the GPU's time is all that counts, would lose)
+#: the GPU, where the GPU's time is all that counts, would lose), or at most one PyTorch op's host time
+#: slower (a loss no larger than what each launch the fused call saves gains on a host-bound call)
 HOST_BOUND_GPU_CAP = 1.5
 _host_op = {}                      # device -> us
 #: Whether the current CUDA stream is capturing a graph (``torch.cuda.is_current_stream_capturing``, less a
@@ -398,7 +399,7 @@ def host_bound(eager_us, fused_us, host_us, ops):
     the host `host_us` while the GPU waits, so a call
     takes about the larger of its host and GPU times: the eager ops' ``max(eager_us, ops x host_us)``
     against one launch's ``max(fused_us, host_us)``, which must be ``HOST_BOUND_MARGIN`` times less, with
-    ``fused_us`` at most ``HOST_BOUND_GPU_CAP`` times ``eager_us``.
+    ``fused_us`` at most ``HOST_BOUND_GPU_CAP`` times ``eager_us`` or at most ``eager_us + host_us``.
 
     Example:
         >>> from fuser import runtime
@@ -407,7 +408,8 @@ def host_bound(eager_us, fused_us, host_us, ops):
     """
     eager_call = max(eager_us, ops * host_us)
     fused_call = max(fused_us, host_us)
-    return fused_us <= HOST_BOUND_GPU_CAP * eager_us and fused_call * HOST_BOUND_MARGIN <= eager_call
+    cap = max(HOST_BOUND_GPU_CAP * eager_us, eager_us + host_us)
+    return fused_us <= cap and fused_call * HOST_BOUND_MARGIN <= eager_call
 
 
 def host_bound_plan(chain, device, graph_plan, host_us=None):
