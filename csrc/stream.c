@@ -164,7 +164,10 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
     const fuser_pair pair = fuser_stream_pair(p);
     const double sw = pair == FUSER_PAIR_ROWS ? 0.5 : 1, sx = pair == FUSER_PAIR_TILES ? 0.5 : 1;
     double T = 0, busy[2] = {0, 0}; /* busy: a unit's MMAs, epilogue and fixed cost */
-    const double hbm = t->hbm_gbs * 1e9;
+    /* one row tile's plans read each weight once, straight from HBM into one SM, at the part's stream rate;
+     * several row tiles' read each weight tile again from L2 for the next row tile, and measure at hbm_gbs's
+     * rate (timed on the H100, where the two differ: docs/planner.md "The stream's HBM rate on other parts") */
+    const double hbm = (g.rt == 1 ? t->stream_hbm_gbs : t->hbm_gbs) * 1e9;
     /* one round of 128-row phase-1 units on one row tile (64-128 tokens), each SM one unit of GEMM1 over
      * the whole of d_model: their main loops run at the matmul rate, above the GEMM probe's (unit traces:
      * docs/planner.md "64-128 tokens") */
@@ -211,7 +214,7 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
     k->flops = 2.0 * g.kc * g.bm * g.rt * (g.reps * g.parts * g.bn * g.nt1 * g.kt1 + g.bl * g.lt2 * g.kt2);
     k->useful_flops = 2.0 * c->m * c->n * ((double)c->k * (c->gated ? 2 : 1) + c->l);
     k->compute = k->flops / (G * mma_sm) * 1e6;
-    k->hbm = (p->traffic.hbm + 2 * h_hbm) / (t->hbm_gbs * 1e9) * 1e6;
+    k->hbm = (p->traffic.hbm + 2 * h_hbm) / hbm * 1e6;
     k->l2 = p->traffic.l2 / (t->l2_gbs * 1e9) * 1e6;
     k->smem = p->traffic.smem / (G * t->smem_bytes_per_clk * clk) * 1e6;
     k->dsm = 0;

@@ -114,6 +114,7 @@ static const fuser_target builtin[] = {
         /* one round of 128-row phase-1 units at 64-128 tokens: LLaMA-2-7B's 86 units of 268 MFLOP ran their
          * main loops in 45.7 us, the matmul rate (unit traces, docs/planner.md "64-128 tokens") */
         .stream_round_mma_eff = 1.0,
+        .stream_hbm_gbs = 4398.0,   /* hbm_gbs */
         .fusion_margin = 0.10,      /* policy: the calibrated model's typical error is ~20% (log error
                                        0.037 leave-one-shape-out), so gains under 10% are not trusted */
         .stream_margin = 0.03,      /* policy: fitted without S8, the models pick for it a stream plan
@@ -155,6 +156,7 @@ static const fuser_target builtin[] = {
         .stream_operand_bytes_per_clk = 93.713, .stream_unit_us = 1.985, .stream_sm_gbs = 75.6,
         .stream_unit_one_us = 0.794, .stream_unit_one_kb = 96.0, .stream_fp8_tail_rows = 384.0,
         .stream_round_mma_eff = 1.0,
+        .stream_hbm_gbs = 3352.0,   /* its theoretical 3.35 TB/s: 2619 MHz x 2 x 5120 bits */
         .fusion_margin = 0.10,
         .stream_margin = 0.03,
         .max_workspace = (int64_t)256 << 20,
@@ -173,6 +175,10 @@ const char *fuser_target_names(void)
 {
     return "h200, h100";
 }
+
+/* The stream kernel's ring-bound read rate as priced on the H200 (0.915 of its 4.92 TB/s): where a part's
+ * theoretical bandwidth is below it, its stream reads at that theoretical rate instead. */
+#define STREAM_RING_GBS 4498.0
 
 int fuser_target_from_device(const fuser_device_props *p, fuser_target *t, fuser_err *err)
 {
@@ -199,6 +205,8 @@ int fuser_target_from_device(const fuser_device_props *p, fuser_target *t, fuser
         /* DDR: 2 transfers per clock; the H200 streams 0.915 of its theoretical 4.92 TB/s */
         double theoretical = 2.0 * p->mem_clock_khz * 1e3 * p->mem_bus_bits / 8.0 / 1e9;
         t->hbm_gbs = 0.915 * theoretical;
+        /* the stream's reads: the part's theoretical rate up to the ring's bound (an H200: hbm_gbs, as before) */
+        t->stream_hbm_gbs = fmax(t->hbm_gbs, fmin(theoretical, STREAM_RING_GBS));
     }
     return fuser_target_check(t, err);
 }
@@ -219,7 +227,7 @@ int fuser_target_check(const fuser_target *t, fuser_err *err)
         {"fused_scale_tail", t->fused_scale_tail}, {"small_gemm_eff", t->small_gemm_eff},
         {"stream_mma_eff", t->stream_mma_eff}, {"stream_fixed_us", t->stream_fixed_us},
         {"stream_time_scale", t->stream_time_scale}, {"stream_operand_bytes_per_clk", t->stream_operand_bytes_per_clk},
-        {"stream_sm_gbs", t->stream_sm_gbs}, {"eager_op_us", t->eager_op_us}, {"eager_mma_eff", t->eager_mma_eff},
+        {"stream_sm_gbs", t->stream_sm_gbs}, {"stream_hbm_gbs", t->stream_hbm_gbs}, {"eager_op_us", t->eager_op_us}, {"eager_mma_eff", t->eager_mma_eff},
         {"eager_fp8_mma_eff", t->eager_fp8_mma_eff}, {"eager_fp8_hbm_eff", t->eager_fp8_hbm_eff},
         {"eager_ramp_mb", t->eager_ramp_mb}, {"stream_round_mma_eff", t->stream_round_mma_eff},
     };

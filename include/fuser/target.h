@@ -72,6 +72,11 @@ typedef struct fuser_target {
     double stream_operand_bytes_per_clk, stream_unit_us, stream_unit_one_us, stream_unit_one_kb;
     /* the MMA rate (over the matmul rate) of a single round of 128-row phase-1 units on one row tile */
     double stream_round_mma_eff;
+    /* the HBM rate a stream plan of one row tile is priced at (before stream_time_scale), GB/s: the H200's
+     * hbm_gbs, whose ring reads are bound by the bytes they keep in flight; a part of lower theoretical
+     * bandwidth (the H100) streams at that theoretical rate (docs/planner.md "The stream's HBM rate on
+     * other parts"). Plans of several row tiles stay at hbm_gbs. */
+    double stream_hbm_gbs;
     /* bytes per second one SM of the stream kernel pulls (TMA into its ring; measured 26-50 GB/s in
      * unit traces): what a phase with fewer units than SMs is limited by */
     double stream_sm_gbs;
