@@ -431,3 +431,51 @@ def test_plain_chains_beyond_96_tokens_leave_the_swap_ab_tiles():
                        s2=4)
     assert asked.tiles["bm"] == 16, asked.summary()
     assert {name: level for name, level, _ in fuser._C.rules()}["stream_narrow_rows"] == "choice"
+
+
+def _h100_device():
+    """The target fuser derives on an H100 SXM (the H200's table over its driver's properties)."""
+    return dict(fuser._C.target_for_device("NVIDIA H100 80GB HBM3", (9, 0), 132, 232448, 233472, 52428800,
+                                           1980000, 2619000, 5120))
+
+
+def test_one_row_tile_plans_stream_at_the_parts_rate():
+    """``stream_hbm_gbs`` prices the weight stream of plans with one row tile: the H200's hbm_gbs on an H200
+    (its table and its device target alike), the theoretical 3.35 TB/s on an H100, where decode plans of one
+    row tile measured 4-9% faster than priced at hbm_gbs while those of two row tiles did not (docs/planner.md,
+    "The stream's HBM rate on other parts"). A two-row-tile plan ignores the field; the value is validated."""
+    h200, h100 = (dict(fuser._C.targets()[n]) for n in ("h200", "h100"))
+    dev = _h100_device()
+    dev200 = dict(fuser._C.target_for_device("NVIDIA H200", (9, 0), 132, 232448, 233472, 62914560, 1980000,
+                                             3201000, 6144))
+    assert h200["stream_hbm_gbs"] == h200["hbm_gbs"] and dev200["stream_hbm_gbs"] == dev200["hbm_gbs"]
+    assert dev["stream_hbm_gbs"] == pytest.approx(2 * 2619e3 * 5120 / 8 / 1e6) and h100["stream_hbm_gbs"] == 3352
+    kw = dict(activation="gelu", fused=True, kind="stream", bn=128, bl=128, s1=1, s2=4)
+    one = [fuser.plan(16, 4096, 16384, bm=16, target=t, **kw).predicted_us
+           for t in (dev, dict(dev, stream_hbm_gbs=dev["hbm_gbs"]))]
+    assert one[0] < 0.95 * one[1]                       # HBM-bound: the rate's ratio, less the fixed costs
+    two = [fuser.plan(32, 4096, 16384, bm=16, target=t, **kw).predicted_us
+           for t in (dev, dict(dev, stream_hbm_gbs=dev["hbm_gbs"]))]
+    assert two[0] == two[1]
+    # the H100's decode pick is the fused plan (timed 1.04-1.09x eager there), the H200's stays as it was
+    assert fuser.plan(16, 4096, 16384, activation="gelu", target=dev).fused
+    assert not fuser.plan(16, 4096, 16384, activation="gelu", target=dict(dev, stream_hbm_gbs=dev["hbm_gbs"])).fused
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="stream_hbm_gbs"):
+            fuser.plan(16, 4096, 16384, target=dict(h200, stream_hbm_gbs=bad), **dict(kw, bm=16))
+
+
+def test_equal_predictions_go_to_the_plan_of_fewer_row_tiles():
+    """Where two stream plans are predicted the same to rounding (a schedule-bound time both tilings share),
+    the search keeps the one of fewer row tiles: G6 at 48 tokens on the H100 measured 17.5 us at bm 64 against
+    19.7-20.2 at bm 32 with the same prediction, S8 at 48 and 64 tokens 1.08-1.21x faster at bm 64."""
+    dev = _h100_device()
+    tiles = dict(fused=True, kind="stream", cluster=(1, 1, 1, 1), s1=2, s2=8)
+    a = fuser.plan(48, 1024, 4096, activation="gelu", target=dev, bm=64, bn=64, bl=64, **tiles)
+    b = fuser.plan(48, 1024, 4096, activation="gelu", target=dev, bm=32, bn=128, bl=128, **tiles)
+    assert a.predicted_us == pytest.approx(b.predicted_us, rel=1e-12)
+    for m, d, f, gated, act in ((48, 1024, 4096, False, "gelu"), (48, 1024, 4096, False, "relu"),
+                                (48, 1024, 3072, True, "silu"), (64, 1024, 3072, True, "silu")):
+        for t in (dev, "h200"):
+            p = fuser.plan(m, d, f, gated=gated, activation=act, target=t)
+            assert p.fused and p.raw["params"]["bm"] == 64, (m, d, f, t if isinstance(t, str) else "h100")
