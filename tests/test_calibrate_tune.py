@@ -56,6 +56,21 @@ def test_calibration_file_feeds_the_target(cache):
     assert cal.predicted_us < base.predicted_us
 
 
+def test_a_calibrated_bandwidth_carries_the_streams_rate_with_it(cache):
+    """A measured hbm_gbs moves stream_hbm_gbs by the same factor: equal to it on an H200's table, 9% above it on an
+    H100's device target (its theoretical bandwidth over 0.915 of it), so calibrating keeps the two models apart
+    as the device target set them."""
+    h100 = dict(fuser._C.target_for_device("NVIDIA H100 80GB HBM3", (9, 0), 132, 232448, 233472, 52428800,
+                                           1980000, 2619000, 5120))
+    h200 = dict(fuser._C.targets()["h200"])
+    for name, t in (("Fake H100", h100), ("Fake H200", h200)):
+        store.save("calibration", store.device_key(name, 132), {"fields": {"hbm_gbs": 0.9 * t["hbm_gbs"]}})
+        got = target.apply(t, name, 132)
+        assert got["hbm_gbs"] == pytest.approx(0.9 * t["hbm_gbs"])
+        assert got["stream_hbm_gbs"] == pytest.approx(0.9 * t["stream_hbm_gbs"])
+    assert h200["stream_hbm_gbs"] == h200["hbm_gbs"] and h100["stream_hbm_gbs"] > 1.09 * h100["hbm_gbs"]
+
+
 def test_measured_hardware_constants_drive_their_cost_terms():
     """dsm_bytes_per_clk (per cluster size), barrier_cycles and fused_mma_eff, as calibrate stores them,
     set the dsm, sync and compute terms of a fused plan: halving a rate doubles its term."""
