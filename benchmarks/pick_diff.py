@@ -208,14 +208,16 @@ def routes(paths):
 
 
 def backtest(paths, target="h200"):
-    """The built model's pick on `target` (a built-in name or a target dict) in every cell the timed files hold: (per-cell rows of
-    ``fit_stream.backtest``, geomean regret, geomean speed-up over eager, cells whose pick was not timed).
+    """The built model's pick on `target` (a built-in name or a target dict) in every cell the timed files
+    hold: (per-cell rows of ``fit_stream.backtest``, geomean regret, geomean speed-up over eager, cells whose
+    pick was not timed).
     An eager pick's time is fuser's eager route's where the files timed it (``routes``), else PyTorch's ops'."""
     import fuser
     rows = timed_plans(paths)
     eager = fit_stream.eager_rows(rows)
     eager.update({k: t for k, t in routes(paths).items() if k in eager})
-    checks = fit_stream.backtest(rows, eager, dict(fuser._C.targets()[target] if isinstance(target, str) else target))
+    tgt = fuser._C.targets()[target] if isinstance(target, str) else target
+    checks = fit_stream.backtest(rows, eager, dict(tgt))
     timed = [r for r in checks.values() if r["regret"] is not None]
     if not timed:
         raise ValueError(f"no cell of {len(checks)} has its pick timed in {paths}")

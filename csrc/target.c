@@ -227,7 +227,8 @@ int fuser_target_check(const fuser_target *t, fuser_err *err)
         {"fused_scale_tail", t->fused_scale_tail}, {"small_gemm_eff", t->small_gemm_eff},
         {"stream_mma_eff", t->stream_mma_eff}, {"stream_fixed_us", t->stream_fixed_us},
         {"stream_time_scale", t->stream_time_scale}, {"stream_operand_bytes_per_clk", t->stream_operand_bytes_per_clk},
-        {"stream_sm_gbs", t->stream_sm_gbs}, {"stream_hbm_gbs", t->stream_hbm_gbs}, {"eager_op_us", t->eager_op_us}, {"eager_mma_eff", t->eager_mma_eff},
+        {"stream_sm_gbs", t->stream_sm_gbs}, {"stream_hbm_gbs", t->stream_hbm_gbs},
+        {"eager_op_us", t->eager_op_us}, {"eager_mma_eff", t->eager_mma_eff},
         {"eager_fp8_mma_eff", t->eager_fp8_mma_eff}, {"eager_fp8_hbm_eff", t->eager_fp8_hbm_eff},
         {"eager_ramp_mb", t->eager_ramp_mb}, {"stream_round_mma_eff", t->stream_round_mma_eff},
     };

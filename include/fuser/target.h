@@ -75,7 +75,8 @@ typedef struct fuser_target {
     /* the HBM rate a stream plan of one row tile is priced at (before stream_time_scale), GB/s: the H200's
      * hbm_gbs, whose ring reads are bound by the bytes they keep in flight; a part of lower theoretical
      * bandwidth (the H100) streams at that theoretical rate (docs/planner.md "The stream's HBM rate on
-     * other parts"). Plans of several row tiles stay at hbm_gbs. */
+     * other parts"). Plans of several row tiles stay at hbm_gbs. A target that changes hbm_gbs changes this
+     * with it where it should apply (fuser.target.apply scales it with a calibrated hbm_gbs). */
     double stream_hbm_gbs;
     /* bytes per second one SM of the stream kernel pulls (TMA into its ring; measured 26-50 GB/s in
      * unit traces): what a phase with fewer units than SMs is limited by */
