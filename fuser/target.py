@@ -88,7 +88,7 @@ def apply(target, gpu_name, sm_count):
     if bad:
         warnings.warn(f"fuser: calibration of {key}: ignoring unusable {', '.join(bad)} (run `python -m fuser "
                       "calibrate` again)", RuntimeWarning, stacklevel=2)
-    if "stream_hbm_gbs" in out and out["hbm_gbs"] != target["hbm_gbs"]:
+    if out["hbm_gbs"] != target["hbm_gbs"]:
         # the stream's rate keeps its ratio to the measured bandwidth (equal on an H200, above it on an H100)
         out["stream_hbm_gbs"] = target["stream_hbm_gbs"] * out["hbm_gbs"] / target["hbm_gbs"]
     return out
