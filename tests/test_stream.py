@@ -457,7 +457,7 @@ def test_one_row_tile_plans_stream_at_the_parts_rate():
     two = [fuser.plan(32, 4096, 16384, bm=16, target=t, **kw).predicted_us
            for t in (dev, dict(dev, stream_hbm_gbs=dev["hbm_gbs"]))]
     assert two[0] == two[1]
-    # the H100's decode pick is the fused plan (timed 1.04-1.09x eager there), the H200's stays as it was
+    # the H100's decode pick is the fused plan (timed 1.04-1.09x eager there); priced at hbm_gbs it was eager
     assert fuser.plan(16, 4096, 16384, activation="gelu", target=dev).fused
     assert not fuser.plan(16, 4096, 16384, activation="gelu", target=dict(dev, stream_hbm_gbs=dev["hbm_gbs"])).fused
     for bad in (0.0, -1.0, float("nan")):
