@@ -229,6 +229,8 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
     k->sms_used = (int)G;
     const double s = t->stream_time_scale;
     k->compute *= s, k->hbm *= s, k->l2 *= s, k->smem *= s, k->sync *= s, k->tail *= s;
+    if (g.rt == 1) /* a long stream pays its start once (stream_long_gbs in target.h) */
+        k->hbm = fmin(k->hbm, t->stream_ramp_us + (p->traffic.hbm + 2 * h_hbm) / (t->stream_long_gbs * 1e9) * 1e6);
     k->total = k->launch + fmax(fmax(k->compute, k->hbm), fmax(k->l2, k->smem)) + k->tail + k->sync;
 }
 

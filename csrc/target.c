@@ -115,6 +115,9 @@ static const fuser_target builtin[] = {
          * main loops in 45.7 us, the matmul rate (unit traces, docs/planner.md "64-128 tokens") */
         .stream_round_mma_eff = 1.0,
         .stream_hbm_gbs = 4398.0,   /* hbm_gbs */
+        /* fitted to the bm 16 decode plans of 268-1409 MB timed here (LLaMA-70B's 1.41 GB at one token in
+         * 334.7 us, LLaMA-2-7B's 271 MB in 71.8): torch.sum's rate (docs/planner.md "Long streams") */
+        .stream_long_gbs = 4330.0, .stream_ramp_us = 6.5,
         .fusion_margin = 0.10,      /* policy: the calibrated model's typical error is ~20% (log error
                                        0.037 leave-one-shape-out), so gains under 10% are not trusted */
         .stream_margin = 0.03,      /* policy: fitted without S8, the models pick for it a stream plan
@@ -157,6 +160,9 @@ static const fuser_target builtin[] = {
         .stream_unit_one_us = 0.794, .stream_unit_one_kb = 96.0, .stream_fp8_tail_rows = 384.0,
         .stream_round_mma_eff = 1.0,
         .stream_hbm_gbs = 3352.0,   /* its theoretical 3.35 TB/s: 2619 MHz x 2 x 5120 bits */
+        /* 0.91 of its theoretical rate: its bm 16 decode plans of 101-1409 MB (S4 at one token in 40.3 us,
+         * LLaMA-70B in 468.2); the H200's ramp (4.7 us fits those two) */
+        .stream_long_gbs = 3050.0, .stream_ramp_us = 6.5,
         .fusion_margin = 0.10,
         .stream_margin = 0.03,
         .max_workspace = (int64_t)256 << 20,
@@ -179,6 +185,9 @@ const char *fuser_target_names(void)
 /* The stream kernel's ring-bound read rate as priced on the H200 (0.915 of its 4.92 TB/s): where a part's
  * theoretical bandwidth is below it, its stream reads at that theoretical rate instead. */
 #define STREAM_RING_GBS 4498.0
+
+/* The H200's read rate of long streams (0.88 of its theoretical 4.92 TB/s, the table's stream_long_gbs). */
+#define STREAM_LONG_GBS 4330.0
 
 int fuser_target_from_device(const fuser_device_props *p, fuser_target *t, fuser_err *err)
 {
@@ -207,6 +216,9 @@ int fuser_target_from_device(const fuser_device_props *p, fuser_target *t, fuser
         t->hbm_gbs = 0.915 * theoretical;
         /* the stream's reads: the part's theoretical rate up to the ring's bound (an H200: hbm_gbs, as before) */
         t->stream_hbm_gbs = fmax(t->hbm_gbs, fmin(theoretical, STREAM_RING_GBS));
+        /* long streams: 0.91 of the theoretical rate (an H100's fit) up to the H200's measured rate, and the
+         * H200's ramp: both tables' values on their parts */
+        t->stream_long_gbs = fmin(0.91 * theoretical, STREAM_LONG_GBS);
     }
     return fuser_target_check(t, err);
 }
@@ -228,6 +240,7 @@ int fuser_target_check(const fuser_target *t, fuser_err *err)
         {"stream_mma_eff", t->stream_mma_eff}, {"stream_fixed_us", t->stream_fixed_us},
         {"stream_time_scale", t->stream_time_scale}, {"stream_operand_bytes_per_clk", t->stream_operand_bytes_per_clk},
         {"stream_sm_gbs", t->stream_sm_gbs}, {"stream_hbm_gbs", t->stream_hbm_gbs},
+        {"stream_long_gbs", t->stream_long_gbs},
         {"eager_op_us", t->eager_op_us}, {"eager_mma_eff", t->eager_mma_eff},
         {"eager_fp8_mma_eff", t->eager_fp8_mma_eff}, {"eager_fp8_hbm_eff", t->eager_fp8_hbm_eff},
         {"eager_ramp_mb", t->eager_ramp_mb}, {"stream_round_mma_eff", t->stream_round_mma_eff},
@@ -259,6 +272,9 @@ int fuser_target_check(const fuser_target *t, fuser_err *err)
     if (!(t->stream_unit_us >= 0) || !isfinite(t->stream_unit_us))
         return fuser_fail(err, FUSER_E_VALUE, "target %s: stream_unit_us must be >= 0, got %g", t->name,
                           t->stream_unit_us);
+    if (!(t->stream_ramp_us >= 0) || !isfinite(t->stream_ramp_us))
+        return fuser_fail(err, FUSER_E_VALUE, "target %s: stream_ramp_us must be >= 0, got %g", t->name,
+                          t->stream_ramp_us);
     if (!(t->stream_unit_one_us >= 0) || !isfinite(t->stream_unit_one_us))
         return fuser_fail(err, FUSER_E_VALUE, "target %s: stream_unit_one_us must be >= 0, got %g", t->name,
                           t->stream_unit_one_us);

@@ -89,8 +89,9 @@ def apply(target, gpu_name, sm_count):
         warnings.warn(f"fuser: calibration of {key}: ignoring unusable {', '.join(bad)} (run `python -m fuser "
                       "calibrate` again)", RuntimeWarning, stacklevel=2)
     if out["hbm_gbs"] != target["hbm_gbs"]:
-        # the stream's rate keeps its ratio to the measured bandwidth (equal on an H200, above it on an H100)
-        out["stream_hbm_gbs"] = target["stream_hbm_gbs"] * out["hbm_gbs"] / target["hbm_gbs"]
+        # the stream's rates keep their ratio to the measured bandwidth (equal on an H200, above it on an H100)
+        for k in ("stream_hbm_gbs", "stream_long_gbs"):
+            out[k] = target[k] * out["hbm_gbs"] / target["hbm_gbs"]
     return out
 
 

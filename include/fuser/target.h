@@ -78,6 +78,12 @@ typedef struct fuser_target {
      * other parts"). Plans of several row tiles stay at hbm_gbs. A target that changes hbm_gbs changes this
      * with it where it should apply (fuser.target.apply scales it with a calibrated hbm_gbs). */
     double stream_hbm_gbs;
+    /* the read profile of a long stream on the part: stream_ramp_us + bytes / stream_long_gbs, as measured
+     * (torch.sum over 64 MB-1.6 GB on the H200: 8.1 us + bytes / 4.33 TB/s). The scaled rate above was
+     * fitted to streams of 70-350 MB, whose start it carries in proportion; a one-row-tile plan's weight
+     * stream is priced at the lesser of the two, so the start of a 1.4 GB stream (LLaMA-70B) is paid once,
+     * not 4x (docs/planner.md "Long streams"). */
+    double stream_long_gbs, stream_ramp_us;
     /* bytes per second one SM of the stream kernel pulls (TMA into its ring; measured 26-50 GB/s in
      * unit traces): what a phase with fewer units than SMs is limited by */
     double stream_sm_gbs;
