@@ -129,7 +129,10 @@ static int finite_number(PyObject *v, const char *what, const char *key, double 
         x = HUGE_VAL;
     }
     if (!isfinite(x)) {
-        PyErr_Format(PyExc_ValueError, "%s: '%s' must be a finite number, got %g", what, key, x);
+        /* (PyErr_Format has no float conversions: Python 3.12 raises SystemError on %g) */
+        char num[32];
+        snprintf(num, sizeof num, "%g", x);
+        PyErr_Format(PyExc_ValueError, "%s: '%s' must be a finite number, got %s", what, key, num);
         return -1;
     }
     *out = x;
