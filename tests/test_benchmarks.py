@@ -359,21 +359,25 @@ BACKTEST_LOGS_H100 = [f"benchmarks/results/2026-12-06-h100-{n}" for n in (
     "fortyfirst-targets-c-host-cap.csv", "fortyfirst-stream-hbm-a.json", "fortyfirst-stream-hbm-b.json",
     "fortyfirst-stream-hbm-rows-a.json", "fortyfirst-stream-hbm-rows-b.json", "fortyfirst-tie-rows-a.json",
     "fortyfirst-tie-rows-b.json", "fortyfirst-tie-rows-c.json", "fortyfirst-tie-rows-d.json",
-    "fortyfirst-targets-d-stream-hbm.csv")]
+    "fortyfirst-targets-d-stream-hbm.csv", "fortysecond-long-streams-a.json", "fortysecond-long-streams-b.json",
+    "fortysecond-targets-a.csv", "fortysecond-targets-b.csv")]
 
 
 def test_the_planners_picks_on_the_h100s_timed_cells():
-    """On the 196 cells the committed H100 timings cover, the built model's picks on the h100 target are within
-    0.9% of the best timed (geomean) and 9% faster than eager; priced at hbm_gbs as before (no stream_hbm_gbs
-    of its own, no long streams' price), the same cells score 1.028 and 1.071 (docs/planner.md, "The stream's
-    HBM rate on other parts"). Six cells' picks were never timed there."""
+    """On the 201 cells the committed H100 timings cover, the built model's picks on the h100 target are within
+    0.9% of the best timed (geomean) and 8.7% faster than eager; priced at hbm_gbs as before (no stream_hbm_gbs
+    of its own, no long streams' price), the same cells score 1.028 and 1.068 (docs/planner.md, "The stream's
+    HBM rate on other parts"), and without the long streams' price alone 1.0093 and 1.0871 (LLaMA-70B at 12-64
+    tokens stays eager, its fused plans timed 1.01-1.04x faster). Six cells' picks were never timed there."""
     pd = _pick_diff()
     logs = [str(ROOT / p) for p in BACKTEST_LOGS_H100]
     checks, regret, vs_eager, untimed = pd.backtest(logs, target="h100")
-    assert len(checks) == 196 and untimed == ["S2:77", "S6:48", "S6:77", "S6:96", "S7:77", "S8:256"], untimed
-    assert regret <= 1.009 and vs_eager >= 1.090, (regret, vs_eager)
+    assert len(checks) == 201 and untimed == ["S2:77", "S6:48", "S6:77", "S6:96", "S7:77", "S8:256"], untimed
+    assert regret <= 1.009 and vs_eager >= 1.087, (regret, vs_eager)
     import fuser
     h100 = dict(fuser._C.targets()["h100"])
+    _, off_regret, off_vs_eager, _ = pd.backtest(logs, target=dict(h100, stream_ramp_us=1e9))
+    assert off_regret > regret and off_vs_eager < vs_eager, (off_regret, off_vs_eager)
     _, old_regret, old_vs_eager, _ = pd.backtest(logs, target=dict(h100, stream_hbm_gbs=h100["hbm_gbs"],
                                                                    stream_ramp_us=1e9))
     assert old_regret > 1.02 and old_vs_eager < 1.08, (old_regret, old_vs_eager)

@@ -350,9 +350,9 @@ def test_eager_gemms_near_their_balance_point_pay_for_the_imperfect_overlap():
     assert eager(1024, 384, 1536, h200, **gpt3) < eager(1024, 384, 1536, plain, **gpt3) * 1.01   # G10's size
     e4m3 = dict(llama3, dtype="float8_e4m3fn")   # PyTorch's FP8 ops keep the constants fitted to them
     assert eager(128, 4096, 14336, h200, **e4m3) == eager(128, 4096, 14336, plain, **e4m3)
-    # (the stream units priced at the GEMM probe's rate throughout and the 4% stream margin the balance point
-    # was judged under, so that the eager term alone decides)
-    probe = dict(h200, stream_round_mma_eff=h200["stream_mma_eff"], stream_margin=0.04)
+    # (the stream units priced at the GEMM probe's rate throughout, without long streams' price, and the 4%
+    # stream margin the balance point was judged under, so that the eager term alone decides)
+    probe = dict(h200, stream_round_mma_eff=h200["stream_mma_eff"], stream_margin=0.04, stream_ramp_us=1e9)
     for d, f, kw in ((4096, 14336, llama3), (4096, 16384, gpt3)):
         assert fuser.plan(128, d, f, target=probe, **kw).fused
         assert not fuser.plan(128, d, f, target=dict(probe, eager_mixed_p=1e6), **kw).fused
