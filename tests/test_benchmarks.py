@@ -51,6 +51,7 @@ def test_host_overhead_loops_never_outrun_the_gpu_sleep():
     assert host_overhead.loop_calls(150, 790.0) * 790.0 <= host_overhead.QUEUED_GPU_US < 100_000
 
 
+@pytest.mark.no_gpu
 def test_host_overhead_times_every_route_against_its_baseline(tmp_path):
     """benchmarks/host_overhead.py in a small configuration: every eager-route variant timed per shape,
     each overhead against the ops reported with its target, and the fused route measured on a Hopper GPU
@@ -106,6 +107,7 @@ def test_host_overhead_verdicts_say_when_the_rounds_do_not_decide_them():
     assert ci["same"][0] <= paired["same"] <= ci["same"][1] and ci["same"][1] < 900, ci
 
 
+@pytest.mark.no_gpu
 def test_host_overhead_pieces_time_the_c_calls_inside_the_routes(tmp_path):
     """``--pieces`` adds, per eager-route shape, the C calls inside the routes timed alone (fuser.ffn's route
     key, FusedFFN's checks, FusedFFN's whole C call) to the JSON and a line under each shape; the route
@@ -151,6 +153,7 @@ def test_host_overhead_thread_clock_counts_what_the_thread_executes(tmp_path):
     assert "(thread clock)" in r.stdout
 
 
+@pytest.mark.no_gpu
 def test_host_overhead_with_autograd_on(tmp_path):
     """``--grad`` times the eager route with autograd recording (a model called outside no_grad): every
     variant still timed, the JSON says so, and the fused route is left out (the kernel has no backward)."""

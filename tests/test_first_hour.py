@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
 #: the CPU tests that reach the code deciding between CUDA and CPU paths (streams, devices, routes)
@@ -20,6 +22,7 @@ def driverless(*args, timeout=600):
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
 
 
+@pytest.mark.no_gpu
 def test_the_simulation_raises_as_a_cuda_build_without_a_driver_does():
     code = ("import driverless_cuda, torch\n"
             "assert not torch.cuda.is_available()\n"
@@ -30,6 +33,7 @@ def test_the_simulation_raises_as_a_cuda_build_without_a_driver_does():
     assert "CUDA driver version is insufficient" in r.stdout and "Found no NVIDIA driver" in r.stdout
 
 
+@pytest.mark.no_gpu
 def test_cpu_paths_pass_under_a_cuda_torch_without_a_driver():
     r = driverless("-m", "pytest", "-q", "-p", "driverless_cuda", "-p", "no:cacheprovider",
                    *(os.path.join("tests", f) for f in CPU_PATHS))
@@ -38,6 +42,7 @@ def test_cpu_paths_pass_under_a_cuda_torch_without_a_driver():
     assert re.search(r"\d+ passed", r.stdout) and " failed" not in r.stdout
 
 
+@pytest.mark.no_gpu
 def test_demo_under_a_cuda_torch_without_a_driver():
     code = ("import sys, driverless_cuda; from fuser.tools.cli import main; "
             "sys.exit(main(['demo', '--hidden', '128', '--intermediate', '352', '--heads', '4', '--seq', '16']))")

@@ -142,17 +142,21 @@ def test_tune_times_no_plan_whose_output_is_wrong(monkeypatch):
 
 
 def test_bench_harness_times_like_with_like_on_the_gpu():
-    """One small workload through the harness without torch.compile: every variant timed, fuser's eager
-    route in a graph within 15% of eager's graph (the same ops), FusedFFN per call timed once its route
-    is kept (within 3x of fuser.ffn per call), back-to-back calls no slower per call than one call alone, and
-    the forced fused kernel's output is the one timed."""
+    """One small workload through the harness without torch.compile: every variant timed, fuser in a graph
+    within 15% of what runs the same work (eager's graph where the planner runs the eager route, the forced
+    fused plan's where it picks that plan: GPT-2 at 16 tokens takes a stream plan on an H100, 14% faster
+    than eager), FusedFFN per call timed once its route is kept (within 3x of fuser.ffn per call),
+    back-to-back calls no slower per call than one call alone, and the forced fused kernel's output is the
+    one timed."""
     from fuser.tools import bench
     want = tuple(v for v in bench.VARIANTS if "compile" not in v and "autotune" not in v)
     results, meta = bench.run([bench.parse_workload("gpt2:16")], variants=want, autotune="none", reps=15,
                               log=lambda line: None)
     t = results[0].times
     assert set(t) == set(want) and all(v > 0 for v in t.values())
-    assert 0.87 < t["fuser_graph"] / t["eager_graph"] < 1.15
+    r = results[0]
+    same = "fused_graph" if r.planner_fuses and r.plan == r.fused_plan else "eager_graph"
+    assert 0.87 < t["fuser_graph"] / t[same] < 1.15, (r.plan, t)
     assert t["fusedffn"] < 3 * t["fuser"]
     # back to back, no call waits for the one before it, nor pays the events' and the wait's time alone
     assert t["eager_seq"] < 1.05 * t["eager"] and t["fusedffn_seq"] < 1.05 * t["fusedffn"]

@@ -245,6 +245,7 @@ def test_eager_skips_validation_once_a_shape_is_known_to_take_the_reference(op_c
             f(torch.randn(3, 4, 31, dtype=torch.bfloat16))
 
 
+@pytest.mark.no_gpu
 def test_a_kept_route_turns_stale_when_plans_are_forgotten(op_calls):
     """fuser.tune and calibrate drop the plans and routes this process keeps (fuser.route.forget): the
     routes decided for CUDA chains turn stale, and a module keeping a stale route routes its next call
