@@ -182,12 +182,9 @@ const char *fuser_target_names(void)
     return "h200, h100";
 }
 
-/* The stream kernel's ring-bound read rate as priced on the H200 (0.915 of its 4.92 TB/s): where a part's
- * theoretical bandwidth is below it, its stream reads at that theoretical rate instead. */
-#define STREAM_RING_GBS 4498.0
-
-/* The H200's read rate of long streams (0.88 of its theoretical 4.92 TB/s, the table's stream_long_gbs). */
-#define STREAM_LONG_GBS 4330.0
+/* The H200's theoretical bandwidth, GB/s (3201 MHz x 2 transfers x 6144 bits), which its table's rates were
+ * measured on (hbm_gbs 4398 is 0.894 of it). */
+#define H200_THEORETICAL_GBS (2.0 * 3201e3 * 1e3 * 6144 / 8.0 / 1e9)
 
 int fuser_target_from_device(const fuser_device_props *p, fuser_target *t, fuser_err *err)
 {
@@ -211,14 +208,19 @@ int fuser_target_from_device(const fuser_device_props *p, fuser_target *t, fuser
     if (p->regs_per_sm > 0)
         t->regs_per_sm = p->regs_per_sm;
     if (p->mem_clock_khz > 0 && p->mem_bus_bits > 0) {
-        /* DDR: 2 transfers per clock; the H200 streams 0.915 of its theoretical 4.92 TB/s */
-        double theoretical = 2.0 * p->mem_clock_khz * 1e3 * p->mem_bus_bits / 8.0 / 1e9;
-        t->hbm_gbs = 0.915 * theoretical;
-        /* the stream's reads: the part's theoretical rate up to the ring's bound (an H200: hbm_gbs, as before) */
-        t->stream_hbm_gbs = fmax(t->hbm_gbs, fmin(theoretical, STREAM_RING_GBS));
+        /* DDR: 2 transfers per clock */
+        const double theoretical = 2.0 * p->mem_clock_khz * 1e3 * p->mem_bus_bits / 8.0 / 1e9;
+        const fuser_target *h200 = &builtin[0];
+        /* an H200 keeps its table's measured rate; another part 0.915 of its theoretical one (the H200's 4.8
+         * TB/s datasheet rate over its measured one; calibrate measures the part's own) */
+        const int same = fabs(theoretical / H200_THEORETICAL_GBS - 1) < 0.01;
+        t->hbm_gbs = same ? h200->hbm_gbs : 0.915 * theoretical;
+        /* the stream's reads: the part's theoretical rate up to the H200's, whose ring bounds them at its
+         * hbm_gbs (docs/planner.md, "The stream's HBM rate on other parts") */
+        t->stream_hbm_gbs = fmax(t->hbm_gbs, fmin(theoretical, h200->stream_hbm_gbs));
         /* long streams: 0.91 of the theoretical rate (an H100's fit) up to the H200's measured rate, and the
          * H200's ramp: both tables' values on their parts */
-        t->stream_long_gbs = fmin(0.91 * theoretical, STREAM_LONG_GBS);
+        t->stream_long_gbs = fmin(0.91 * theoretical, h200->stream_long_gbs);
     }
     return fuser_target_check(t, err);
 }
