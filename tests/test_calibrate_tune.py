@@ -57,9 +57,9 @@ def test_calibration_file_feeds_the_target(cache):
 
 
 def test_a_calibrated_bandwidth_carries_the_streams_rate_with_it(cache):
-    """A measured hbm_gbs moves stream_hbm_gbs by the same factor: equal to it on an H200's table, 9% above it on an
-    H100's device target (its theoretical bandwidth over 0.915 of it), so calibrating keeps the two models apart
-    as the device target set them."""
+    """A measured hbm_gbs moves stream_hbm_gbs and stream_long_gbs by the same factor (not stream_ramp_us, a
+    time): stream_hbm_gbs equal to it on an H200's table, 9% above it on an H100's device target (its theoretical
+    bandwidth over 0.915 of it), so calibrating keeps the models apart as the device target set them."""
     h100 = dict(fuser._C.target_for_device("NVIDIA H100 80GB HBM3", (9, 0), 132, 232448, 233472, 52428800,
                                            1980000, 2619000, 5120))
     h200 = dict(fuser._C.targets()["h200"])
@@ -68,6 +68,8 @@ def test_a_calibrated_bandwidth_carries_the_streams_rate_with_it(cache):
         got = target.apply(t, name, 132)
         assert got["hbm_gbs"] == pytest.approx(0.9 * t["hbm_gbs"])
         assert got["stream_hbm_gbs"] == pytest.approx(0.9 * t["stream_hbm_gbs"])
+        assert got["stream_long_gbs"] == pytest.approx(0.9 * t["stream_long_gbs"])
+        assert got["stream_ramp_us"] == t["stream_ramp_us"]
     assert h200["stream_hbm_gbs"] == h200["hbm_gbs"] and h100["stream_hbm_gbs"] > 1.09 * h100["hbm_gbs"]
 
 
