@@ -396,7 +396,7 @@ def test_the_planners_picks_on_every_timed_cell_stay_timed_and_fast():
     the model"). Two cells' picks were timed on the H100 only: S8 at 48 and 64 tokens, where two tilings tie and
     the search keeps the one of fewer row tiles (1.08-1.21x the other there: the H100 test above). Without the
     long streams' price (``stream_ramp_us``) the same cells score 1.0127 and 1.0924x: G5 at 2-48 tokens and
-    LLaMA-70B at 1-16 stay eager where their fused plans timed 0.997-1.046x faster (docs/planner.md, "Long
+    LLaMA-70B at 1-16 stay eager where their fused plans timed 0.997-1.051x eager (docs/planner.md, "Long
     streams")."""
     pd = _pick_diff()
     checks, regret, vs_eager, untimed = pd.backtest([str(ROOT / p) for p in BACKTEST_LOGS])
