@@ -214,7 +214,8 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
     k->flops = 2.0 * g.kc * g.bm * g.rt * (g.reps * g.parts * g.bn * g.nt1 * g.kt1 + g.bl * g.lt2 * g.kt2);
     k->useful_flops = 2.0 * c->m * c->n * ((double)c->k * (c->gated ? 2 : 1) + c->l);
     k->compute = k->flops / (G * mma_sm) * 1e6;
-    k->hbm = (p->traffic.hbm + 2 * h_hbm) / hbm * 1e6;
+    const double hbm_bytes = p->traffic.hbm + 2 * h_hbm;
+    k->hbm = hbm_bytes / hbm * 1e6;
     k->l2 = p->traffic.l2 / (t->l2_gbs * 1e9) * 1e6;
     k->smem = p->traffic.smem / (G * t->smem_bytes_per_clk * clk) * 1e6;
     k->dsm = 0;
@@ -230,7 +231,7 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
     const double s = t->stream_time_scale;
     k->compute *= s, k->hbm *= s, k->l2 *= s, k->smem *= s, k->sync *= s, k->tail *= s;
     if (g.rt == 1) /* a long stream pays its start once (stream_long_gbs in target.h) */
-        k->hbm = fmin(k->hbm, t->stream_ramp_us + (p->traffic.hbm + 2 * h_hbm) / (t->stream_long_gbs * 1e9) * 1e6);
+        k->hbm = fmin(k->hbm, t->stream_ramp_us + hbm_bytes / (t->stream_long_gbs * 1e9) * 1e6);
     k->total = k->launch + fmax(fmax(k->compute, k->hbm), fmax(k->l2, k->smem)) + k->tail + k->sync;
 }
 

@@ -33,13 +33,15 @@ def hopper_reason():
 
 def pytest_collection_modifyitems(config, items):
     reason = hopper_reason()
-    skips = {"no_gpu": torch.cuda.is_available() and pytest.mark.skip(
-                 reason="asserts what a machine without a CUDA device does (the CI's); this one has one"),
-             "gpu": reason is not None and pytest.mark.skip(reason=f"needs an NVIDIA Hopper GPU: {reason}")}
+    skips = {}   # marker -> why its tests cannot run here
+    if reason is not None:
+        skips["gpu"] = f"needs an NVIDIA Hopper GPU: {reason}"
+    if torch.cuda.is_available():
+        skips["no_gpu"] = "asserts what a machine without a CUDA device does (the CI's); this one has one"
     for item in items:
-        for marker, skip in skips.items():
-            if skip and marker in item.keywords:
-                item.add_marker(skip)
+        for marker, why in skips.items():
+            if marker in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=why))
 
 
 def rel_error(y, ref):
