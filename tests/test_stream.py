@@ -482,8 +482,8 @@ def test_a_long_stream_pays_its_start_once():
     read profile of long streams): LLaMA-70B's 1.41 GB at 16 tokens, timed at 337.7 us on the H200 (eager 343.9)
     and 470.3 on the H100 (eager 495.2), is priced within 1% of those times and picked over eager on both tables,
     where the scaled stream rate alone priced it 9% and 3% slower and kept eager; a 101 MB stream (S4) keeps the
-    scaled price it was fitted to. Plans of two row tiles ignore the fields; both are validated (docs/planner.md, "Long
-    streams")."""
+    scaled price it was fitted to. Plans of two row tiles ignore the fields; both are validated (docs/planner.md,
+    "Long streams")."""
     h200, h100 = (dict(fuser._C.targets()[n]) for n in ("h200", "h100"))
     kw = dict(gated=True, fused=True, kind="stream", bm=16, bn=128, bl=128, s1=1, s2=2, stages=6)
     for t, timed in ((h200, 337.66), (h100, 470.3)):
