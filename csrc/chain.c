@@ -81,6 +81,9 @@ int fuser_chain_check(const fuser_chain *c, fuser_err *err)
                           "float8_e4m3fn", (int)c->dtype);
     if (c->bias_gate && !c->gated)
         return fuser_fail(err, FUSER_E_VALUE, "a gate bias needs a gated chain");
+    if (c->packed && (!c->gated || c->dtype == FUSER_E4M3 || c->dtype == FUSER_F32))
+        return fuser_fail(err, FUSER_E_VALUE, "packed: only a gated 16-bit chain's gate and up weights run as one "
+                          "packed GEMM (gated=True, dtype bfloat16 or float16); pass packed=False");
     return FUSER_OK;
 }
 
@@ -170,6 +173,25 @@ static int check_scales(const fuser_ffn_args *a, const fuser_chain *c, fuser_err
     return FUSER_OK;
 }
 
+/* Where the compact tensors g and u (of one shape) are the two halves of one memory: 1 with g first, 2 with u
+ * first; else 0. How FusedFFN.pack and a Linear of both leave gate and up weights (and their biases), which the
+ * eager route then runs as one GEMM. */
+static int halves(const fuser_tensor *g, const fuser_tensor *u)
+{
+    const char *pg = g->data, *pu = u->data;
+    return g->nbytes <= 0 ? 0 : pg + g->nbytes == pu ? 1 : pu + u->nbytes == pg ? 2 : 0;
+}
+
+/* Whether a gated chain's eager route runs gate and up as one GEMM: the weights halves of one memory, and
+ * their biases absent or halves of one other in the same order. */
+static int packed_gate_up(const fuser_ffn_args *a)
+{
+    const int w = halves(a->w_gate, a->w_up);
+    if (!w || (a->b_gate == NULL) != (a->b_up == NULL))
+        return 0;
+    return !a->b_gate || halves(a->b_gate, a->b_up) == w;
+}
+
 int fuser_ffn_validate(const fuser_ffn_args *a, fuser_chain *c, fuser_err *err)
 {
     char s1[160];
@@ -251,6 +273,7 @@ int fuser_ffn_validate(const fuser_ffn_args *a, fuser_chain *c, fuser_err *err)
     c->bias_up = a->b_up != NULL;
     c->bias_gate = a->b_gate != NULL;
     c->bias_down = a->b_down != NULL;
+    c->packed = c->gated && (c->dtype == FUSER_BF16 || c->dtype == FUSER_F16) && packed_gate_up(a);
     if (check_scales(a, c, err))
         return err->code;
 

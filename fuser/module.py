@@ -512,19 +512,22 @@ class FusedFFN(nn.Module):
 
     def plan_args(self):
         """This FFN as the planner sees it: the keyword arguments of ``fuser.plan`` other than the token
-        count (widths, gated, activation, the biases present, dtype), read from the current weights.
+        count (widths, gated, activation, the biases present, dtype, and whether a gated 16-bit FFN's gate and
+        up weights are packed in one tensor, as ``pack`` leaves them), read from the current weights.
 
         Example:
             >>> import fuser
             >>> from torch import nn
             >>> f = fuser.FusedFFN.from_module(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8, bias=False)))
             >>> f.plan_args()
-            {'d_model': 8, 'd_ff': 32, 'd_out': 8, 'gated': False, 'activation': 'relu', 'bias': ('up',), 'dtype': 'float32'}
+            {'d_model': 8, 'd_ff': 32, 'd_out': 8, 'gated': False, 'activation': 'relu', 'bias': ('up',), 'dtype': 'float32', 'packed': False}
         """
         s = self.spec
+        w = self.weights()
+        dtype = str(w["up"].dtype).replace("torch.", "")
         return dict(d_model=s.d_model, d_ff=s.d_ff, d_out=s.d_out, gated=s.gated, activation=s.activation,
                     bias=tuple(r[2:] for r in ("b_up", "b_gate", "b_down") if getattr(s, r) is not None),
-                    dtype=str(self.weights()["up"].dtype).replace("torch.", ""))
+                    dtype=dtype, packed=dtype in ("bfloat16", "float16") and self._gate_up(w) is not None)
 
     def plan(self, tokens=PLAN_TOKENS):
         """The plan ``fuser.ffn`` picks for this FFN at ``tokens`` tokens on this machine's GPU (the H200
@@ -661,7 +664,7 @@ class FusedFFN(nn.Module):
         ok, why = runtime.fused_available(w.device.index)
         if not ok:
             return f"runs PyTorch's FP8 ops here (no fused path on {w.device}: {why})"
-        p = runtime.plan_for({**self.plan(tokens).chain, "dtype": "float8_e4m3fn"}, w.device.index)
+        p = runtime.plan_for({**self.plan(tokens).chain, "dtype": "float8_e4m3fn", "packed": False}, w.device.index)
         return f"runs the fused kernel @{tokens} tokens" if p.fused else f"runs PyTorch's FP8 ops @{tokens} tokens"
 
     def extra_repr(self):

@@ -21,11 +21,14 @@ _DF_BIT = {name: 1 << i for i, name in enumerate(DATAFLOWS)}
 _STREAM_PAIRS = {(2, 1, 1, 1): " (row-tile pairs share weight tiles)", (1, 2, 1, 2): " (tile pairs share token tiles)"}
 _CONSTRAINT_KEYS = ("bm", "bn", "bl", "n_iters", "stages", "order", "gate_mode", "kind", "s1", "s2", "phases", "lspan")
 #: The fields of a chain dict the core plans from (``_C.ffn_check`` adds where the tensors are).
-CHAIN_FIELDS = ("m", "d_model", "d_ff", "d_out", "gated", "activation", "bias_up", "bias_gate", "bias_down", "dtype")
+CHAIN_FIELDS = ("m", "d_model", "d_ff", "d_out", "gated", "activation", "bias_up", "bias_gate", "bias_down", "dtype",
+                "packed")
 
 
-def _chain(m, d_model, d_ff, d_out, gated, activation, bias, dtype):
+def _chain(m, d_model, d_ff, d_out, gated, activation, bias, dtype, packed=False):
     d_out = d_model if d_out is None else d_out
+    if not isinstance(packed, bool):
+        raise TypeError(f"packed: expected True or False, got {type(packed).__name__}")
     for name, v in (("m", m), ("d_model", d_model), ("d_ff", d_ff), ("d_out", d_out)):
         if not isinstance(v, int) or isinstance(v, bool):
             raise TypeError(f"{name}: expected an int, got {type(v).__name__}")
@@ -44,7 +47,8 @@ def _chain(m, d_model, d_ff, d_out, gated, activation, bias, dtype):
     else:
         raise TypeError(f"bias: expected True/False or names among 'up', 'gate', 'down', got {type(bias).__name__}")
     return dict(m=m, d_model=d_model, d_ff=d_ff, d_out=d_out, gated=gated, activation=activation,
-                bias_up="up" in names, bias_gate="gate" in names and gated, bias_down="down" in names, dtype=dtype)
+                bias_up="up" in names, bias_gate="gate" in names and gated, bias_down="down" in names, dtype=dtype,
+                packed=packed)
 
 
 def _constraints(fused, cluster, dataflows, avoid, kw):
@@ -83,7 +87,7 @@ def _constraints(fused, cluster, dataflows, avoid, kw):
 
 
 def plans(m, d_model, d_ff, *, d_out=None, gated=False, activation="gelu", bias=False, dtype="bfloat16",
-          target=None, k=10, fused=None, cluster=None, dataflows=None, avoid=None, **tiles):
+          packed=False, target=None, k=10, fused=None, cluster=None, dataflows=None, avoid=None, **tiles):
     """The ``k`` best plans for one FFN, fastest predicted first.
 
     Arguments as for :func:`plan`; ``k`` is at most 64.
@@ -94,7 +98,7 @@ def plans(m, d_model, d_ff, *, d_out=None, gated=False, activation="gelu", bias=
         >>> [p.predicted_us <= q.predicted_us for p, q in zip(ps, ps[1:])]
         [True, True]
     """
-    chain = _chain(m, d_model, d_ff, d_out, gated, activation, bias, dtype)
+    chain = _chain(m, d_model, d_ff, d_out, gated, activation, bias, dtype, packed)
     return search(chain, default_target() if target is None else target, k,
                   _constraints(fused, cluster, dataflows, avoid, tiles))
 
@@ -110,12 +114,12 @@ def search(chain, target, k=10, constraints=None):
         >>> search(chain, "h200", k=1)[0].summary() == fuser.plan(16, 768, 3072, target="h200").summary()
         True
     """
-    found, stats = _C.search({f: chain[f] for f in CHAIN_FIELDS}, target, k=k, constraints=constraints)
+    found, stats = _C.search({f: chain[f] for f in CHAIN_FIELDS if f in chain}, target, k=k, constraints=constraints)
     return [Plan(c, stats) for c in found]
 
 
 def plan(m, d_model, d_ff, *, d_out=None, gated=False, activation="gelu", bias=False, dtype="bfloat16",
-         target=None, fused=None, cluster=None, dataflows=None, avoid=None, **tiles):
+         packed=False, target=None, fused=None, cluster=None, dataflows=None, avoid=None, **tiles):
     """Plan one FFN: how ``fuser.ffn`` would run it on ``target``.
 
     Args:
@@ -123,6 +127,9 @@ def plan(m, d_model, d_ff, *, d_out=None, gated=False, activation="gelu", bias=F
         gated: SwiGLU/GeGLU form; activation: "relu", "gelu", "gelu_tanh" or "silu"; bias: all biases
             (True) or none (False), or the names of those present, e.g. ("up", "down").
         dtype: "bfloat16" or "float16" (float32 chains always run unfused).
+        packed: a gated chain whose gate and up weights are the two row halves of one tensor (as
+            ``FusedFFN`` packs them, or one Linear of both): its eager route runs one GEMM of both, and is
+            priced so; ``fuser.ffn`` sets it from the tensors it is given.
         target: a built-in name ("h200", "h100"), a dict of target fields, or None for this machine's
             GPU (the H200 defaults without one).
         fused: force (True) or forbid (False) fusion; cluster: force (cls_m, cls_n, cls_k, cls_l) (a
@@ -143,7 +150,7 @@ def plan(m, d_model, d_ff, *, d_out=None, gated=False, activation="gelu", bias=F
         True
     """
     ps = plans(m, d_model, d_ff, d_out=d_out, gated=gated, activation=activation, bias=bias, dtype=dtype,
-               target=target, k=24, fused=fused, cluster=cluster, dataflows=dataflows, avoid=avoid, **tiles)
+               packed=packed, target=target, k=24, fused=fused, cluster=cluster, dataflows=dataflows, avoid=avoid, **tiles)
     best = ps[0]
     best._runner_up = next((p for p in ps[1:] if p._shape_key() != best._shape_key()), None)
     return best

@@ -14,12 +14,13 @@ static const char *const tensor_names[N_TENSOR_ARGS] = {"x", "w_up", "w_down", "
 /* The chain as a dict (what the Python layer needs to dispatch). */
 static PyObject *chain_dict(const fuser_chain *c, const fuser_tensor *x)
 {
-    return Py_BuildValue("{s:L,s:L,s:L,s:L,s:O,s:s,s:O,s:O,s:O,s:s,s:s,s:i}", "m", (long long)c->m, "d_model",
+    return Py_BuildValue("{s:L,s:L,s:L,s:L,s:O,s:s,s:O,s:O,s:O,s:s,s:O,s:s,s:i}", "m", (long long)c->m, "d_model",
                          (long long)c->k, "d_ff", (long long)c->n, "d_out", (long long)c->l, "gated",
                          c->gated ? Py_True : Py_False, "activation", fuser_act_name(c->act), "bias_up",
                          c->bias_up ? Py_True : Py_False, "bias_gate", c->bias_gate ? Py_True : Py_False,
                          "bias_down", c->bias_down ? Py_True : Py_False, "dtype", fuser_dtype_name(c->dtype),
-                         "device", x->device == FUSER_CPU ? "cpu" : "cuda", "device_id", x->device_id);
+                         "packed", c->packed ? Py_True : Py_False, "device", x->device == FUSER_CPU ? "cpu" : "cuda",
+                         "device_id", x->device_id);
 }
 
 /* The activation argument's name (a str, exactly), or NULL with a TypeError/ValueError set. */
@@ -278,7 +279,7 @@ static PyObject *route_key(fuser_state *st, PyObject *const *args, PyObject *out
                            FUSER_TAKE_NO_CAPSULE | FUSER_TAKE_REGISTERED, 0, sheld)) {
         /* bytes, not a tuple of ints: no object for the garbage collector to count, one cheap hash */
         const int64_t key[7] = {c.m, c.k, c.n, c.l,
-                                c.gated | c.bias_up << 1 | c.bias_gate << 2 | c.bias_down << 3 |
+                                c.gated | c.bias_up << 1 | c.bias_gate << 2 | c.bias_down << 3 | c.packed << 4 |
                                     (int64_t)c.act << 8 | (int64_t)c.dtype << 16,
                                 (int64_t)t[A_X]->device, t[A_X]->device_id};
         res = PyBytes_FromStringAndSize((const char *)key, sizeof key);

@@ -385,7 +385,8 @@ static int chain_from_dict(PyObject *d, fuser_chain *c)
         if (get_field(d, c, &cf[i], "chain", 1))
             return -1;
     if (get_bool(d, "gated", "chain", &c->gated) || get_bool(d, "bias_up", "chain", &c->bias_up) ||
-        get_bool(d, "bias_gate", "chain", &c->bias_gate) || get_bool(d, "bias_down", "chain", &c->bias_down))
+        get_bool(d, "bias_gate", "chain", &c->bias_gate) || get_bool(d, "bias_down", "chain", &c->bias_down) ||
+        get_bool(d, "packed", "chain", &c->packed))
         return -1;
     PyObject *a = PyDict_GetItemString(d, "activation"), *t = PyDict_GetItemString(d, "dtype");
     const char *as = a ? fuser_exact_str(a, "chain", "activation") : NULL;
@@ -416,11 +417,12 @@ static int chain_from_dict(PyObject *d, fuser_chain *c)
 
 static PyObject *chain_to_dict(const fuser_chain *c)
 {
-    return Py_BuildValue("{s:L,s:L,s:L,s:L,s:O,s:s,s:O,s:O,s:O,s:s}", "m", (long long)c->m, "d_model",
+    return Py_BuildValue("{s:L,s:L,s:L,s:L,s:O,s:s,s:O,s:O,s:O,s:s,s:O}", "m", (long long)c->m, "d_model",
                          (long long)c->k, "d_ff", (long long)c->n, "d_out", (long long)c->l, "gated",
                          c->gated ? Py_True : Py_False, "activation", fuser_act_name(c->act), "bias_up",
                          c->bias_up ? Py_True : Py_False, "bias_gate", c->bias_gate ? Py_True : Py_False,
-                         "bias_down", c->bias_down ? Py_True : Py_False, "dtype", fuser_dtype_name(c->dtype));
+                         "bias_down", c->bias_down ? Py_True : Py_False, "dtype", fuser_dtype_name(c->dtype),
+                         "packed", c->packed ? Py_True : Py_False);
 }
 
 /* ---- plans ---- */

@@ -275,6 +275,47 @@ def test_a_one_linear_gate_and_up_runs_packed_on_the_kept_route(monkeypatch):
         torch.testing.assert_close(mlp(x), one_gemm(x, gu, None, w["down"], None, mlp.spec.d_ff))
 
 
+# ---- what the planner is told -----------------------------------------------------------------------------
+
+def _chain_of(x, u, wd, g, bu=None, bg=None):
+    return _C.ffn_check(x, u, wd, g, bu, bg, None, activation="silu")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_validated_chain_says_whether_gate_and_up_are_one_memory(dtype):
+    f, d = 24, 16
+    both, bias = torch.randn(2 * f, d, dtype=dtype), torch.randn(2 * f, dtype=dtype)
+    x, wd = torch.randn(3, d, dtype=dtype), torch.randn(d, f, dtype=dtype)
+    assert _chain_of(x, both[f:], wd, both[:f])["packed"] is True                        # gate first
+    assert _chain_of(x, both[:f], wd, both[f:])["packed"] is True                        # up first
+    assert _chain_of(x, both[f:], wd, both[:f], bias[f:], bias[:f])["packed"] is True    # biases alike
+    assert _chain_of(x, both[f:], wd, both[:f].clone())["packed"] is False               # separate memories
+    assert _chain_of(x, both[f:], wd, both[:f], bias[f:])["packed"] is False             # one bias only
+    assert _chain_of(x, both[f:], wd, both[:f], bias[:f], bias[f:])["packed"] is False   # biases the other way
+    assert _chain_of(x, both[f:], wd, None)["packed"] is False                           # not gated
+    h = torch.randn(2 * f, d)                                                            # float32: no fused route
+    assert _chain_of(x.float(), h[f:], wd.float(), h[:f])["packed"] is False
+
+
+def test_packed_needs_a_gated_16_bit_chain():
+    with pytest.raises(ValueError, match="packed: only a gated 16-bit chain"):
+        fuser.plan(16, 64, 256, packed=True)
+    with pytest.raises(ValueError, match="packed: only a gated 16-bit chain"):
+        fuser.plan(16, 64, 256, gated=True, activation="silu", dtype="float32", packed=True)
+    with pytest.raises(TypeError, match="packed: expected True or False"):
+        fuser.plan(16, 64, 256, gated=True, activation="silu", packed=1)
+
+
+def test_a_one_linear_gate_and_ups_plan_is_the_packed_chains():
+    model, _ = hf("phi3")
+    model.bfloat16().eval()
+    fuser.optimize(model)
+    mlp = next(mod for mod in model.modules() if isinstance(mod, FusedFFN))
+    assert mlp.plan_args()["packed"] is True and mlp.plan(16).chain["packed"] is True
+    apart = FusedFFN.from_module(SwiGLU().bfloat16())
+    assert apart.plan_args()["packed"] is False and apart.plan(16).chain["packed"] is False
+
+
 def test_pack_does_nothing_off_cuda_or_where_it_does_not_apply():
     for m in (SwiGLU().bfloat16(), SwiGLU(), nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8))):
         f = FusedFFN.from_module(m)

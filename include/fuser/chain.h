@@ -79,6 +79,8 @@ typedef struct fuser_chain {
     int bias_gate;    /* b_gate [N] present (gated only) */
     int bias_down;    /* b_down [L] present */
     fuser_dtype dtype;
+    int packed;       /* gated, 16-bit: the gate and up weights are the two row halves of one memory, which the
+                       * eager route runs as one GEMM (the kernels read them alike, so no kernel depends on it) */
 } fuser_chain;
 
 /** Whether fuser's eager route runs `c`'s activation in the up GEMM's epilogue: a plain 16-bit chain with ReLU or
