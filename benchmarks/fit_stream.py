@@ -146,13 +146,16 @@ def per_shape(rows, target):
     return out
 
 
-def backtest(rows, eager, target):
+def backtest(rows, eager, target, packed=False):
     """Per shape: what the planner picks on `target` (eager, or a stream plan: its measured time when the
-    sweep timed it), against the best measured time (eager or any stream plan)."""
+    sweep timed it), against the best measured time (eager or any stream plan). `packed`: gated shapes are
+    planned with their gate and up weights in one tensor (``fuser.plan(..., packed=True)``), so `eager` should
+    hold that route's times."""
     out = {}
     for (name, m), t_eager in sorted(eager.items()):
         w = parse_workload(f"{name}:{m}")
-        p = fuser.plan(m, w.d_model, w.d_ff, d_out=w.d_out, gated=w.gated, activation=w.activation, target=target)
+        p = fuser.plan(m, w.d_model, w.d_ff, d_out=w.d_out, gated=w.gated, activation=w.activation, target=target,
+                       packed=packed and w.gated)
         timed = {k[2]: t for k, (t, _) in rows.items() if k[:2] == (name, m)}
         best = min([t_eager] + list(timed.values()))
         if not p.fused:

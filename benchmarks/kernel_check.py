@@ -78,13 +78,20 @@ def stream_section(log, quick=False):
     return out
 
 
-def _inputs(d, f, l, gated, m, sets, gen):
+def _inputs(d, f, l, gated, m, sets, gen, packed=False):
+    """`sets` random input sets of one shape; `packed`: a gated chain's gate and up weights as the two row halves
+    of one tensor (gate first), as ``FusedFFN.pack`` leaves them, so fuser's eager route runs one GEMM of both."""
     out = []
     for _ in range(sets):
         r = lambda *s, scale=1.0: (torch.randn(*s, generator=gen, device="cuda") * scale).bfloat16()  # noqa: E731
-        t = dict(x=r(m, d), w_up=r(f, d, scale=d ** -0.5), w_down=r(l, f, scale=f ** -0.5))
-        if gated:
-            t["w_gate"] = r(f, d, scale=d ** -0.5)
+        t = dict(x=r(m, d), w_down=r(l, f, scale=f ** -0.5))
+        if gated and packed:
+            both = r(2 * f, d, scale=d ** -0.5)
+            t["w_gate"], t["w_up"] = both[:f], both[f:]
+        else:
+            t["w_up"] = r(f, d, scale=d ** -0.5)
+            if gated:
+                t["w_gate"] = r(f, d, scale=d ** -0.5)
         out.append(t)
     return out
 
@@ -169,14 +176,15 @@ def sweep_section(log, top=6, shapes=None, section="sweep"):
     return rows
 
 
-def time_plans(log, gen, shape, plans):
+def time_plans(log, gen, shape, plans, packed=False):
     """Each plan of one shape in a CUDA graph of several calls, interleaved with eager in a graph (rotating
-    input sets), its output for the first set checked against float64: one row per plan."""
+    input sets), its output for the first set checked against float64: one row per plan. `packed`: the inputs'
+    gate and up weights are halves of one tensor (``_inputs``)."""
     name, d, f, l, gated, act, m = shape
     rows = []
     bytes_ = 2 * (f * d * (2 if gated else 1) + l * f)
     sets = max(1, min(6, -(-(150 << 20) // bytes_)))
-    ins = _inputs(d, f, l, gated, m, sets, gen)
+    ins = _inputs(d, f, l, gated, m, sets, gen, packed)
     # several calls per graph: one replay of a single small call is mostly the graph's own launch
     per = max(4, min(20, int(2e7 // bytes_)))
     ref_fn = [lambda t=t: fuser.ffn_reference(activation=act, **t) for t in ins]

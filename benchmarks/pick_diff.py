@@ -99,11 +99,14 @@ def _plan(name, m, cons):
                       cluster=tuple(cons["cluster"]), **kw)
 
 
-def time_cells(cells, log=print, route=False):
+def time_cells(cells, log=print, route=False, save=None):
     """Each cell's two picks beside eager in CUDA graphs: {cell: dict(eager, before, after) in us}. With
     `route`, also fuser's own eager route (``fuser.ffn`` with the unfused plan: the gate kernel for a gated
     chain, its weights apart) in the same graphs' rotation, as ``route``: the time a model of that route
-    would be fitted to (an eager pick's ``before``/``after`` stay eager's, the ops')."""
+    would be fitted to (an eager pick's ``before``/``after`` stay eager's, the ops'); and for a gated chain the
+    route over gate and up weights packed in one tensor (one GEMM of both, as ``FusedFFN`` runs it), timed beside
+    eager in graphs of its own, as ``route_packed`` and that comparison's eager as ``eager_packed``. `save`: called
+    with the results so far after each cell (a run stopped by a timeout keeps the cells it finished)."""
     fp8 = sorted(c for c in cells if c.endswith(":fp8"))
     if fp8:
         raise ValueError(f"quantized cells are timed by benchmarks/fp8_decode.py --models NAME --tokens M in each "
@@ -121,6 +124,8 @@ def time_cells(cells, log=print, route=False):
         for s in sides:
             if c[s][1].get("kind") != "stream":
                 raise ValueError(f"{cell}: only stream plans are timed here, got {c[s][0]}")
+        if len(sides) == 2 and c["before"][1] == c["after"][1]:   # one plan both sides: timed once
+            sides = ["before"]
         plans = [_plan(name, m, c[s][1]) for s in sides]
         if route:
             plans.append(fuser.plan(m, d, f, d_out=l, gated=gated, activation=act, target="h200", fused=False))
@@ -134,10 +139,18 @@ def time_cells(cells, log=print, route=False):
         res = dict(eager=eager)
         if route:
             res["route"] = rows[-1]["measured"]
+        if route and gated:
+            pk = time_plans(log, gen, (name, d, f, l, gated, act, m), plans[-1:], packed=True)
+            if len(pk) != 1 or not pk[0]["ok"]:
+                raise RuntimeError(f"{cell}: the packed eager route failed or computed something else (log above)")
+            res["route_packed"], res["eager_packed"] = pk[0]["measured"], pk[0]["eager"]
         for s in ("before", "after"):
-            res[s] = rows[sides.index(s)]["measured"] if s in sides else eager
+            same = s == "after" and "after" not in sides and c["after"][1] is not None
+            res[s] = rows[sides.index("before" if same else s)]["measured"] if s in sides or same else eager
             res[s + "_plan"] = c[s][0]
         out[cell] = res
+        if save is not None:
+            save(out)
     return out
 
 
@@ -191,33 +204,50 @@ def timed_plans(paths):
     return out
 
 
-def routes(paths):
-    """{(name, m): us} of fuser's own eager route in every cell ``time --route`` timed in `paths` (newest last):
-    what an eager pick runs, where the planner prices the route rather than PyTorch's ops."""
-    out = {}
+def _timed_cells(paths):
+    """(name, m, entry) of every cell ``time`` timed in the JSON files of `paths`, in order (newest last)."""
     for path in paths:
         if path.endswith(".csv"):
             continue
         with open(path) as f:
             o = json.load(f)
         for cell, v in (o.items() if isinstance(o, dict) else ()):
-            if isinstance(v, dict) and "after_plan" in v and v.get("route") is not None:
+            if isinstance(v, dict) and "after_plan" in v:
                 name, m = cell.split(":")
-                out[(name, int(m))] = v["route"]
-    return out
+                yield name, int(m), v
 
 
-def backtest(paths, target="h200"):
+def routes(paths):
+    """{(name, m): us} of fuser's own eager route in every cell ``time --route`` timed in `paths` (newest last):
+    what an eager pick runs, where the planner prices the route rather than PyTorch's ops."""
+    return {(name, m): v["route"] for name, m, v in _timed_cells(paths) if v.get("route") is not None}
+
+
+def packed_routes(paths):
+    """{(name, m): us} of fuser's eager route over packed gate and up weights in every gated cell ``time --route``
+    timed in `paths` (newest last), scaled by the ratio of the cell's two eager times (``eager`` / ``eager_packed``:
+    the packed route is timed in graphs of its own) so that it stands beside the cell's other times."""
+    return {(name, m): v["route_packed"] * v["eager"] / v["eager_packed"] for name, m, v in _timed_cells(paths)
+            if v.get("route_packed") is not None}
+
+
+def backtest(paths, target="h200", packed=False):
     """The built model's pick on `target` (a built-in name or a target dict) in every cell the timed files
     hold: (per-cell rows of ``fit_stream.backtest``, geomean regret, geomean speed-up over eager, cells whose
     pick was not timed).
-    An eager pick's time is fuser's eager route's where the files timed it (``routes``), else PyTorch's ops'."""
+    An eager pick's time is fuser's eager route's where the files timed it (``routes``), else PyTorch's ops'.
+    `packed`: only the gated cells whose packed route the files timed (``packed_routes``), each planned and judged
+    as a packed chain (gate and up weights in one tensor, as ``FusedFFN`` runs them): an eager pick's time, and
+    the "eager" of the speed-up, are that route's."""
     import fuser
     rows = timed_plans(paths)
     eager = fit_stream.eager_rows(rows)
     eager.update({k: t for k, t in routes(paths).items() if k in eager})
+    if packed:
+        eager = {k: t for k, t in packed_routes(paths).items() if k in eager}
+        rows = {k: v for k, v in rows.items() if k[:2] in eager}
     tgt = fuser._C.targets()[target] if isinstance(target, str) else target
-    checks = fit_stream.backtest(rows, eager, dict(tgt))
+    checks = fit_stream.backtest(rows, eager, dict(tgt), packed=packed)
     timed = [r for r in checks.values() if r["regret"] is not None]
     if not timed:
         raise ValueError(f"no cell of {len(checks)} has its pick timed in {paths}")
@@ -265,6 +295,8 @@ def main(argv=None):
     a.add_argument("out")
     a = sub.add_parser("backtest")
     a.add_argument("--target", default="h200", help="the built-in target whose picks to judge (default h200)")
+    a.add_argument("--packed", action="store_true",
+                   help="the gated cells whose packed route was timed, planned and judged as packed chains")
     a.add_argument("logs", nargs="+")
     a = sub.add_parser("accuracy")
     a.add_argument("logs", nargs="+")
@@ -280,7 +312,7 @@ def main(argv=None):
             print(f"{cell:16s} {_plan_name(c['before'][0])}  ->  {_plan_name(c['after'][0])}")
         print(f"{len(cells)} cells differ")
     elif args.cmd == "backtest":
-        checks, regret, vs_eager, untimed = backtest(args.logs, args.target)
+        checks, regret, vs_eager, untimed = backtest(args.logs, args.target, args.packed)
         fit_stream.show_checks("the built model's pick per cell, measured, against the best measured", checks)
         print(f"geomean regret {regret:.3f}, geomean speed-up over eager {vs_eager:.3f}; "
               f"picks not timed: {', '.join(untimed) or 'none'}")
@@ -296,16 +328,20 @@ def main(argv=None):
     else:
         with open(args.cells) as f:
             cells = json.load(f)
+        def save(timed):
+            with open(args.out, "w") as f:
+                json.dump(timed, f, indent=1)
         try:
-            timed = time_cells(cells, route=args.route)
+            timed = time_cells(cells, route=args.route, save=save)
         except ValueError as e:
             ap.error(str(e))
-        with open(args.out, "w") as f:
-            json.dump(timed, f, indent=1)
+        save(timed)
         for cell, t in timed.items():
             print(f"{cell:16s} eager {t['eager']:7.1f}  before {t['before']:7.1f} ({t['eager'] / t['before']:.2f}x)  "
                   f"after {t['after']:7.1f} ({t['eager'] / t['after']:.2f}x)"
-                  + (f"  route {t['route']:7.1f} ({t['eager'] / t['route']:.2f}x)" if "route" in t else ""))
+                  + (f"  route {t['route']:7.1f} ({t['eager'] / t['route']:.2f}x)" if "route" in t else "")
+                  + (f"  packed {t['route_packed']:7.1f} ({t['eager_packed'] / t['route_packed']:.2f}x)"
+                     if "route_packed" in t else ""))
         slower, loses = verdict(timed)
         print(f"the change's pick slower than before (by > 2%): {', '.join(slower) or 'none'}")
         print(f"the change's pick slower than eager (by > 2%): {', '.join(loses) or 'none'}")
