@@ -118,10 +118,24 @@ static double gemm_us(const fuser_target *t, double m, double k, double n, doubl
     return busy + t->eager_ramp_us * (1 - exp(-bytes / (t->eager_ramp_mb * 1e6)));
 }
 
+/* The share of SMs that one projection's GEMM of a packed chain leaves idle, relative to its own tiles (0 to 1):
+ * T = 128 x 128 output tiles on S SMs, (S - T) / T where T < S. Merged, the two GEMMs run on up to twice the
+ * SMs, which the timings show as about two launches saved where T is a fraction of S (S1 and S8 at 128 tokens:
+ * 5.9-6.0 us faster than the ops on the H200, 0.4-1.0 of it H's passes) and as nothing beyond the passes where
+ * T fills the SMs (LLaMA-3-8B at 1-128 tokens: 0.9-3.2 us; LLaMA-70B at 1-16 on an H100: 3-6 us slower). */
+static double packed_idle(const fuser_chain *c, const fuser_target *t)
+{
+    const double tiles = ceil((double)c->m / 128) * ceil((double)c->n / 128), s = t->sm_count;
+    return tiles >= s ? 0 : fmin(1, (s - tiles) / tiles);
+}
+
 /* The unfused path as fuser runs it: PyTorch eager ops (cuBLAS GEMMs with fused bias, separate
  * activation and product kernels, the intermediate through HBM), a plain chain's ReLU or tanh GELU in the up
- * GEMM's epilogue where fuser_eager_epilogue says so. (A gated chain's route runs the activation and product as
- * one kernel, and packed gate and up weights as one GEMM: not counted, docs/planner.md.) A quantized chain's:
+ * GEMM's epilogue where fuser_eager_epilogue says so. A packed gated chain's (c->packed): gate and up as one
+ * GEMM of 2 N rows, then the gate kernel (activation and product in one pass: H read twice, written once); priced
+ * as the ops less two passes of H and, where each projection's GEMM alone leaves SMs without a 128 x 128 output
+ * tile, up to two launches (packed_idle). (An unpacked gated chain's route also runs the gate kernel: priced as
+ * PyTorch's two ops, docs/planner.md.) A quantized chain's:
  * PyTorch's FP8 ops (fuser.fp8.eager: scaled GEMMs of e4m3 operands with bfloat16 results, the elementwise
  * kernels in bfloat16, and x and H quantized by three elementwise ops each). The GEMMs are tensorwise, at the
  * 16-bit rate (measured no faster than bf16 ones on the H200), each result then scaled per row by one
@@ -140,11 +154,14 @@ static void cost_unfused(fuser_plan *p, const fuser_target *t)
     fuser_cost *k = &p->cost;
     /* the activation in the up GEMM's epilogue (fuser_eager_epilogue): no activation kernel */
     const int epi = fuser_eager_epilogue(c);
+    /* gate and up as one GEMM, the gate kernel after it */
+    const int pk = c->gated && c->packed && !q;
     /* the intermediate's HBM passes: plain: GEMM1 writes H, act reads and writes it, GEMM2 reads it (4; 2 with
      * the activation in the epilogue); gated: gate and up written (2), act r+w (2), product reads 2 and writes 1
-     * (3), GEMM2 reads (1): 8. The gated path also reads x twice. */
-    double ew_bytes = c->gated ? e * M * N * 5 : epi ? 0 : e * M * N * 2; /* the elementwise kernels' share */
-    double hbm = compulsory_bytes(c) + e * M * N * (c->gated ? 8 : epi ? 2 : 4) + (c->gated ? e * M * K : 0);
+     * (3), GEMM2 reads (1): 8, and x read twice; packed: the gate kernel reads 2 and writes 1: 6 */
+    double ew_bytes = pk ? e * M * N * 3 : c->gated ? e * M * N * 5 : epi ? 0 : e * M * N * 2; /* elementwise */
+    double hbm = compulsory_bytes(c) + e * M * N * (pk ? 6 : c->gated ? 8 : epi ? 2 : 4) +
+                 (c->gated && !pk ? e * M * K : 0);
     if (q) /* x and H read in bfloat16 and written in e4m3 by the quantizing ops (each pass read and written) */
         ew_bytes += 3 * 3 * M * (K + N);
     if (q && !rowwise) /* each GEMM's bfloat16 result read and written by its per-row scaling */
@@ -158,7 +175,8 @@ static void cost_unfused(fuser_plan *p, const fuser_target *t)
     k->l2 = k->dsm = k->smem = k->sync = k->tail = 0;
     /* the GEMMs, the activation (unless in the epilogue) and (gated) the product; quantized: and 3 ops each for x
      * and H, and the per-row scaling ops (tensorwise) or the two scale fills (rowwise) */
-    k->launch = t->eager_op_us * (gemms + (c->gated ? 2 : epi ? 0 : 1) + (q ? 6 + (rowwise ? 2 : gemms) : 0)) +
+    k->launch = t->eager_op_us * (gemms + (c->gated ? 2 : epi ? 0 : 1) + (q ? 6 + (rowwise ? 2 : gemms) : 0) -
+                                  (pk ? 2 * packed_idle(c, t) : 0)) +
                 (epi ? t->eager_epilogue_us : 0);
     k->total = k->compute + k->hbm + k->launch;
     k->useful_flops = k->flops = chain_flops(c);

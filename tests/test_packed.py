@@ -297,6 +297,30 @@ def test_the_validated_chain_says_whether_gate_and_up_are_one_memory(dtype):
     assert _chain_of(x.float(), h[f:], wd.float(), h[:f])["packed"] is False
 
 
+def test_a_packed_gated_chain_prices_its_eager_route_without_two_passes_and_idle_launches():
+    """Packed, the eager route runs the gate-and-up GEMM and the gate kernel where PyTorch's ops run two GEMMs, the
+    activation and the product: priced as the ops less two bfloat16 passes of H and, where one projection's GEMM
+    leaves SMs without a 128 x 128 output tile, up to two launches (in proportion to the idle SMs over its tiles);
+    nothing more where its tiles fill the SMs (the timings: decode saves about a launch at most). The fused plans
+    are the same either way (the kernels read the weights alike)."""
+    import math
+    for tgt in ("h100", "h200"):
+        t = _C.targets()[tgt]
+        for m, d, f in ((1, 1024, 3072), (128, 1024, 3072), (128, 3072, 8192), (1, 4096, 14336), (128, 4096, 14336),
+                        (16, 8192, 28672), (2048, 4096, 14336)):
+            kw = dict(gated=True, activation="silu", target=tgt)
+            ops, packed = (fuser.plan(m, d, f, fused=False, packed=pk, **kw).predicted_us for pk in (False, True))
+            tiles = math.ceil(m / 128) * math.ceil(f / 128)
+            idle = 0 if tiles >= t["sm_count"] else min(1, (t["sm_count"] - tiles) / tiles)
+            saved = 2 * 2 * m * f / (t["hbm_gbs"] * 1e3) + 2 * idle * t["eager_op_us"]
+            assert ops - packed == pytest.approx(saved, rel=1e-6, abs=1e-6), (tgt, m, d, f, ops, packed)
+            assert fuser.plan(m, d, f, fused=True, packed=True, **kw).summary() == \
+                fuser.plan(m, d, f, fused=True, **kw).summary()
+    s8 = dict(gated=True, activation="silu", target="h200", fused=False)
+    assert fuser.plan(128, 1024, 3072, **s8).predicted_us - fuser.plan(128, 1024, 3072, packed=True, **s8).predicted_us \
+        > 2 * _C.targets()["h200"]["eager_op_us"]              # S8 at 128 tokens: 24 tiles on 132 SMs
+
+
 def test_packed_needs_a_gated_16_bit_chain():
     with pytest.raises(ValueError, match="packed: only a gated 16-bit chain"):
         fuser.plan(16, 64, 256, packed=True)
