@@ -150,7 +150,8 @@ def plan(m, d_model, d_ff, *, d_out=None, gated=False, activation="gelu", bias=F
         True
     """
     ps = plans(m, d_model, d_ff, d_out=d_out, gated=gated, activation=activation, bias=bias, dtype=dtype,
-               packed=packed, target=target, k=24, fused=fused, cluster=cluster, dataflows=dataflows, avoid=avoid, **tiles)
+               packed=packed, target=target, k=24, fused=fused, cluster=cluster, dataflows=dataflows, avoid=avoid,
+               **tiles)
     best = ps[0]
     best._runner_up = next((p for p in ps[1:] if p._shape_key() != best._shape_key()), None)
     return best
@@ -374,7 +375,7 @@ class Plan:
     def describe_chain(self):
         """The FFN this plan is for, in words: tokens, widths, form, biases and dtype."""
         c = self._d["chain"]
-        form = ("gated " if c["gated"] else "") + c["activation"]
+        form = ("gated " if c["gated"] else "") + c["activation"] + (" (gate and up packed)" if c.get("packed") else "")
         bias = "with biases" if c["bias_up"] or c["bias_down"] else "no bias"
         return (f"{c['m']} tokens, d_model {c['d_model']}, d_ff {c['d_ff']} -> d_out {c['d_out']}, {form}, {bias}, "
                 f"{c['dtype']}")
