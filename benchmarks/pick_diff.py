@@ -126,6 +126,9 @@ def time_cells(cells, log=print, route=False, save=None):
                 raise ValueError(f"{cell}: only stream plans are timed here, got {c[s][0]}")
         if len(sides) == 2 and c["before"][1] == c["after"][1]:   # one plan both sides: timed once
             sides = ["before"]
+        timed = {s: i for i, s in enumerate(sides)}
+        if "after" not in timed and c["after"][1] is not None:
+            timed["after"] = 0
         plans = [_plan(name, m, c[s][1]) for s in sides]
         if route:
             plans.append(fuser.plan(m, d, f, d_out=l, gated=gated, activation=act, target="h200", fused=False))
@@ -145,8 +148,7 @@ def time_cells(cells, log=print, route=False, save=None):
                 raise RuntimeError(f"{cell}: the packed eager route failed or computed something else (log above)")
             res["route_packed"], res["eager_packed"] = pk[0]["measured"], pk[0]["eager"]
         for s in ("before", "after"):
-            same = s == "after" and "after" not in sides and c["after"][1] is not None
-            res[s] = rows[sides.index("before" if same else s)]["measured"] if s in sides or same else eager
+            res[s] = rows[timed[s]]["measured"] if s in timed else eager
             res[s + "_plan"] = c[s][0]
         out[cell] = res
         if save is not None:

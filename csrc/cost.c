@@ -120,9 +120,8 @@ static double gemm_us(const fuser_target *t, double m, double k, double n, doubl
 
 /* The share of SMs that one projection's GEMM of a packed chain leaves idle, relative to its own tiles (0 to 1):
  * T = 128 x 128 output tiles on S SMs, (S - T) / T where T < S. Merged, the two GEMMs run on up to twice the
- * SMs, which the timings show as about two launches saved where T is a fraction of S (S1 and S8 at 128 tokens:
- * 5.9-6.0 us faster than the ops on the H200, 0.4-1.0 of it H's passes) and as nothing beyond the passes where
- * T fills the SMs (LLaMA-3-8B at 1-128 tokens: 0.9-3.2 us; LLaMA-70B at 1-16 on an H100: 3-6 us slower). */
+ * SMs: about two launches saved where T is a fraction of S, nothing beyond H's passes where T fills the SMs
+ * (the timings behind it: docs/planner.md, "The packed route in the model"). */
 static double packed_idle(const fuser_chain *c, const fuser_target *t)
 {
     const double tiles = ceil((double)c->m / 128) * ceil((double)c->n / 128), s = t->sm_count;

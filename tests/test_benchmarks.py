@@ -391,8 +391,8 @@ def test_the_planners_picks_on_the_h100s_timed_cells():
 def test_packed_chains_pick_their_route_where_it_was_timed_faster_on_the_h100():
     """Gate and up packed in one tensor (as fuser.optimize leaves them on CUDA), the eager route runs one GEMM of
     both and the gate kernel, which the model prices (docs/planner.md, "The packed route in the model"). On the
-    H100 timings of that route beside the fused picks (forty-third session, two runs and the H200 table's cells),
-    the four cells whose pick the pricing moves on the h100 target take the route, timed faster than the fused plan
+    committed H100 timings of that route beside the fused picks (the three packed-route files: two runs and the
+    H200 table's cells), the four cells whose pick the pricing moves on the h100 target take the route, timed faster than the fused plan
     they replace in each, and no other pick changes; S8 at 128 and 160 tokens keep fused picks the route beats
     (1.19x and 1.13x: the fused plans are predicted 4-6 us under their timings)."""
     import fuser
