@@ -16,6 +16,7 @@ pick differs, and time both picks of each such cell beside PyTorch eager in CUDA
     python benchmarks/pick_diff.py backtest LOG.json ...         # any machine: the built model's picks
     python benchmarks/pick_diff.py backtest --target h100 LOG.json ...  # another built-in target's picks
     python benchmarks/pick_diff.py accuracy LOG.json ...         # any machine: its ranking of timed plans
+    python benchmarks/pick_diff.py plans OUT.json S8:128:bm=64,bn=96 ...  # on a GPU: named plans beside eager
 
 Quantized picks (``dump --fp8``: cells NAME:M:fp8) are listed and diffed the same way; ``time`` leaves them to
 ``benchmarks/fp8_decode.py --models NAME --tokens M`` in each tree (their inputs are e4m3 weights with
@@ -30,7 +31,9 @@ measured there (eager or any timed plan) and against eager: the geometric means 
 whose pick was timed, and the cells whose pick was not. A model change should not make either worse
 on the committed timings (tests/test_benchmarks.py holds it to them). ``accuracy`` asks it to rank the
 plans timed in each cell instead: Spearman's rank correlation between predicted and measured times, and
-the regret of the plan it predicts fastest among them.
+the regret of the plan it predicts fastest among them. ``plans`` times the stream plans it is given (NAME:M and
+``fuser.plan`` constraints; a cell's plans in one rotation beside eager) where a model change needs timings the
+grid's picks do not hold, as rows that ``backtest`` and ``accuracy`` read.
 """
 import argparse
 import csv
@@ -233,6 +236,32 @@ def packed_routes(paths):
             if v.get("route_packed") is not None}
 
 
+def time_specs(specs, log=print, save=None):
+    """Time stream plans given as NAME:M:key=value,... (``fuser.plan`` constraints of a grid shape), each cell's
+    plans interleaved with eager in CUDA graphs (``kernel_check.time_plans``): {"result": {"plans": rows}}, rows
+    as kernel_check's. `save`: called with the results so far after each cell."""
+    import torch
+    from kernel_check import parse_one, time_plans
+    cells = {}
+    for spec in specs:
+        name, m, cons = parse_one(spec)
+        if name not in shapes():
+            raise ValueError(f"{spec}: {name} is not a grid shape ({', '.join(sorted(shapes()))})")
+        unknown = sorted(set(cons) - set(PLAN_KEYS))
+        if unknown:
+            raise ValueError(f"{spec}: {', '.join(unknown)} not among the plan keys {', '.join(PLAN_KEYS)}")
+        # planned before anything runs: a constraint no plan meets is a ValueError here, not after the cells before it were timed
+        cells.setdefault((name, m), []).append(_plan(name, m, dict(cons, kind="stream", cluster=[1, 1, 1, 1])))
+    gen = torch.Generator(device="cuda").manual_seed(17)
+    rows = []
+    for (name, m), plans in cells.items():
+        d, f, l, gated, act = shapes()[name]
+        rows += time_plans(log, gen, (name, d, f, l, gated, act, m), plans)
+        if save is not None:
+            save(dict(result=dict(plans=rows)))
+    return dict(result=dict(plans=rows))
+
+
 def backtest(paths, target="h200", packed=False):
     """The built model's pick on `target` (a built-in name or a target dict) in every cell the timed files
     hold: (per-cell rows of ``fit_stream.backtest``, geomean regret, geomean speed-up over eager, cells whose
@@ -302,6 +331,9 @@ def main(argv=None):
     a.add_argument("logs", nargs="+")
     a = sub.add_parser("accuracy")
     a.add_argument("logs", nargs="+")
+    a = sub.add_parser("plans")
+    a.add_argument("out")
+    a.add_argument("specs", nargs="+", help="NAME:M:bm=64,bn=96,... (fuser.plan constraints of a stream plan)")
     args = ap.parse_args(argv)
     if args.cmd == "dump":
         print(f"{len(dump(args.out, fp8=args.fp8, target=args.target))} picks written to {args.out}")
@@ -327,6 +359,14 @@ def main(argv=None):
         regret = math.exp(statistics.mean(math.log(r["regret"]) for r in acc.values()))
         print(f"{len(acc)} cells: median Spearman {statistics.median(rho):.2f} ({sum(x >= 0.8 for x in rho)} at >= 0.8), "
               f"geomean regret {regret:.3f}, worst {max(r['regret'] for r in acc.values()):.3f}")
+    elif args.cmd == "plans":
+        def save_rows(timed):
+            with open(args.out, "w") as f:
+                json.dump(timed, f, indent=1)
+        try:
+            save_rows(time_specs(args.specs, save=save_rows))
+        except ValueError as e:
+            ap.error(str(e))
     else:
         with open(args.cells) as f:
             cells = json.load(f)
