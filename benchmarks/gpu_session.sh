@@ -28,6 +28,9 @@
 #   cells  build, `pick_diff.py time --route` twice on each committed cells file (benchmarks/results/*-cells.json:
 #          a model or search change's picks beside the old ones, eager and fuser's eager route; CELLS=NAME
 #          takes the files whose name holds NAME)
+#   plans  build, `pick_diff.py plans` twice on each committed list of plans (benchmarks/results/*-plans.txt: one
+#          NAME:M:constraints spec per line, the plans a model change needs timed; PLANS=NAME takes the files whose
+#          name holds NAME)
 #   host   build, benchmarks/host_overhead.py as the layering issue measures it (the thread's CPU clock, ROUNDS (31) rounds,
 #          the C calls inside the routes timed apart)
 #   targets build, one harness run of every workload the issues' speed targets name (`fuser bench --set targets`;
@@ -39,10 +42,10 @@
 #          own archive, with the summaries one after another in $OUT/gpu.txt
 # Logs go to $OUT/results-<stage>.tgz (OUT defaults to ./gpu-out), the one-line summaries to $OUT/gpu.txt.
 #     bash benchmarks/gpu_session.sh \
-#         check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|zerobias|cells|host|targets|all|queue
+#         check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|zerobias|cells|plans|host|targets|all|queue
 set -uo pipefail
 STAGE=${1:-all}
-STAGES="check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|zerobias|cells|host|targets|all|queue"
+STAGES="check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|zerobias|cells|plans|host|targets|all|queue"
 case "|$STAGES|" in *"|$STAGE|"*) ;; *) echo "usage: $0 $STAGES" >&2; exit 2;; esac
 SELF=$(readlink -f "$0")
 cd "$(dirname "$SELF")/.."
@@ -50,7 +53,7 @@ FINAL=$(mkdir -p "${OUT:-gpu-out}" && readlink -f "${OUT:-gpu-out}")
 # Seconds each stage usually takes on the H200 or an H100 (build included), for the queue's budget (targets: 54-141 s
 # over seven H100 runs, so that it queues after a cells stage).
 declare -A STAGE_SECONDS=([check]=330 [bench]=480 [fit]=560 [prefill]=420 [epilogue]=420 [trace]=300 [pairs]=450
-    [onephase]=360 [eager]=480 [zerobias]=160 [cells]=240 [host]=260 [targets]=200)
+    [onephase]=360 [eager]=480 [zerobias]=160 [cells]=240 [plans]=300 [host]=260 [targets]=200)
 if [ "$STAGE" = queue ]; then
     mkdir -p "$FINAL"
     start=$SECONDS budget=${BUDGET:-570}
@@ -154,6 +157,18 @@ if [ "$STAGE" = cells ]; then
         done
     done
     finish "cells${CELLS:+-$CELLS}"
+fi
+if [ "$STAGE" = plans ]; then
+    for list in benchmarks/results/*${PLANS:-}*-plans.txt; do
+        name=$(basename "$list" -plans.txt)
+        for run in a b; do
+            timeout 200 python3 benchmarks/pick_diff.py plans "$OUT/$name-$run.json" $(grep -v '^#' "$list") \
+                > "$OUT/$name-$run.log" 2>&1
+            echo "$name $run rc $?" | tee -a "$OUT/gpu.txt"; grep -E ' us \(eager|Error' "$OUT/$name-$run.log" \
+                | cut -c1-200 >> "$OUT/gpu.txt"
+        done
+    done
+    finish "plans${PLANS:+-$PLANS}"
 fi
 if [ "$STAGE" = host ]; then
     timeout 480 python3 benchmarks/host_overhead.py --set quick --clock thread --rounds ${ROUNDS:-31} --pieces \
