@@ -146,27 +146,25 @@ if [ "$STAGE" = zerobias ]; then
     done
     finish zerobias
 fi
+# Run 'a' and run 'b' of one pick_diff.py command (its output file as OUTPUT in the arguments) under a timeout:
+# each run's log beside its JSON, the lines matching PATTERN into the summary.
+#     twice NAME SECONDS PATTERN ARGS...
+twice() {
+    local name=$1 secs=$2 pattern=$3; shift 3
+    for run in a b; do
+        timeout "$secs" python3 benchmarks/pick_diff.py "${@/OUTPUT/$OUT/$name-$run.json}" > "$OUT/$name-$run.log" 2>&1
+        echo "$name $run rc $?" | tee -a "$OUT/gpu.txt"; grep -E "$pattern" "$OUT/$name-$run.log" | cut -c1-200 >> "$OUT/gpu.txt"
+    done
+}
 if [ "$STAGE" = cells ]; then
     for cells in benchmarks/results/*${CELLS:-}*-cells.json; do
-        name=$(basename "$cells" -cells.json)
-        for run in a b; do
-            timeout 140 python3 benchmarks/pick_diff.py time --route "$cells" "$OUT/$name-$run.json" \
-                > "$OUT/$name-$run.log" 2>&1
-            echo "$name $run rc $?" | tee -a "$OUT/gpu.txt"; grep -E ' eager |slower|loses' "$OUT/$name-$run.log" \
-                | cut -c1-200 >> "$OUT/gpu.txt"
-        done
+        twice "$(basename "$cells" -cells.json)" 140 ' eager |slower|loses' time --route "$cells" OUTPUT
     done
     finish "cells${CELLS:+-$CELLS}"
 fi
 if [ "$STAGE" = plans ]; then
     for list in benchmarks/results/*${PLANS:-}*-plans.txt; do
-        name=$(basename "$list" -plans.txt)
-        for run in a b; do
-            timeout 200 python3 benchmarks/pick_diff.py plans "$OUT/$name-$run.json" $(grep -v '^#' "$list") \
-                > "$OUT/$name-$run.log" 2>&1
-            echo "$name $run rc $?" | tee -a "$OUT/gpu.txt"; grep -E ' us \(eager|Error' "$OUT/$name-$run.log" \
-                | cut -c1-200 >> "$OUT/gpu.txt"
-        done
+        twice "$(basename "$list" -plans.txt)" 200 ' us \(eager|Error' plans OUTPUT $(grep -v '^#' "$list")
     done
     finish "plans${PLANS:+-$PLANS}"
 fi
