@@ -17,6 +17,7 @@ pick differs, and time both picks of each such cell beside PyTorch eager in CUDA
     python benchmarks/pick_diff.py backtest --target h100 LOG.json ...  # another built-in target's picks
     python benchmarks/pick_diff.py accuracy LOG.json ...         # any machine: its ranking of timed plans
     python benchmarks/pick_diff.py plans OUT.json S8:128:bm=64,bn=96 ...  # on a GPU: named plans beside eager
+    python benchmarks/pick_diff.py plans --trace OUT.json SPEC ...  # and each one's unit trace
 
 Quantized picks (``dump --fp8``: cells NAME:M:fp8) are listed and diffed the same way; ``time`` leaves them to
 ``benchmarks/fp8_decode.py --models NAME --tokens M`` in each tree (their inputs are e4m3 weights with
@@ -236,12 +237,14 @@ def packed_routes(paths):
             if v.get("route_packed") is not None}
 
 
-def time_specs(specs, log=print, save=None):
+def time_specs(specs, log=print, save=None, trace=False):
     """Time stream plans given as NAME:M:key=value,... (``fuser.plan`` constraints of a grid shape), each cell's
     plans interleaved with eager in CUDA graphs (``kernel_check.time_plans``): {"result": {"plans": rows}}, rows
-    as kernel_check's. `save`: called with the results so far after each cell."""
+    as kernel_check's. `trace`: each plan also launched once with its unit trace (``kernel_check.trace_run``:
+    when each unit was claimed, got its first data and was done), under "traces". `save`: called with the
+    results so far after each cell."""
     import torch
-    from kernel_check import parse_one, time_plans
+    from kernel_check import parse_one, time_plans, trace_run
     cells = {}
     for spec in specs:
         name, m, cons = parse_one(spec)
@@ -250,16 +253,19 @@ def time_specs(specs, log=print, save=None):
         unknown = sorted(set(cons) - set(PLAN_KEYS))
         if unknown:
             raise ValueError(f"{spec}: {', '.join(unknown)} not among the plan keys {', '.join(PLAN_KEYS)}")
-        # planned before anything runs: a constraint no plan meets is a ValueError here, not after the cells before it were timed
-        cells.setdefault((name, m), []).append(_plan(name, m, dict(cons, kind="stream", cluster=[1, 1, 1, 1])))
+        # planned before anything runs: a constraint no plan meets fails here, before any cell is timed
+        plan = _plan(name, m, dict(cons, kind="stream", cluster=[1, 1, 1, 1]))
+        cells.setdefault((name, m), []).append((cons, plan))
     gen = torch.Generator(device="cuda").manual_seed(17)
-    rows = []
+    out = dict(plans=[], traces=[]) if trace else dict(plans=[])
     for (name, m), plans in cells.items():
         d, f, l, gated, act = shapes()[name]
-        rows += time_plans(log, gen, (name, d, f, l, gated, act, m), plans)
+        out["plans"] += time_plans(log, gen, (name, d, f, l, gated, act, m), [p for _, p in plans])
+        for cons, _ in plans if trace else ():
+            out["traces"].append(trace_run(name, m, log, shape=(d, f, l, gated, act), cluster=(1, 1, 1, 1), **cons))
         if save is not None:
-            save(dict(result=dict(plans=rows)))
-    return dict(result=dict(plans=rows))
+            save(dict(result=out))
+    return dict(result=out)
 
 
 def backtest(paths, target="h200", packed=False):
@@ -333,6 +339,7 @@ def main(argv=None):
     a.add_argument("logs", nargs="+")
     a = sub.add_parser("plans")
     a.add_argument("out")
+    a.add_argument("--trace", action="store_true", help="also launch each plan once with its unit trace")
     a.add_argument("specs", nargs="+", help="NAME:M:bm=64,bn=96,... (fuser.plan constraints of a stream plan)")
     args = ap.parse_args(argv)
     if args.cmd == "dump":
@@ -364,7 +371,7 @@ def main(argv=None):
             with open(args.out, "w") as f:
                 json.dump(timed, f, indent=1)
         try:
-            save_rows(time_specs(args.specs, save=save_rows))
+            save_rows(time_specs(args.specs, save=save_rows, trace=args.trace))
         except ValueError as e:
             ap.error(str(e))
     else:

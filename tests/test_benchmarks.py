@@ -519,10 +519,13 @@ def test_pick_diff_plans_checks_every_spec_before_timing_any():
 
 @pytest.mark.gpu
 def test_pick_diff_times_named_plans_beside_eager(tmp_path):
-    """``plans``: the given stream plans of a cell, timed beside eager, as rows ``backtest`` reads back."""
+    """``plans``: the given stream plans of a cell, timed beside eager, as rows ``backtest`` reads back, and with
+    ``trace`` each one's unit trace (phase 1's units: 128 for the bn 96 plan, one per SM, 192 for bn 64)."""
     pd = _pick_diff()
     specs = ["S8:128:bm=64,bn=96,bl=64,s1=2,s2=4,stages=7", "S8:128:bm=64,bn=64,bl=64,s1=2,s2=4,stages=8"]
-    out = pd.time_specs(specs)
+    out = pd.time_specs(specs, trace=True)
+    traces = out["result"]["traces"]
+    assert [t["phases"][0]["units"] for t in traces] == [128, 192] and all(t["span_us"] > 1.0 for t in traces)
     rows = out["result"]["plans"]
     assert [r["plan"].split(", predicted")[0] for r in rows] == [
         "fused stream, bm=64 bn=96 bl=64, splits 2/4, 7 stages", "fused stream, bm=64 bn=64 bl=64, splits 2/4, 8 stages"]
