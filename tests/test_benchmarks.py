@@ -399,8 +399,9 @@ def test_packed_chains_pick_their_route_where_it_was_timed_faster_on_the_h100():
     both and the gate kernel, which the model prices (docs/planner.md, "The packed route in the model"). On the
     committed H100 timings of that route beside the fused picks (the packed-route files: two runs, the H200
     table's cells and the H100 device target's), the four cells whose pick the pricing moves on the h100 target take
-    the route, timed faster than the fused plan they replace in each, and no other pick changes; S8 at 128 and 160 tokens keep fused picks the route beats
-    (1.19x and 1.13x: the fused plans are predicted 4-6 us under their timings)."""
+    the route, timed faster than the fused plan they replace in each, and no other pick changes; S8 at 128 and 160
+    tokens keep fused picks the route beats (1.19x and 1.13x: the fused plans are predicted 4-6 us under their
+    timings)."""
     import fuser
     pd = _pick_diff()
     logs = [str(ROOT / p) for p in BACKTEST_LOGS_H100 if "packed-route" in p]
@@ -527,8 +528,9 @@ def test_pick_diff_times_named_plans_beside_eager(tmp_path):
     traces = out["result"]["traces"]
     assert [t["phases"][0]["units"] for t in traces] == [128, 192] and all(t["span_us"] > 1.0 for t in traces)
     rows = out["result"]["plans"]
-    assert [r["plan"].split(", predicted")[0] for r in rows] == [
-        "fused stream, bm=64 bn=96 bl=64, splits 2/4, 7 stages", "fused stream, bm=64 bn=64 bl=64, splits 2/4, 8 stages"]
+    names = [r["plan"].split(", predicted")[0] for r in rows]
+    assert names == ["fused stream, bm=64 bn=96 bl=64, splits 2/4, 7 stages",
+                     "fused stream, bm=64 bn=64 bl=64, splits 2/4, 8 stages"], names
     assert all(r["ok"] and 1.0 < r["measured"] < 200.0 and 1.0 < r["eager"] < 200.0 for r in rows), rows
     (tmp_path / "p.json").write_text(json.dumps(out))
     assert len(pd.timed_plans([str(tmp_path / "p.json")])) == 2
