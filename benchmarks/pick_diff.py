@@ -96,10 +96,12 @@ def diff(before, after):
 
 
 def _plan(name, m, cons):
+    """The stream plan of `cons` for the cell, planned on this machine's GPU (its device target: the prediction
+    and floor printed beside the timing are that card's; the H200's without a GPU)."""
     import fuser
     d, f, l, gated, act = shapes()[name]
     kw = {k: v for k, v in cons.items() if k not in ("kind", "cluster")}
-    return fuser.plan(m, d, f, d_out=l, gated=gated, activation=act, target="h200", fused=True, kind="stream",
+    return fuser.plan(m, d, f, d_out=l, gated=gated, activation=act, target=None, fused=True, kind="stream",
                       cluster=tuple(cons["cluster"]), **kw)
 
 
@@ -135,7 +137,7 @@ def time_cells(cells, log=print, route=False, save=None):
             timed["after"] = 0
         plans = [_plan(name, m, c[s][1]) for s in sides]
         if route:
-            plans.append(fuser.plan(m, d, f, d_out=l, gated=gated, activation=act, target="h200", fused=False))
+            plans.append(fuser.plan(m, d, f, d_out=l, gated=gated, activation=act, target=None, fused=False))
         rows = time_plans(log, gen, (name, d, f, l, gated, act, m), plans)
         if len(rows) != len(plans):
             raise RuntimeError(f"{cell}: a plan failed to run (see the log above)")
