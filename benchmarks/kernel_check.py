@@ -292,17 +292,19 @@ def one_phase_section(log):
     return out
 
 
-def trace_run(name, m, log, act=None, shape=None, **cons):
+def trace_run(name, m, log, act=None, shape=None, plan=None, **cons):
     """One stream plan of a SWEEP shape (or of `shape`: d_model, d_ff, d_out, gated, activation), launched with its
     trace: when each unit was claimed, could load, got its first data and was done (global timer), summarised per
-    phase (trace_summary). `act` replaces the shape's activation."""
+    phase (trace_summary). `act` replaces the shape's activation; `plan` is the plan to trace (else the best under
+    the constraints `cons`)."""
     from fuser import _C, runtime
     if shape is None:
         (_, d, f, l, gated, act0, _), = [w[:7] for w in SWEEP + PREFILL + PAIRS + ONE_PHASE if w[0] == name][:1]
     else:
         d, f, l, gated, act0 = shape
     act = act or act0
-    p = fuser.plan(m, d, f, d_out=l, gated=gated, activation=act, target="h200", fused=True, kind="stream", **cons)
+    p = plan or fuser.plan(m, d, f, d_out=l, gated=gated, activation=act, target="h200", fused=True, kind="stream",
+                           **cons)
     t = _inputs(d, f, l, gated, m, 1, torch.Generator(device="cuda").manual_seed(1))[0]
     y = torch.empty(m, l, device="cuda", dtype=torch.bfloat16)
     trace = torch.zeros(p.derived["units"] * _C.STREAM_TRACE_WORDS * 2, device="cuda", dtype=torch.float32)

@@ -256,15 +256,14 @@ def time_specs(specs, log=print, save=None, trace=False):
         if unknown:
             raise ValueError(f"{spec}: {', '.join(unknown)} not among the plan keys {', '.join(PLAN_KEYS)}")
         # planned before anything runs: a constraint no plan meets fails here, before any cell is timed
-        plan = _plan(name, m, dict(cons, kind="stream", cluster=[1, 1, 1, 1]))
-        cells.setdefault((name, m), []).append((cons, plan))
+        cells.setdefault((name, m), []).append(_plan(name, m, dict(cons, kind="stream", cluster=[1, 1, 1, 1])))
     gen = torch.Generator(device="cuda").manual_seed(17)
     out = dict(plans=[], traces=[]) if trace else dict(plans=[])
     for (name, m), plans in cells.items():
         d, f, l, gated, act = shapes()[name]
-        out["plans"] += time_plans(log, gen, (name, d, f, l, gated, act, m), [p for _, p in plans])
-        for cons, _ in plans if trace else ():
-            out["traces"].append(trace_run(name, m, log, shape=(d, f, l, gated, act), cluster=(1, 1, 1, 1), **cons))
+        out["plans"] += time_plans(log, gen, (name, d, f, l, gated, act, m), plans)
+        for p in plans if trace else ():   # the very plans timed, each launched once more with its trace
+            out["traces"].append(trace_run(name, m, log, shape=(d, f, l, gated, act), plan=p))
         if save is not None:
             save(dict(result=out))
     return dict(result=out)
@@ -344,6 +343,11 @@ def main(argv=None):
     a.add_argument("--trace", action="store_true", help="also launch each plan once with its unit trace")
     a.add_argument("specs", nargs="+", help="NAME:M:bm=64,bn=96,... (fuser.plan constraints of a stream plan)")
     args = ap.parse_args(argv)
+
+    def save(timed):   # time's and plans' results so far (a run stopped by a timeout keeps what it timed)
+        with open(args.out, "w") as f:
+            json.dump(timed, f, indent=1)
+
     if args.cmd == "dump":
         print(f"{len(dump(args.out, fp8=args.fp8, target=args.target))} picks written to {args.out}")
     elif args.cmd == "diff":
@@ -369,19 +373,13 @@ def main(argv=None):
         print(f"{len(acc)} cells: median Spearman {statistics.median(rho):.2f} ({sum(x >= 0.8 for x in rho)} at >= 0.8), "
               f"geomean regret {regret:.3f}, worst {max(r['regret'] for r in acc.values()):.3f}")
     elif args.cmd == "plans":
-        def save_rows(timed):
-            with open(args.out, "w") as f:
-                json.dump(timed, f, indent=1)
         try:
-            save_rows(time_specs(args.specs, save=save_rows, trace=args.trace))
+            save(time_specs(args.specs, save=save, trace=args.trace))
         except ValueError as e:
             ap.error(str(e))
     else:
         with open(args.cells) as f:
             cells = json.load(f)
-        def save(timed):
-            with open(args.out, "w") as f:
-                json.dump(timed, f, indent=1)
         try:
             timed = time_cells(cells, route=args.route, save=save)
         except ValueError as e:
