@@ -30,7 +30,7 @@
 #          takes the files whose name holds NAME)
 #   plans  build, `pick_diff.py plans` twice on each committed list of plans (benchmarks/results/*-plans.txt: one
 #          NAME:M:constraints spec per line, the plans a model change needs timed; PLANS=NAME takes the files whose
-#          name holds NAME; TRACE=1 adds each plan's unit trace)
+#          name holds NAME; TRACE=1 adds each plan's unit trace, LAYOUTS=1 each gated plan over gate and up packed)
 #   host   build, benchmarks/host_overhead.py as the layering issue measures it (the thread's CPU clock, ROUNDS (31) rounds,
 #          the C calls inside the routes timed apart)
 #   targets build, one harness run of every workload the issues' speed targets name (`fuser bench --set targets`;
@@ -153,7 +153,7 @@ twice() {
     local name=$1 secs=$2 pattern=$3; shift 3
     for run in a b; do
         timeout "$secs" python3 benchmarks/pick_diff.py "${@/OUTPUT/$OUT/$name-$run.json}" > "$OUT/$name-$run.log" 2>&1
-        echo "$name $run rc $?" | tee -a "$OUT/gpu.txt"; grep -E "$pattern" "$OUT/$name-$run.log" | cut -c1-200 >> "$OUT/gpu.txt"
+        echo "$name $run rc $?" | tee -a "$OUT/gpu.txt"; grep -E "$pattern" "$OUT/$name-$run.log" | cut -c1-280 >> "$OUT/gpu.txt"
     done
 }
 if [ "$STAGE" = cells ]; then
@@ -164,7 +164,8 @@ if [ "$STAGE" = cells ]; then
 fi
 if [ "$STAGE" = plans ]; then
     for list in benchmarks/results/*${PLANS:-}*-plans.txt; do
-        twice "$(basename "$list" -plans.txt)" 200 ' us \(eager|Error|^trace: span' plans ${TRACE:+--trace} OUTPUT \
+        twice "$(basename "$list" -plans.txt)" 200 ' us \(eager|Error|^trace: span' plans ${TRACE:+--trace} \
+            ${LAYOUTS:+--layouts} OUTPUT \
             $(grep -v '^#' "$list")
     done
     finish "plans${PLANS:+-$PLANS}"

@@ -96,6 +96,15 @@ def _inputs(d, f, l, gated, m, sets, gen, packed=False):
     return out
 
 
+def _packed_pair(w_gate, w_up, packed):
+    """`w_gate` and `w_up` as {"w_gate", "w_up"}: copies into the two row halves of one tensor (gate first)
+    where `packed`, else copies of their own."""
+    if not packed:
+        return dict(w_gate=w_gate.clone(), w_up=w_up.clone())
+    both = torch.cat([w_gate, w_up])
+    return dict(w_gate=both[:w_gate.shape[0]], w_up=both[w_gate.shape[0]:])
+
+
 def _time_graphs(graphs, per, rounds=15):
     """Median us per call of each graph of `per` calls (replays interleaved in seeded orders, CUDA events)."""
     return time_interleaved([(g.replay, per) for g in graphs], rounds, warmup=1)
@@ -176,15 +185,19 @@ def sweep_section(log, top=6, shapes=None, section="sweep"):
     return rows
 
 
-def time_plans(log, gen, shape, plans, packed=False):
+def time_plans(log, gen, shape, plans, packed=False, layouts=False):
     """Each plan of one shape in a CUDA graph of several calls, interleaved with eager in a graph (rotating
     input sets), its output for the first set checked against float64: one row per plan. `packed`: the inputs'
-    gate and up weights are halves of one tensor (``_inputs``)."""
+    gate and up weights are halves of one tensor (``_inputs``). `layouts` (a gated shape): each fused plan also
+    over the same values with gate and up packed, in the same interleaving (``measured_packed``): what a
+    layout alone costs the kernel."""
     name, d, f, l, gated, act, m = shape
     rows = []
     bytes_ = 2 * (f * d * (2 if gated else 1) + l * f)
     sets = max(1, min(6, -(-(150 << 20) // bytes_)))
     ins = _inputs(d, f, l, gated, m, sets, gen, packed)
+    # the same values, gate and up copied into one tensor (the other layout's copy of each set)
+    other = [dict(t, **_packed_pair(t["w_gate"], t["w_up"], not packed)) for t in ins] if layouts and gated else None
     # several calls per graph: one replay of a single small call is mostly the graph's own launch
     per = max(4, min(20, int(2e7 // bytes_)))
     ref_fn = [lambda t=t: fuser.ffn_reference(activation=act, **t) for t in ins]
@@ -200,16 +213,26 @@ def time_plans(log, gen, shape, plans, packed=False):
                     outs[i] = fuser.ffn(activation=act, plan=p, **t)
                 calls = [lambda i=i, t=t: keep(i, t) for i, t in enumerate(ins)]
             g = graph_of([calls[i % sets] for i in range(per)])
-            te, tf = _time_graphs([eager, g], per)
+            alt, alt_outs = [], []
+            if other is not None and p.fused:
+                alt_outs = [torch.empty_like(o) for o in outs]
+                alt = [graph_of([lambda t=other[i % sets], o=alt_outs[i % sets]:
+                                 fuser.ffn(activation=act, out=o, plan=p, **t) for i in range(per)])]
+            te, tf, *ta = _time_graphs([eager, g, *alt], per)
             err = float((outs[0].double() - ref).norm() / ref.norm())
             row = dict(name=name, m=m, plan=p.summary(), params=p.raw.get("params"), predicted=p.predicted_us,
                        measured=tf, eager=te, speedup=te / tf, floor=p.floor_us, rel_err=err, ok=err < 2e-2,
                        tflops=p.raw["cost"]["useful_flops"] / tf / 1e6)
+            if ta:   # the other layout reads the same values: its output must be the same bits
+                row.update({"measured_packed" if not packed else "measured_unpacked": ta[0],
+                            "layouts_same_bits": bool(torch.equal(alt_outs[0], outs[0]))})
             rows.append(row)
             log(f"{name:10s} m={m:<4d} {tf:8.1f} us (eager {te:7.1f}, {te / tf:.2f}x; predicted "
                 f"{p.predicted_us:7.1f}; floor {p.floor_us:.1f}; {row['tflops']:.0f} TFLOP/s; err {err:.1e}"
-                f"{'' if row['ok'] else ' BAD'}) {p.summary()}")
-            del g
+                f"{'' if row['ok'] else ' BAD'}) {p.summary()}"
+                + (f" | {'packed' if not packed else 'apart'} {ta[0]:.1f} us, {ta[0] / tf:.3f}x"
+                   f"{'' if row['layouts_same_bits'] else ' DIFFERENT BITS'}" if ta else ""))
+            del g, alt
         except Exception as e:  # noqa: BLE001
             log(f"{name} m={m} {p.summary()}: {type(e).__name__}: {e}")
     del eager, ref

@@ -536,6 +536,19 @@ def test_pick_diff_times_named_plans_beside_eager(tmp_path):
     assert len(pd.timed_plans([str(tmp_path / "p.json")])) == 2
 
 
+@pytest.mark.gpu
+def test_pick_diff_times_each_plan_over_both_weight_layouts():
+    """``plans --layouts``: a gated cell's plan also over its gate and up weights packed in one tensor, timed in the
+    same interleaving; the two layouts hold the same values, so the kernel's outputs are the same bits. A plain
+    chain has no second layout."""
+    pd = _pick_diff()
+    out = pd.time_specs(["S8:128:bm=64,bn=96,bl=64,s1=2,s2=4,stages=7", "G4:128:bm=64"], layouts=True)
+    gated, plain = out["result"]["plans"]
+    assert gated["ok"] and gated["layouts_same_bits"] and 1.0 < gated["measured_packed"] < 200.0, gated
+    assert 0.5 < gated["measured_packed"] / gated["measured"] < 2.0, gated
+    assert plain["ok"] and "measured_packed" not in plain, plain
+
+
 def test_kernel_check_summarises_a_stream_trace_per_phase():
     """kernel_check's trace summary (bf16 and FP8 traces alike) on a made-up timeline of a 128-token FP8 plan:
     112 phase-1 units of 33 us from their first data, 128 phase-2 units of 25 us that waited 8 us for H; each
