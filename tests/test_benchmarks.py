@@ -367,7 +367,11 @@ BACKTEST_LOGS_H100 = [f"benchmarks/results/2026-12-06-h100-{n}" for n in (
     "fortysecond-targets-a.csv", "fortysecond-targets-b.csv", "fortythird-packed-route-a.json",
     "fortythird-packed-route-b.json", "fortythird-packed-route-h200-cells.json",
     "fortyfourth-packed-route-device-a.json", "fortyfourth-packed-route-device-b.json", "fortyfourth-targets-a.csv",
-    "fortyfourth-near-targets-a.json", "fortyfourth-near-targets-b.json")]
+    "fortyfourth-near-targets-a.json", "fortyfourth-near-targets-b.json", "fortyfifth-targets-a.csv",
+    "fortyfifth-targets-b.csv", "fortyfifth-near-targets-a.json", "fortyfifth-near-targets-b.json",
+    "fortyfifth-s8-traces-a.json", "fortyfifth-s8-traces-b.json", "fortyfifth-layouts-a.json",
+    "fortyfifth-layouts-b.json", "fortyfifth-targets-c-second-card.csv", "fortyfifth-targets-d-second-card.csv",
+    "fortyfifth-three-rows-a.csv", "fortyfifth-three-rows-b.csv")]
 
 
 def test_the_planners_picks_on_the_h100s_timed_cells():
@@ -377,13 +381,14 @@ def test_the_planners_picks_on_the_h100s_timed_cells():
     HBM rate on other parts"), and without the long streams' price alone 1.0094 and 1.0889 (LLaMA-70B at 12-64
     tokens stays eager, its fused plans timed 1.01-1.04x faster). Three cells' picks were never timed there. In the
     three decode cells nearest the issues' floor targets (LLaMA-2-7B at 16 and 128 tokens, GPT-3-6.7B at 128), where
-    5-8 stream plans each were timed side by side, the pick is the fastest of them."""
+    5-8 stream plans each were timed side by side on two cards, and at S8:128 (five plans, twice), the pick is the
+    fastest of them."""
     pd = _pick_diff()
     logs = [str(ROOT / p) for p in BACKTEST_LOGS_H100]
     checks, regret, vs_eager, untimed = pd.backtest(logs, target="h100")
     assert len(checks) == 205 and untimed == ["S2:77", "S6:48", "S7:77"], untimed
     assert regret <= 1.009 and vs_eager >= 1.088, (regret, vs_eager)
-    near = {c: checks[c] for c in (("llama2-7b", 16), ("llama2-7b", 128), ("gpt3-6.7b", 128))}
+    near = {c: checks[c] for c in (("llama2-7b", 16), ("llama2-7b", 128), ("gpt3-6.7b", 128), ("S8", 128))}
     assert all(r["regret"] == 1.0 for r in near.values()), near
     import fuser
     h100 = dict(fuser._C.targets()["h100"])
