@@ -185,12 +185,14 @@ def sweep_section(log, top=6, shapes=None, section="sweep"):
     return rows
 
 
-def time_plans(log, gen, shape, plans, packed=False, layouts=False):
+def time_plans(log, gen, shape, plans, packed=False, layouts=False, warm=False):
     """Each plan of one shape in a CUDA graph of several calls, interleaved with eager in a graph (rotating
     input sets), its output for the first set checked against float64: one row per plan. `packed`: the inputs'
-    gate and up weights are halves of one tensor (``_inputs``). `layouts` (a gated shape): each fused plan also
-    over the same values with gate and up packed, in the same interleaving (``measured_packed``): what a
-    layout alone costs the kernel."""
+    gate and up weights are halves of one tensor (``_inputs``). In the same interleaving, each fused plan also:
+    with `layouts` (a gated shape), over the same values with gate and up in the other layout
+    (``measured_packed``, or ``measured_unpacked`` where `packed`): what a layout alone costs the kernel; with
+    `warm`, every call over the first set (``measured_warm``: weights that fit the L2 stay there): what reading
+    them from HBM costs. Each such graph's first output must be the main graph's bits (``same_bits_*``)."""
     name, d, f, l, gated, act, m = shape
     rows = []
     bytes_ = 2 * (f * d * (2 if gated else 1) + l * f)
@@ -213,26 +215,30 @@ def time_plans(log, gen, shape, plans, packed=False, layouts=False):
                     outs[i] = fuser.ffn(activation=act, plan=p, **t)
                 calls = [lambda i=i, t=t: keep(i, t) for i, t in enumerate(ins)]
             g = graph_of([calls[i % sets] for i in range(per)])
-            alt, alt_outs = [], []
+            extra = []   # (what it times, its graph, its outputs): the same values, so the same bits as outs[0]
             if other is not None and p.fused:
-                alt_outs = [torch.empty_like(o) for o in outs]
-                alt = [graph_of([lambda t=other[i % sets], o=alt_outs[i % sets]:
-                                 fuser.ffn(activation=act, out=o, plan=p, **t) for i in range(per)])]
-            te, tf, *ta = _time_graphs([eager, g, *alt], per)
+                o2 = [torch.empty_like(o) for o in outs]
+                extra.append(("unpacked" if packed else "packed", graph_of(
+                    [lambda t=other[i % sets], o=o2[i % sets]: fuser.ffn(activation=act, out=o, plan=p, **t)
+                     for i in range(per)]), o2))
+            if warm and p.fused:
+                o2 = [torch.empty_like(outs[0])]
+                extra.append(("warm", graph_of([lambda: fuser.ffn(activation=act, out=o2[0], plan=p, **ins[0])] * per),
+                              o2))
+            te, tf, *ta = _time_graphs([eager, g] + [x[1] for x in extra], per)
             err = float((outs[0].double() - ref).norm() / ref.norm())
             row = dict(name=name, m=m, plan=p.summary(), params=p.raw.get("params"), predicted=p.predicted_us,
                        measured=tf, eager=te, speedup=te / tf, floor=p.floor_us, rel_err=err, ok=err < 2e-2,
                        tflops=p.raw["cost"]["useful_flops"] / tf / 1e6)
-            if ta:   # the other layout reads the same values: its output must be the same bits
-                row.update({"measured_packed" if not packed else "measured_unpacked": ta[0],
-                            "layouts_same_bits": bool(torch.equal(alt_outs[0], outs[0]))})
+            for (what, _, o2), t in zip(extra, ta):
+                row[f"measured_{what}"], row[f"same_bits_{what}"] = t, bool(torch.equal(o2[0], outs[0]))
             rows.append(row)
             log(f"{name:10s} m={m:<4d} {tf:8.1f} us (eager {te:7.1f}, {te / tf:.2f}x; predicted "
                 f"{p.predicted_us:7.1f}; floor {p.floor_us:.1f}; {row['tflops']:.0f} TFLOP/s; err {err:.1e}"
                 f"{'' if row['ok'] else ' BAD'}) {p.summary()}"
-                + (f" | {'packed' if not packed else 'apart'} {ta[0]:.1f} us, {ta[0] / tf:.3f}x"
-                   f"{'' if row['layouts_same_bits'] else ' DIFFERENT BITS'}" if ta else ""))
-            del g, alt
+                + "".join(f" | {what} {t:.1f} us, {t / tf:.3f}x{'' if row[f'same_bits_{what}'] else ' DIFFERENT BITS'}"
+                          for (what, _, _), t in zip(extra, ta)))
+            del g, extra
         except Exception as e:  # noqa: BLE001
             log(f"{name} m={m} {p.summary()}: {type(e).__name__}: {e}")
     del eager, ref
