@@ -382,8 +382,7 @@ def main(argv=None):
               f"geomean regret {regret:.3f}, worst {max(r['regret'] for r in acc.values()):.3f}")
     elif args.cmd == "plans":
         try:
-            save(time_specs(args.specs, save=save, trace=args.trace, layouts=args.layouts,
-                                  warm=args.warm))
+            save(time_specs(args.specs, save=save, trace=args.trace, layouts=args.layouts, warm=args.warm))
         except ValueError as e:
             ap.error(str(e))
     else:
