@@ -198,7 +198,7 @@ def time_plans(log, gen, shape, plans, packed=False, layouts=False, warm=False):
     bytes_ = 2 * (f * d * (2 if gated else 1) + l * f)
     sets = max(1, min(6, -(-(150 << 20) // bytes_)))
     ins = _inputs(d, f, l, gated, m, sets, gen, packed)
-    # the same values, gate and up copied into one tensor (the other layout's copy of each set)
+    # each set's values in the other layout: gate and up copied into one tensor, or apart where `packed`
     other = [dict(t, **_packed_pair(t["w_gate"], t["w_up"], not packed)) for t in ins] if layouts and gated else None
     # several calls per graph: one replay of a single small call is mostly the graph's own launch
     per = max(4, min(20, int(2e7 // bytes_)))
