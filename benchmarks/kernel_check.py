@@ -223,8 +223,8 @@ def time_plans(log, gen, shape, plans, packed=False, layouts=False, warm=False):
                      for i in range(per)]), o2))
             if warm and p.fused:
                 o2 = [torch.empty_like(outs[0])]
-                extra.append(("warm", graph_of([lambda: fuser.ffn(activation=act, out=o2[0], plan=p, **ins[0])] * per),
-                              o2))
+                extra.append(("warm", graph_of([lambda o=o2[0]: fuser.ffn(activation=act, out=o, plan=p, **ins[0])]
+                                               * per), o2))
             te, tf, *ta = _time_graphs([eager, g] + [x[1] for x in extra], per)
             err = float((outs[0].double() - ref).norm() / ref.norm())
             row = dict(name=name, m=m, plan=p.summary(), params=p.raw.get("params"), predicted=p.predicted_us,
