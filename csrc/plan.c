@@ -5,10 +5,6 @@
 #include <stdio.h>
 #include <string.h>
 
-int64_t fuser_min64(int64_t a, int64_t b) { return a < b ? a : b; }
-int64_t fuser_max64(int64_t a, int64_t b) { return a > b ? a : b; }
-int64_t fuser_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 int64_t fuser_in_bounds(int64_t begin, int64_t len, int64_t limit)
 {
     int64_t v = fuser_min64(begin + len, limit) - begin;
@@ -53,11 +49,10 @@ static int count_barriers(const fuser_plan *p)
 {
     int b = 0;
     if (p->order == FUSER_ORDER_N_OUTER) {
-        for (int j = 0; j < p->n_iters; j++) {
-            b += p->cls_k > 1;                                   /* partials published */
-            b += p->cls_k > 1 || p->cls_shuffle > 1;             /* H published, exchange buffer free */
-            b += p->cls_shuffle > 1 && j < p->n_iters - 1;       /* peers done copying my H slot */
-        }
+        /* per n-iteration: partials published; H published, exchange buffer free; peers done copying my H
+         * slot (not after the last) */
+        b += p->n_iters * ((p->cls_k > 1) + (p->cls_k > 1 || p->cls_shuffle > 1));
+        b += (p->cls_shuffle > 1) * (p->n_iters - 1);
         b += p->cls_reduce > 1;                                  /* output partials published */
     } else {
         b += 2 * (p->cls_k > 1) * p->n_iters;                    /* publish partials; buffer free */
@@ -79,6 +74,13 @@ static int64_t stream_stage_bytes(const fuser_plan *p)
     const int64_t x = (int64_t)p->bm * 128;
     const int64_t b1 = x + (int64_t)p->parts * p->bn * 128, b2 = x + (int64_t)p->bl * 128;
     return (fuser_max64(b1, b2) + 1023) / 1024 * 1024;
+}
+
+int fuser_stream_deepest_ring(const fuser_plan *p, int smem_limit)
+{
+    const int64_t stage = stream_stage_bytes(p), rest = (int64_t)p->smem_bytes - p->smem_pipe;
+    const int64_t s = stage > 0 && smem_limit > rest ? (smem_limit - rest) / stage : 0;
+    return s < 2 ? 0 : s > 8 ? 8 : (int)s;
 }
 
 static int derive_stream(fuser_plan *p, fuser_err *err)

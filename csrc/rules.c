@@ -138,8 +138,10 @@ static int r_output_waste(const fuser_plan *p, const fuser_target *t)
 static int r_stream_geometry(const fuser_plan *p, const fuser_target *t)
 {
     (void)t;
+    if (p->kind != FUSER_KIND_STREAM)
+        return 0;
     fuser_plan q = *p;
-    return p->kind == FUSER_KIND_STREAM && fuser_plan_derive(&q, NULL) != FUSER_OK;
+    return fuser_plan_derive(&q, NULL) != FUSER_OK;
 }
 
 /* CHOICE (splits left free): a stream phase with fewer units than 3/4 of the SMs leaves SMs idle while

@@ -130,15 +130,30 @@ static int64_t leaves_all(const fuser_chain *c)
     return s * n_gate_modes(c);
 }
 
+/* The rules of each level, in table order (built once per search): a check runs only its level's rules. */
+typedef struct {
+    int n[FUSER_NUM_LEVELS];
+    int at[FUSER_NUM_LEVELS][FUSER_MAX_RULES];
+} level_rules;
+
+static void level_rules_init(level_rules *lr)
+{
+    memset(lr->n, 0, sizeof lr->n);
+    for (int r = 0; r < fuser_num_rules; r++)
+        lr->at[fuser_rules[r].level][lr->n[fuser_rules[r].level]++] = r;
+}
+
 /* Run the rules of one level; on rejection charge `leaves` to the rule and return 1. */
-static int pruned(const fuser_plan *p, const fuser_target *t, fuser_level lvl, int64_t leaves,
+static int pruned(const level_rules *lr, const fuser_plan *p, const fuser_target *t, fuser_level lvl, int64_t leaves,
                   fuser_search_stats *st)
 {
-    for (int r = 0; r < fuser_num_rules; r++)
-        if (fuser_rules[r].level == lvl && fuser_rules[r].reject(p, t)) {
+    for (int i = 0; i < lr->n[lvl]; i++) {
+        const int r = lr->at[lvl][i];
+        if (fuser_rules[r].reject(p, t)) {
             st->pruned[r] += leaves;
             return 1;
         }
+    }
     return 0;
 }
 
@@ -187,8 +202,8 @@ static void refusal_add(refusals *r, const char *msg)
 
 /* The stream family's candidates: every (phases, bm, bn, bl, s1, s2), each with the deepest pipeline that
  * fits. With `why`, each candidate that cannot be derived also adds its reason there. */
-static void search_stream(const fuser_chain *c, const fuser_target *t, const fuser_constraints *cons, topk *best,
-                          fuser_search_stats *st, refusals *why)
+static void search_stream(const fuser_chain *c, const fuser_target *t, const level_rules *lr,
+                          const fuser_constraints *cons, topk *best, fuser_search_stats *st, refusals *why)
 {
     const int64_t leaves = stream_leaves(c);
     if (!leaves)
@@ -214,7 +229,7 @@ static void search_stream(const fuser_chain *c, const fuser_target *t, const fus
         st->constrained += leaves;
         return;
     }
-    if (pruned(&p, t, FUSER_LEVEL_CHAIN, leaves, st))
+    if (pruned(lr, &p, t, FUSER_LEVEL_CHAIN, leaves, st))
         return;
     for (int ip = 0; ip < COUNT(stream_phase_set); ip++)
     for (int ib = 0; ib < COUNT(stream_bm_set); ib++)
@@ -240,26 +255,26 @@ static void search_stream(const fuser_chain *c, const fuser_target *t, const fus
             st->constrained++;
             continue;
         }
+        /* the deepest ring that fits (or the constrained depth); otherwise the shallowest (derived where it
+         * can be), for the rules to refuse */
         fuser_plan q = p;
-        int fit = 0;
-        for (int s = 8; s >= 2 && !fit; s--) { /* the deepest ring that fits (or the constrained depth) */
-            q = p;
-            q.stages = s;
-            if (!free_or(cons->stages, s) || fuser_plan_derive(&q, NULL) != FUSER_OK)
-                continue;
-            fit = q.smem_bytes <= t->smem_per_block;
-        }
-        if (!fit) { /* the shallowest ring (derived where it can be), for the rules to refuse */
-            q = p;
-            q.stages = cons->stages > 0 ? cons->stages : 2;
-            fuser_err e;
-            fuser_err_clear(&e);
-            if (fuser_plan_derive(&q, why ? &e : NULL) != FUSER_OK && why)
+        q.stages = cons->stages > 0 ? cons->stages : 2;
+        fuser_err e;
+        fuser_err_clear(&e);
+        if (fuser_plan_derive(&q, why ? &e : NULL) != FUSER_OK) {
+            if (why)
                 refusal_add(why, e.msg);
+        } else if (cons->stages <= 0) {
+            const int deepest = fuser_stream_deepest_ring(&q, t->smem_per_block);
+            if (deepest > q.stages) {
+                q = p;
+                q.stages = deepest;
+                fuser_plan_derive(&q, NULL);
+            }
         }
-        if (pruned(&q, t, FUSER_LEVEL_FULL, 1, st))
+        if (pruned(lr, &q, t, FUSER_LEVEL_FULL, 1, st))
             continue;
-        if (cons->s1 <= 0 && cons->s2 <= 0 && pruned(&q, t, FUSER_LEVEL_CHOICE, 1, st))
+        if (cons->s1 <= 0 && cons->s2 <= 0 && pruned(lr, &q, t, FUSER_LEVEL_CHOICE, 1, st))
             continue;
         if ((q.dataflows & cons->dataflows_none) != 0) {
             st->constrained++;
@@ -292,6 +307,8 @@ int fuser_search(const fuser_chain *c, const fuser_target *t, const fuser_constr
     if (k < 1 || k > 64)
         return fuser_fail(err, FUSER_E_VALUE, "k must be in [1, 64], got %d", k);
     topk best = {out, 0, k, {t->fusion_margin, t->stream_margin}};
+    level_rules rules;
+    level_rules_init(&rules);
 
     /* the unfused path */
     st->candidates = 1;
@@ -311,7 +328,7 @@ int fuser_search(const fuser_chain *c, const fuser_target *t, const fuser_constr
         st->constrained += leaves_all(c) + stream_leaves(c);
         goto done;
     }
-    search_stream(c, t, &cons, &best, st, NULL);
+    search_stream(c, t, &rules, &cons, &best, st, NULL);
     fuser_plan_unfused(c, &p);
     p.fused = 1;
     if ((cons.kind >= 0 && cons.kind != FUSER_KIND_CLUSTER) || cons.s1 > 1 || cons.s2 > 1 || cons.phases > 0 ||
@@ -319,9 +336,12 @@ int fuser_search(const fuser_chain *c, const fuser_target *t, const fuser_constr
         st->constrained += leaves_all(c);
         goto done;
     }
-    if (pruned(&p, t, FUSER_LEVEL_CHAIN, leaves_all(c), st))
+    if (pruned(&rules, &p, t, FUSER_LEVEL_CHAIN, leaves_all(c), st))
         goto done;
     const int modes[2] = {c->gated ? FUSER_GATE_SPATIAL : FUSER_GATE_NONE, FUSER_GATE_SEQUENTIAL};
+    int64_t bm_leaves[COUNT(cls_set)]; /* the leaves under one bm, by cls_n */
+    for (int in = 0; in < COUNT(cls_set); in++)
+        bm_leaves[in] = leaves_bm(c, cls_set[in]);
     for (int gi = 0; gi < n_gate_modes(c); gi++)
     for (int im = 0; im < COUNT(cls_set); im++)
     for (int in = 0; in < COUNT(cls_set); in++)
@@ -329,8 +349,8 @@ int fuser_search(const fuser_chain *c, const fuser_target *t, const fuser_constr
     for (int il = 0; il < COUNT(cls_set); il++) {
         p.gate_mode = (fuser_gate_mode)modes[gi];
         p.cls_m = cls_set[im], p.cls_n = cls_set[in], p.cls_k = cls_set[ik], p.cls_l = cls_set[il];
-        int64_t lv = leaves_shape(c, p.cls_n);
-        if (pruned(&p, t, FUSER_LEVEL_SHAPE, lv, st))
+        int64_t lv = COUNT(bm_set) * bm_leaves[in];
+        if (pruned(&rules, &p, t, FUSER_LEVEL_SHAPE, lv, st))
             continue;
         if (!(cons.gate_mode < 0 || cons.gate_mode == (int)p.gate_mode) || !free_or(cons.cls_m, p.cls_m) ||
             !free_or(cons.cls_n, p.cls_n) || !free_or(cons.cls_k, p.cls_k) || !free_or(cons.cls_l, p.cls_l)) {
@@ -339,8 +359,8 @@ int fuser_search(const fuser_chain *c, const fuser_target *t, const fuser_constr
         }
         for (int ib = 0; ib < COUNT(bm_set); ib++) {
             p.bm = bm_set[ib];
-            lv = leaves_bm(c, p.cls_n);
-            if (pruned(&p, t, FUSER_LEVEL_BM, lv, st))
+            lv = bm_leaves[in];
+            if (pruned(&rules, &p, t, FUSER_LEVEL_BM, lv, st))
                 continue;
             if (!free_or(cons.bm, p.bm)) {
                 st->constrained += lv;
@@ -351,7 +371,7 @@ int fuser_search(const fuser_chain *c, const fuser_target *t, const fuser_constr
                 int nis[MAX_NITERS];
                 int nni = niters_set(c->n, p.cls_n, p.bn, nis);
                 lv = (int64_t)nni * N_ORDER_BL * COUNT(stage_set);
-                if (pruned(&p, t, FUSER_LEVEL_BN, lv, st))
+                if (pruned(&rules, &p, t, FUSER_LEVEL_BN, lv, st))
                     continue;
                 if (!free_or(cons.bn, p.bn)) {
                     st->constrained += lv;
@@ -360,7 +380,7 @@ int fuser_search(const fuser_chain *c, const fuser_target *t, const fuser_constr
                 for (int ni = 0; ni < nni; ni++) {
                     p.n_iters = nis[ni];
                     lv = N_ORDER_BL * COUNT(stage_set);
-                    if (pruned(&p, t, FUSER_LEVEL_NITERS, lv, st))
+                    if (pruned(&rules, &p, t, FUSER_LEVEL_NITERS, lv, st))
                         continue;
                     if (!free_or(cons.n_iters, p.n_iters)) {
                         st->constrained += lv;
@@ -382,7 +402,7 @@ int fuser_search(const fuser_chain *c, const fuser_target *t, const fuser_constr
                             p.bl = bl_set[ob - 1];
                         }
                         lv = COUNT(stage_set);
-                        if (pruned(&p, t, FUSER_LEVEL_BL, lv, st))
+                        if (pruned(&rules, &p, t, FUSER_LEVEL_BL, lv, st))
                             continue;
                         if (!(cons.order < 0 || cons.order == (int)p.order) || !free_or(cons.bl, p.bl)) {
                             st->constrained += lv;
@@ -397,7 +417,7 @@ int fuser_search(const fuser_chain *c, const fuser_target *t, const fuser_constr
                                                   "internal: a candidate passed the rules but is invalid: %s",
                                                   derr.msg);
                             }
-                            if (pruned(&q, t, FUSER_LEVEL_FULL, 1, st))
+                            if (pruned(&rules, &q, t, FUSER_LEVEL_FULL, 1, st))
                                 continue;
                             if (!free_or(cons.stages, q.stages) ||
                                 (q.dataflows & cons.dataflows_all) != cons.dataflows_all ||
@@ -437,7 +457,7 @@ done:
             topk none = {scratch, 0, 1, {t->fusion_margin, t->stream_margin}};
             fuser_search_stats ignored;
             memset(&ignored, 0, sizeof ignored);
-            search_stream(c, t, &cons, &none, &ignored, r);
+            search_stream(c, t, &rules, &cons, &none, &ignored, r);
             int top[2] = {-1, -1};
             for (int i = 0; i < r->n; i++)
                 if (top[0] < 0 || r->count[i] > r->count[top[0]])

@@ -306,6 +306,27 @@ def test_candidates_whose_ring_does_not_fit_are_refused_not_scored():
         assert math.isfinite(p.predicted_us) and p.predicted_us > 0, p.summary()
 
 
+@pytest.mark.parametrize("smem", [232448, 160 * 1024, 101376])
+def test_every_stream_plan_gets_the_deepest_ring_that_fits(smem):
+    """The search gives each stream candidate the most stages (up to 8) whose ring fits the part's shared
+    memory: one more stage, of the size computed here from the tiles, would not fit. A constrained depth is
+    kept as given. Checked on a full part and parts of 160 and 99 KB a block, with one and two phases."""
+    t = dict(fuser._C.targets()["h200"], name="ring", smem_per_block=smem)
+    depths = set()
+    for m, d, f, phases in ((16, 1024, 3072, 2), (128, 4096, 14336, 2), (64, 1024, 3072, 1), (512, 768, 3072, 2)):
+        for p in fuser.plans(m, d, f, gated=True, activation="silu", target=t, fused=True, kind="stream",
+                             phases=phases, k=24):
+            q, parts = p.to_dict()["params"], 2
+            stage = -(-max(q["bm"] * 128 + parts * q["bn"] * 128, q["bm"] * 128 + q["bl"] * 128) // 1024) * 1024
+            assert p.derived["smem_bytes"] <= smem, p.summary()
+            assert q["stages"] == 8 or p.derived["smem_bytes"] + stage > smem, p.summary()
+            depths.add(q["stages"])
+    assert len(depths) >= 2, depths  # the parts differ in depth, not only at the cap
+    p = fuser.plan(128, 4096, 14336, gated=True, activation="silu", target=t, fused=True, kind="stream", bm=128,
+                   bn=128, bl=128, stages=2)
+    assert p.to_dict()["params"]["stages"] == 2
+
+
 @pytest.mark.parametrize("kw,match", [
     (dict(phases=1, s1=2), "one phase computes each split's H in n-tiles of the whole K: s1 must be 1"),
     (dict(cluster=(2, 1, 1, 1), bm=128, bn=256), "in cluster pairs, 128-row tiles are at most 192 wide"),

@@ -146,6 +146,11 @@ typedef struct fuser_plan {
  * the first violated condition. It does not check hardware limits (see fuser_plan_check_target). */
 int fuser_plan_derive(fuser_plan *p, fuser_err *err);
 
+/** The deepest pipeline (stages in [2, 8]) of a derived stream plan whose shared memory fits `smem_limit`
+ * bytes, or 0 where two stages do not fit: only the ring depends on the depth, so one derivation answers
+ * for every depth. */
+int fuser_stream_deepest_ring(const fuser_plan *p, int smem_limit);
+
 /** Scratch a launch of plan p with m tokens needs: zeroed 32-bit words (tickets, flags: zero again when
  * the kernel ends) and fp32 workspace words (partials, and the stream kernel's H buffer). */
 void fuser_plan_scratch(const fuser_plan *p, int64_t m, int64_t *zeroed_words, int64_t *ws_floats);
@@ -223,9 +228,9 @@ void fuser_plan_unfused(const fuser_chain *c, fuser_plan *p);
 void fuser_plan_dataflow_str(const fuser_plan *p, char *buf, size_t n);
 
 /** Block-level geometry helpers (shared by the interpreter and the cost model). */
-int64_t fuser_min64(int64_t a, int64_t b);
-int64_t fuser_max64(int64_t a, int64_t b);
-int64_t fuser_ceil_div(int64_t a, int64_t b);
+static inline int64_t fuser_min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t fuser_max64(int64_t a, int64_t b) { return a > b ? a : b; }
+static inline int64_t fuser_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 /** How many of the `len` indices starting at `begin` are below `limit`. */
 int64_t fuser_in_bounds(int64_t begin, int64_t len, int64_t limit);
 
