@@ -182,6 +182,19 @@ def test_tune_keeps_the_fastest_and_the_runtime_uses_it(cache, monkeypatch):
         route.forget()
 
 
+def test_a_tuned_gated_plan_applies_to_both_weight_layouts(cache, monkeypatch):
+    """A gated chain is tuned once: its plan is the one for gate and up packed in one tensor (fuser.optimize's
+    layout, the timing's) and for gate and up apart alike; other chains of the same widths do not get it."""
+    monkeypatch.setattr(tuning, "gpu_identity", lambda: ("Fake H200", 132))
+    r = fuser.tune(16, 4096, 14336, gated=True, activation="silu", k=3,
+                   timer=lambda w, plans: [10.0 if p.fused else 20.0 for p in plans])
+    assert r.best.fused and r.best.chain["gated"]
+    for packed in (False, True):
+        assert runtime.tuned(dict(r.best.chain, packed=packed), "Fake H200", 132) == r.best
+    assert runtime.tuned(dict(r.best.chain, activation="gelu"), "Fake H200", 132) is None
+    assert runtime.tuned(dict(r.best.chain, gated=False), "Fake H200", 132) is None
+
+
 def test_tune_adds_no_on_request_plan_the_best_hold_already(cache, monkeypatch):
     """At 128 tokens the search offers 96-wide l-tiles itself and GPT-2's best two hold them: the candidates are
     the k best and eager, each once."""
