@@ -269,7 +269,7 @@ static void search_stream(const fuser_chain *c, const fuser_target *t, const lev
             if (deepest > q.stages) {
                 q = p;
                 q.stages = deepest;
-                fuser_plan_derive(&q, NULL);
+                (void)fuser_plan_derive(&q, NULL); /* derived above at another depth: cannot fail */
             }
         }
         if (pruned(lr, &q, t, FUSER_LEVEL_FULL, 1, st))

@@ -118,6 +118,13 @@ def test_unaligned_shapes_run_unfused_and_still_compute_the_ffn():
 
 # ---- hardware limits, recomputed here from the plan's parameters ----
 
+def stream_stage_bytes(params, gated):
+    """One stage of the stream kernel's ring: the X or H tile and the weight tiles, 128 bytes a row, rounded to
+    1024 bytes (the swizzle alignment)."""
+    bm, bn, bl, parts = params["bm"], params["bn"], params["bl"], 2 if gated else 1
+    return -(-max(bm * 128 + parts * bn * 128, bm * 128 + bl * 128) // 1024) * 1024
+
+
 def stream_limits(p, t):
     """independent_limits for the stream kernel family: its ring of stages (X or H tile + weight tiles,
     rounded to 1024 bytes), in one phase the unit's H (bm rows of 128 bytes per K step of a d_ff split), plus
@@ -126,7 +133,7 @@ def stream_limits(p, t):
     c, q = p.chain, p.to_dict()["params"]
     bm, bn, bl, st = q["bm"], q["bn"], q["bl"], q["stages"]
     parts = 2 if c["gated"] else 1
-    stage = -(-max(bm * 128 + parts * bn * 128, bm * 128 + bl * 128) // 1024) * 1024
+    stage = stream_stage_bytes(q, c["gated"])
     one = q["phases"] == 1
     h = -(-(-(-c["d_ff"] // 64)) // q["s2"]) * bm * 128 if one else 0
     assert st * stage + h + 2048 == p.derived["smem_bytes"] <= t["smem_per_block"]

@@ -18,7 +18,7 @@ from fuser.tools import probes
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "gpu"))
 import stream_matrix  # noqa: E402
-from test_planner import check_plan  # noqa: E402
+from test_planner import check_plan, stream_stage_bytes  # noqa: E402
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 SERIALISED = ("C7510", "C7512", "C7515", "C7520", "serialized")
@@ -316,8 +316,8 @@ def test_every_stream_plan_gets_the_deepest_ring_that_fits(smem):
     for m, d, f, phases in ((16, 1024, 3072, 2), (128, 4096, 14336, 2), (64, 1024, 3072, 1), (512, 768, 3072, 2)):
         for p in fuser.plans(m, d, f, gated=True, activation="silu", target=t, fused=True, kind="stream",
                              phases=phases, k=24):
-            q, parts = p.to_dict()["params"], 2
-            stage = -(-max(q["bm"] * 128 + parts * q["bn"] * 128, q["bm"] * 128 + q["bl"] * 128) // 1024) * 1024
+            q = p.to_dict()["params"]
+            stage = stream_stage_bytes(q, gated=True)
             assert p.derived["smem_bytes"] <= smem, p.summary()
             assert q["stages"] == 8 or p.derived["smem_bytes"] + stage > smem, p.summary()
             depths.add(q["stages"])
