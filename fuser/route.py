@@ -172,12 +172,17 @@ class HostBoundRoute(FusedRoute):
         self.graph_plan = graph_plan
 
     def prepare(self, w_up):
-        """Make, outside any graph, the zero bias the eager ops in graphs take where the chain's activation goes
-        into the up GEMM's epilogue over one (``runtime.eager_ops``): the calls outside graphs launch the fused
-        kernel and never make it, and a capture cannot, so without it the graphs would run the ops unfused."""
+        """Make ready, outside any graph, what the eager ops in graphs take and a capture cannot make: the zero bias
+        where the chain's activation goes into the up GEMM's epilogue over one (``runtime.eager_ops``), and a gated
+        16-bit chain's gate kernel, which loads at its first launch (``_C.gate`` on one row of zeros here). The
+        calls outside graphs launch the fused kernel and never make either, so without this the graphs would run
+        the ops unfused: the activation and the product as two more kernels, over a packed GEMM's strided halves."""
         c = self.graph_plan.chain
         if not c["bias_up"] and runtime.eager_ops(c) == 2:
             _C.zero_bias(w_up)
+        if c["gated"] and c["dtype"] in ("bfloat16", "float16"):   # (False at once off CUDA)
+            g = torch.zeros(1, 8, dtype=w_up.dtype, device=w_up.device)
+            _C.gate(g, torch.zeros_like(g), ACTIVATIONS[c["activation"]])
 
     def run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out=None, scales=None):
         if _capturing():

@@ -253,6 +253,69 @@ def test_a_first_gated_call_inside_a_graph_capture_runs_the_ops_and_loads_nothin
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr
 
 
+def test_a_host_bound_gated_route_loads_the_gate_kernel_when_it_is_decided(monkeypatch):
+    """A host-bound route launches the fused kernel outside graphs, so the gate kernel its graphs' eager ops take
+    would never load (a capture refuses to): the route runs it once on one row of zeros when it is decided, for
+    a gated 16-bit chain only, on the up weight's device and dtype, with the chain's activation."""
+    from fuser import route
+    asked = []
+    monkeypatch.setattr(_C, "gate", lambda g, u, act: asked.append((g, u, act)) or False)
+
+    def prepare(f, dtype="bfloat16", **kw):
+        r = route.HostBoundRoute.__new__(route.HostBoundRoute)
+        r.graph_plan = fuser.plan(128, 64, f, fused=False, dtype=dtype, **kw)
+        r.prepare(torch.randn(f, 64).to(getattr(torch, dtype)))
+    prepare(1176, gated=True, activation="silu")
+    assert len(asked) == 1
+    g, u, act = asked[0]
+    assert act is ACTIVATIONS["silu"] and g.dtype == u.dtype == torch.bfloat16 and g.device == u.device
+    assert g.shape == u.shape == (1, 8) and g.data_ptr() != u.data_ptr() and not g.any()
+    prepare(1184, "float16", gated=True, activation="gelu")
+    assert len(asked) == 2 and asked[1][0].dtype == torch.float16 and asked[1][2] is ACTIVATIONS["gelu"]
+    prepare(1192, activation="silu")
+    assert len(asked) == 2
+
+
+HOST_BOUND_GATED = """
+import torch
+import fuser
+from fuser import _C, ops, route, runtime
+from fuser.reference import ACTIVATIONS, eager
+runtime.host_op_us = lambda device: 1000.0
+m, d, f = 256, 1024, 3072
+x = torch.randn(m, d, device="cuda").bfloat16()
+both = (torch.randn(2 * f, d, device="cuda") / d ** 0.5).bfloat16()
+wg, wu, wd = both[:f], both[f:], (torch.randn(d, f, device="cuda") / f ** 0.5).bfloat16()
+with torch.no_grad():
+    for _ in range(2):
+        fuser.ffn(x, wu, wd, w_gate=wg, activation="silu")
+    kept = [r for r in ops._routes.values() if isinstance(r, route.HostBoundRoute)]
+    assert len(kept) == 1 and not kept[0].graph_plan.fused, list(ops._routes.values())
+    assert _C.gate_info()["devices"] == {0: "ready"}, _C.gate_info()
+    graph, n = torch.cuda.CUDAGraph(), _C.gate_info()["launches"]
+    with torch.cuda.graph(graph):
+        y = fuser.ffn(x, wu, wd, w_gate=wg, activation="silu")
+    assert _C.gate_info()["launches"] == n + 1, _C.gate_info()
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = eager(*(t.double() for t in (x, wu, wd, wg)), None, None, None, ACTIVATIONS["silu"])
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2
+print("ok")
+"""
+
+
+@pytest.mark.gpu
+def test_graphs_of_a_host_bound_gated_chain_take_the_gate_kernel():
+    """A packed gated chain (S8's shape at 256 tokens) the planner runs eager in graphs, on a host whose ops cost
+    1 ms: its calls outside graphs launch the fused kernel, and a graph captured after them, in a process whose
+    gate kernel nothing else loaded, holds the gate kernel (one launch while capturing) and replays to the FFN
+    (float64's within 1%)."""
+    r = subprocess.run([sys.executable, "-c", HOST_BOUND_GATED], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0")})
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr
+
+
 @pytest.mark.gpu
 def test_the_sanitizer_workload_leaves_its_guards_and_matches_the_ops():
     """tests/gpu/sanitize_gate.py (what compute-sanitizer runs on the gate kernel) passes on its own: every length,
