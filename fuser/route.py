@@ -174,13 +174,13 @@ class HostBoundRoute(FusedRoute):
     def prepare(self, w_up):
         """Make ready, outside any graph, what the eager ops in graphs take and a capture cannot make: the zero bias
         where the chain's activation goes into the up GEMM's epilogue over one (``runtime.eager_ops``), and a gated
-        16-bit chain's gate kernel, which loads at its first launch (``_C.gate`` on one row of zeros here). The
+        chain's gate kernel, which loads at its first launch (``_C.gate`` on one row of zeros here). The
         calls outside graphs launch the fused kernel and never make either, so without this the graphs would run
         the ops unfused: the activation and the product as two more kernels, over a packed GEMM's strided halves."""
         c = self.graph_plan.chain
         if not c["bias_up"] and runtime.eager_ops(c) == 2:
             _C.zero_bias(w_up)
-        if c["gated"] and c["dtype"] in ("bfloat16", "float16"):   # (False at once off CUDA)
+        if c["gated"]:   # (a host-bound route is 16-bit; the gate declines at once off CUDA)
             g = torch.zeros(1, 8, dtype=w_up.dtype, device=w_up.device)
             _C.gate(g, torch.zeros_like(g), ACTIVATIONS[c["activation"]])
 

@@ -225,6 +225,13 @@ def test_the_gate_kernel_replays_in_a_cuda_graph():
             assert torch.equal(y, eager(x, wu, wd, wg, None, None, None, silu))
 
 
+def _fresh_process(script):
+    """Run `script` in a Python process of its own (whose gate kernel nothing has loaded yet); it prints "ok"."""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0")})
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr
+
+
 FIRST_USE_IN_CAPTURE = """
 import torch, torch.nn.functional as F
 import fuser
@@ -248,9 +255,7 @@ print("ok")
 
 @pytest.mark.gpu
 def test_a_first_gated_call_inside_a_graph_capture_runs_the_ops_and_loads_nothing():
-    r = subprocess.run([sys.executable, "-c", FIRST_USE_IN_CAPTURE], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0")})
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr
+    _fresh_process(FIRST_USE_IN_CAPTURE)
 
 
 def test_a_host_bound_gated_route_loads_the_gate_kernel_when_it_is_decided(monkeypatch):
@@ -311,9 +316,7 @@ def test_graphs_of_a_host_bound_gated_chain_take_the_gate_kernel():
     1 ms: its calls outside graphs launch the fused kernel, and a graph captured after them, in a process whose
     gate kernel nothing else loaded, holds the gate kernel (one launch while capturing) and replays to the FFN
     (float64's within 1%)."""
-    r = subprocess.run([sys.executable, "-c", HOST_BOUND_GATED], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0")})
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr
+    _fresh_process(HOST_BOUND_GATED)
 
 
 @pytest.mark.gpu
