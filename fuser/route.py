@@ -172,16 +172,21 @@ class HostBoundRoute(FusedRoute):
         self.graph_plan = graph_plan
 
     def prepare(self, w_up):
-        """Make ready, outside any graph, what the eager ops in graphs take and a capture cannot make: the zero bias
-        where the chain's activation goes into the up GEMM's epilogue over one (``runtime.eager_ops``), and a gated
-        chain's gate kernel, which loads at its first launch (``_C.gate`` on one row of zeros here). The
-        calls outside graphs launch the fused kernel and never make either, so without this the graphs would run
-        the ops unfused: the activation and the product as two more kernels, over a packed GEMM's strided halves."""
+        """Make ready, outside any graph, what the eager ops in graphs take and a capture cannot make: PyTorch's
+        cuBLAS and cuBLASLt handles on this thread (created at their first GEMM, which a capture fails with
+        CUBLAS_STATUS_NOT_INITIALIZED: one GEMM of one row here, with and without a bias), the zero bias where the
+        chain's activation goes into the up GEMM's epilogue over one (``runtime.eager_ops``), and a gated chain's
+        gate kernel, which loads at its first launch (``_C.gate`` on one row of zeros here). The calls outside
+        graphs launch the fused kernel and make none of these, so without this a graph captured after them
+        would fail, or run the activation and the product as two more kernels over a packed GEMM's strided halves."""
         c = self.graph_plan.chain
+        g = torch.zeros(1, 8, dtype=w_up.dtype, device=w_up.device)
+        w = torch.zeros(8, 8, dtype=w_up.dtype, device=w_up.device)
+        _linear(g, w)
+        _linear(g, w, g[0])
         if not c["bias_up"] and runtime.eager_ops(c) == 2:
             _C.zero_bias(w_up)
         if c["gated"]:   # (a host-bound route is 16-bit; the gate declines at once off CUDA)
-            g = torch.zeros(1, 8, dtype=w_up.dtype, device=w_up.device)
             _C.gate(g, torch.zeros_like(g), ACTIVATIONS[c["activation"]])
 
     def run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out=None, scales=None):

@@ -258,13 +258,15 @@ def test_a_first_gated_call_inside_a_graph_capture_runs_the_ops_and_loads_nothin
     _fresh_process(FIRST_USE_IN_CAPTURE)
 
 
-def test_a_host_bound_gated_route_loads_the_gate_kernel_when_it_is_decided(monkeypatch):
-    """A host-bound route launches the fused kernel outside graphs, so the gate kernel its graphs' eager ops take
-    would never load (a capture refuses to): the route runs it once on one row of zeros when it is decided, for
-    a gated 16-bit chain only, on the up weight's device and dtype, with the chain's activation."""
+def test_a_host_bound_route_makes_what_its_graphs_need_when_it_is_decided(monkeypatch):
+    """A host-bound route launches the fused kernel outside graphs, so what its graphs' eager ops take would never
+    be made (a capture refuses to): PyTorch's cuBLAS handles (one GEMM of one row, with and without a bias, for
+    every chain) and a gated chain's gate kernel (run once on one row of zeros, on the up weight's device and
+    dtype, with the chain's activation)."""
     from fuser import route
-    asked = []
+    asked, gemms = [], []
     monkeypatch.setattr(_C, "gate", lambda g, u, act: asked.append((g, u, act)) or False)
+    monkeypatch.setattr(route, "_linear", lambda x, w, b=None: gemms.append((x, w, b)) or x)
 
     def prepare(f, dtype="bfloat16", **kw):
         r = route.HostBoundRoute.__new__(route.HostBoundRoute)
@@ -279,6 +281,9 @@ def test_a_host_bound_gated_route_loads_the_gate_kernel_when_it_is_decided(monke
     assert len(asked) == 2 and asked[1][0].dtype == torch.float16 and asked[1][2] is ACTIVATIONS["gelu"]
     prepare(1192, activation="silu")
     assert len(asked) == 2
+    # every route's first GEMMs, with and without a bias, so that a capture finds PyTorch's cuBLAS handles made
+    assert len(gemms) == 6 and [b is None for _, _, b in gemms] == [True, False] * 3
+    assert [x.dtype for x, _, _ in gemms] == [torch.bfloat16] * 2 + [torch.float16] * 2 + [torch.bfloat16] * 2
 
 
 HOST_BOUND_GATED = """
