@@ -46,6 +46,7 @@ _to_capsule = interop.to_capsule
 _raw_stream = interop.raw_stream
 _current_device = interop.current_device
 _capturing = runtime.capturing
+_thread_prepared = _C.thread_prepared
 _disabled = interop.disabled
 _ffn_run = getattr(_C, "ffn_run", None)
 _any_autocast = torch._C._is_any_autocast_enabled
@@ -836,7 +837,8 @@ class _KeptLaunch:
       the call     not compiling or tracing (forward checks), no dispatch or function mode, no autocast,
                    FUSER_DISABLE unset, no autograd to record, no active dropout between the GEMMs, not
                    training a module whose own forward runs then, and for a host-bound route
-                   (``graphs_eager``) no CUDA graph being captured (the route runs the eager ops then);
+                   (``graphs_eager``) no CUDA graph being captured (the route runs the eager ops then)
+                   and this thread's cuBLAS handles made (``fuser.route.prepare_thread``: a capture needs them);
       x            a plain ``torch.Tensor`` of the same shape and dtype, 16-byte aligned, contiguous, on
                    the kernel's device, which is the current device;
       the stream   the same current stream, whose scratch is still the one kept for it;
@@ -909,7 +911,7 @@ class _KeptLaunch:
                 or (_grad_enabled() and _any_requires_grad(x, *self.grad_of))
                 or _raw_stream(device) != self.stream or _scratch_of(self.skey) is not self.scratch
                 or (self.mid is not None and module._mid() is not None)
-                or (self.graphs_eager and _capturing())):
+                or (self.graphs_eager and (_capturing() or not _thread_prepared(device)))):
             return None
         y = _empty_like(x) if self.same_shape else x.new_empty(self.out_shape)
         _ffn_run(self.prepared, ptr, y)   # y's address read in C

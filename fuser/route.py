@@ -23,7 +23,7 @@ from fuser import _C, fp8, interop, runtime
 from fuser.planner import CHAIN_FIELDS
 from fuser.reference import ACTIVATIONS
 
-__all__ = ["Route", "FusedRoute", "HostBoundRoute", "route_for", "forget"]
+__all__ = ["Route", "FusedRoute", "HostBoundRoute", "route_for", "prepare_thread", "forget"]
 
 _FUSED_DTYPES = ("bfloat16", "float16", "float8_e4m3fn")
 _grad_enabled = torch.is_grad_enabled
@@ -37,6 +37,7 @@ _eager = _C.eager
 _linear = torch.nn.functional.linear
 _capturing = runtime.capturing
 _empty_like = torch.empty_like
+_thread_prepared = _C.thread_prepared
 _MAX_PREPARED = 64                 # prepared launches a route keeps (one per layer it serves, per stream)
 
 
@@ -172,30 +173,50 @@ class HostBoundRoute(FusedRoute):
         self.graph_plan = graph_plan
 
     def prepare(self, w_up):
-        """Make ready, outside any graph, what the eager ops in graphs take and a capture cannot make: PyTorch's
-        cuBLAS and cuBLASLt handles on this thread (created at their first GEMM, which a capture fails with
-        CUBLAS_STATUS_NOT_INITIALIZED: one GEMM of one row here, with and without a bias), the zero bias where the
-        chain's activation goes into the up GEMM's epilogue over one (``runtime.eager_ops``), and a gated chain's
-        gate kernel, which loads at its first launch (``_C.gate`` on one row of zeros here). The calls outside
+        """Make ready, when the route is decided and outside any graph, what its graphs' eager ops take and a
+        capture cannot make: the zero bias where the chain's activation goes into the up GEMM's epilogue over one
+        (``runtime.eager_ops``), a gated chain's gate kernel, which loads at its first launch (``_C.gate`` on one
+        row of zeros here), and the deciding thread's cuBLAS handles (``prepare_thread``). The calls outside
         graphs launch the fused kernel and make none of these, so without this a graph captured after them
         would fail, or run the activation and the product as two more kernels over a packed GEMM's strided halves."""
         c = self.graph_plan.chain
-        g = torch.zeros(1, 8, dtype=w_up.dtype, device=w_up.device)
-        w = torch.zeros(8, 8, dtype=w_up.dtype, device=w_up.device)
-        _linear(g, w)
-        _linear(g, w, g[0])
+        prepare_thread(w_up)
         if not c["bias_up"] and runtime.eager_ops(c) == 2:
             _C.zero_bias(w_up)
         if c["gated"]:   # (a host-bound route is 16-bit; the gate declines at once off CUDA)
+            g = torch.zeros(1, 8, dtype=w_up.dtype, device=w_up.device)
             _C.gate(g, torch.zeros_like(g), ACTIVATIONS[c["activation"]])
 
     def run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out=None, scales=None):
         if _capturing():
             return Route.run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out, scales)
+        if not _thread_prepared(self.device):
+            prepare_thread(x)
         return FusedRoute.run(self, x, w_up, w_down, w_gate, b_up, b_gate, b_down, activation, out, scales)
 
     def __repr__(self):
         return f"<fuser route: {self.plan.summary()} outside CUDA graphs, eager ops in them>"
+
+
+def prepare_thread(t):
+    """Make this thread's PyTorch cuBLAS and cuBLASLt handles on `t`'s CUDA device, as a host-bound route's
+    graphs need them (one GEMM of two rows, without and with a bias: PyTorch makes each handle at its first GEMM
+    on a thread, and a capture fails with CUBLAS_STATUS_NOT_INITIALIZED where it would make one; a single row
+    takes no cuBLASLt), and record it (``_C.thread_prepared``), so that the C paths launch this thread's calls
+    of host-bound routes from now on. Once per thread and device: the first call of a host-bound route on a
+    thread comes here, since those paths leave it to ``HostBoundRoute.run``.
+
+    Example:
+        >>> import torch
+        >>> from fuser.route import prepare_thread
+        >>> prepare_thread(torch.zeros(3, 8, dtype=torch.bfloat16))   # (on the CPU: the GEMMs run, nothing is marked)
+    """
+    g = torch.zeros(2, 8, dtype=t.dtype, device=t.device)
+    w = torch.zeros(8, 8, dtype=t.dtype, device=t.device)
+    _linear(g, w)
+    _linear(g, w, g[0])
+    if t.device.type == "cuda":
+        _thread_prepared(t.device.index, True)
 
 
 _EAGER = Route()                   # for tensors that are never fused; never stale

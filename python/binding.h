@@ -130,6 +130,7 @@ PyObject *fuser_py_after_ffn(PyObject *module, PyObject *const *args, Py_ssize_t
 PyObject *fuser_py_install_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_gate_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_gate(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fuser_py_thread_prepared(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_gate_info(PyObject *module, PyObject *noargs);
 PyObject *fuser_py_gate_source(PyObject *module, PyObject *noargs);
 
@@ -185,12 +186,14 @@ PyObject *fuser_act_in_place(PyObject *act, PyObject *h);
 
 /* 1 where a kept launch prepared for CUDA device `device` and raw stream `stream` (ints) may launch now: that
  * device current, its current stream that one, no torch dispatch or function mode, FUSER_DISABLE unset, and where
- * `graphs_eager` no CUDA graph being captured; 0 where not, -1 with an exception set (gate_bind.c). */
+ * `graphs_eager` this thread prepared for the device (`_C.thread_prepared`) and no CUDA graph being captured;
+ * 0 where not, -1 with an exception set (gate_bind.c). */
 int fuser_launch_may_run(PyObject *device, PyObject *stream, int graphs_eager);
 
 /* The raw stream (an int, new reference) a fused route prepared for CUDA device `device` (an int) launches on
- * now: that device current, FUSER_DISABLE unset, and where `graphs_eager` no CUDA graph being captured; Py_None
- * where not (the route's Python run then decides), NULL with an exception set (gate_bind.c). */
+ * now: that device current, FUSER_DISABLE unset, and where `graphs_eager` this thread prepared for the device and
+ * no CUDA graph being captured; Py_None where not (the route's Python run then decides), NULL with an exception
+ * set (gate_bind.c). */
 PyObject *fuser_route_stream(PyObject *device, int graphs_eager);
 
 /* 1 where the eager route may run a step of a call on x as other ops than PyTorch's reference ones: x a CUDA

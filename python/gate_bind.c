@@ -36,6 +36,11 @@ enum { H_LOADER, H_ACTS, H_CAPTURING, H_DISPATCH, H_FUNCTION, H_DEVICE, H_STREAM
 static PyObject *hooks, *s_requires_grad, *s_is_cuda;
 static gate_device *devices[GATE_DEVICES];
 static unsigned long long launches;
+/* The CUDA devices (bit d: device d) on which this thread has made what the eager ops of a host-bound route's
+ * graphs take and a capture cannot make: PyTorch's cuBLAS and cuBLASLt handles, which it keeps per thread and
+ * device (fuser.route's `prepare_thread` makes them, then marks the device here). A thread's first launch on
+ * such a route therefore goes to Python. Devices outside 0..GATE_DEVICES-1 are not tracked (taken as prepared). */
+static _Thread_local unsigned long long thread_prepared;
 
 /* The FUSER_ACT_* of act (one of the registered activation functions), or -1. */
 static int act_index(PyObject *act)
@@ -348,6 +353,16 @@ static int hook_equals(int i, PyObject *arg, PyObject *want)
     return eq;
 }
 
+/* 1 where this thread has made its capture-time state on CUDA device `device` (an int; thread_prepared), 0 where
+ * not, -1 with an exception set. */
+static int thread_is_prepared(PyObject *device)
+{
+    const long d = PyLong_AsLong(device);
+    if (d == -1 && PyErr_Occurred())
+        return -1;
+    return d < 0 || d >= GATE_DEVICES || (thread_prepared >> d & 1);
+}
+
 /* (binding.h) */
 int fuser_launch_may_run(PyObject *device, PyObject *stream, int graphs_eager)
 {
@@ -358,6 +373,8 @@ int fuser_launch_may_run(PyObject *device, PyObject *stream, int graphs_eager)
         ok = hook_equals(H_STREAM, device, stream);
     if (ok > 0)
         ok = unobserved();
+    if (ok > 0 && graphs_eager)
+        ok = thread_is_prepared(device);
     if (ok > 0 && graphs_eager)
         ok = hook_false(H_CAPTURING);
     return ok;
@@ -371,6 +388,8 @@ PyObject *fuser_route_stream(PyObject *device, int graphs_eager)
     int ok = hook_equals(H_DEVICE, NULL, device);
     if (ok > 0)
         ok = hook_false(H_DISABLED);
+    if (ok > 0 && graphs_eager)
+        ok = thread_is_prepared(device);
     if (ok > 0 && graphs_eager)
         ok = hook_false(H_CAPTURING);
     return ok < 0 ? NULL : ok ? call_hook(H_STREAM, device) : Py_NewRef(Py_None);
@@ -407,6 +426,22 @@ PyObject *fuser_py_gate_setup(PyObject *module, PyObject *const *args, Py_ssize_
         PyTuple_SET_ITEM(t, i, Py_NewRef(args[i]));
     Py_XSETREF(hooks, t);
     Py_RETURN_NONE;
+}
+
+/* thread_prepared(device[, mark]) -> bool */
+PyObject *fuser_py_thread_prepared(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs < 1 || nargs > 2 || !PyLong_Check(args[0]))
+        return PyErr_Format(PyExc_TypeError, "thread_prepared(device: int[, mark: bool])");
+    const int mark = nargs == 2 ? PyObject_IsTrue(args[1]) : 0;
+    const long d = mark < 0 ? -1 : PyLong_AsLong(args[0]);
+    if (mark < 0 || (d == -1 && PyErr_Occurred()))
+        return NULL;
+    if (mark && d >= 0 && d < GATE_DEVICES)
+        thread_prepared |= 1ull << d;
+    const int yes = thread_is_prepared(args[0]);
+    return yes < 0 ? NULL : PyBool_FromLong(yes);
 }
 
 /* gate(g, u, act) -> True where the gate kernel ran (g holds act(g) * u), False where the ops must */

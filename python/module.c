@@ -172,6 +172,11 @@ static PyMethodDef module_methods[] = {
      "it applies: plain compact 16-bit CUDA tensors of one shape on the current device, no autograd, no torch\n"
      "mode, FUSER_DISABLE unset, act a value of fuser.reference.ACTIVATIONS. False (g untouched) elsewhere: run\n"
      "the ops."},
+    {"thread_prepared", (PyCFunction)(void (*)(void))fuser_py_thread_prepared, METH_FASTCALL,
+     "thread_prepared(device[, mark]) -> bool: whether this thread has made, on CUDA device `device`, what a\n"
+     "host-bound route's graphs take and a capture cannot make (PyTorch's per-thread cuBLAS handles); `mark`\n"
+     "True records that it has. Until then the C paths leave a host-bound route's launches to Python, which\n"
+     "makes them (fuser.route). Devices outside 0-63 are not tracked: always True."},
     {"gate_info", fuser_py_gate_info, METH_NOARGS,
      "gate_info() -> {'launches': n, 'devices': {device: 'ready' | 'loading' | 'unavailable: why'}}"},
     {"gate_source", fuser_py_gate_source, METH_NOARGS,

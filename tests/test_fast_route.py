@@ -480,6 +480,10 @@ def test_kept_launch_runs_only_what_its_preparation_validated(monkeypatch, excha
         assert not launches(x)
         monkeypatch.setattr(fm, "_capturing", lambda: False)
         assert launches(x)
+        monkeypatch.setattr(fm, "_thread_prepared", lambda device: False)   # not until this thread's handles
+        assert not launches(x)
+        monkeypatch.setattr(fm, "_thread_prepared", lambda device: device == -1)
+        assert launches(x)
         k.graphs_eager = False
         assert not launches(torch.randn(3, 5, 16))                                # another shape
         assert not launches(x.double())                                           # another dtype

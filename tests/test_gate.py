@@ -260,7 +260,7 @@ def test_a_first_gated_call_inside_a_graph_capture_runs_the_ops_and_loads_nothin
 
 def test_a_host_bound_route_makes_what_its_graphs_need_when_it_is_decided(monkeypatch):
     """A host-bound route launches the fused kernel outside graphs, so what its graphs' eager ops take would never
-    be made (a capture refuses to): PyTorch's cuBLAS handles (one GEMM of one row, with and without a bias, for
+    be made (a capture refuses to): PyTorch's cuBLAS handles (one GEMM of two rows, with and without a bias, for
     every chain) and a gated chain's gate kernel (run once on one row of zeros, on the up weight's device and
     dtype, with the chain's activation)."""
     from fuser import route
@@ -281,8 +281,10 @@ def test_a_host_bound_route_makes_what_its_graphs_need_when_it_is_decided(monkey
     assert len(asked) == 2 and asked[1][0].dtype == torch.float16 and asked[1][2] is ACTIVATIONS["gelu"]
     prepare(1192, activation="silu")
     assert len(asked) == 2
-    # every route's first GEMMs, with and without a bias, so that a capture finds PyTorch's cuBLAS handles made
+    # every route's first GEMMs (route.prepare_thread's), with and without a bias, so that a capture on the deciding
+    # thread finds PyTorch's cuBLAS handles made
     assert len(gemms) == 6 and [b is None for _, _, b in gemms] == [True, False] * 3
+    assert all(x.shape == (2, 8) for x, _, _ in gemms)
     assert [x.dtype for x, _, _ in gemms] == [torch.bfloat16] * 2 + [torch.float16] * 2 + [torch.bfloat16] * 2
 
 
@@ -325,6 +327,59 @@ def test_graphs_of_a_host_bound_gated_chain_take_the_gate_kernel():
     fused kernel, and a graph captured after them, in a process whose gate kernel nothing else loaded, holds the
     gate kernel (one launch while capturing) and replays to the FFN (float64's within 1%)."""
     _fresh_process(HOST_BOUND_GATED)
+
+
+HOST_BOUND_THREAD = """
+import threading
+import torch
+import fuser
+from fuser import _C, ops, route, runtime
+from fuser.reference import ACTIVATIONS, eager
+runtime.host_op_us = lambda device: 1000.0
+m, d, f = 64, 512, 1536
+graph_plan = fuser.plan(m, d, f, bias=True, activation="gelu", fused=False)
+runtime.plan_for = lambda chain, device: graph_plan
+x = torch.randn(m, d, device="cuda").bfloat16()
+wu = (torch.randn(f, d, device="cuda") / d ** 0.5).bfloat16()
+wd = (torch.randn(d, f, device="cuda") / f ** 0.5).bfloat16()
+bu, bd = torch.randn(f, device="cuda").bfloat16(), torch.randn(d, device="cuda").bfloat16()
+with torch.no_grad():
+    fuser.ffn(x, wu, wd, b_up=bu, b_down=bd, activation="gelu")      # decided here, on the main thread
+assert any(isinstance(r, route.HostBoundRoute) for r in ops._routes.values()), list(ops._routes.values())
+seen = {}
+
+
+def serve():
+    seen["before"] = _C.thread_prepared(0)
+    with torch.no_grad():
+        for _ in range(3):                  # outside graphs: the fused launch (the kept route's, from the second)
+            fuser.ffn(x, wu, wd, b_up=bu, b_down=bd, activation="gelu")
+        seen["after"] = _C.thread_prepared(0)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):      # the eager ops, on this thread's cuBLAS handles
+            seen["y"] = fuser.ffn(x, wu, wd, b_up=bu, b_down=bd, activation="gelu")
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+
+
+t = threading.Thread(target=serve)
+t.start()
+t.join()
+assert seen.get("before") is False and seen.get("after") is True and "y" in seen, seen
+ref = eager(*(v.double() for v in (x, wu, wd)), None, bu.double(), None, bd.double(), ACTIVATIONS["gelu"])
+assert ((seen["y"].double() - ref).norm() / ref.norm()).item() < 1e-2
+print("ok")
+"""
+
+
+@pytest.mark.gpu
+def test_a_graph_captured_on_another_thread_than_the_host_bound_decision_runs():
+    """PyTorch's cuBLAS handles are per thread: a host-bound route decided on the main thread serves a thread that
+    has run no GEMM with fused launches, then that thread captures a graph of the chain (the eager ops, with
+    cuBLASLt's bias epilogue). The thread's first call makes its handles (``_C.thread_prepared`` False before,
+    True after), so the capture does not fail at cublasCreate, and the graph replays to the FFN (within 1%)."""
+    _fresh_process(HOST_BOUND_THREAD)
 
 
 @pytest.mark.gpu

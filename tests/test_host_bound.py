@@ -3,11 +3,13 @@ launched fused outside them where one launch is predicted faster than the eager 
 (``runtime.host_bound``), and runs the eager ops while a graph is captured. The decision and the route's
 two ways are checked here on the CPU (the launch replaced by a recorder); the GPU test is in
 test_gpu_torch.py."""
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import torch
 
 import fuser
-from fuser import planner, route, runtime
+from fuser import _C, planner, route, runtime
 
 
 def test_host_bound_compares_per_call_times_with_margins():
@@ -104,6 +106,36 @@ def test_host_bound_route_launches_outside_graphs_and_runs_eager_in_a_capture(mo
     y = r.run(x, w1, w2, None, None, None, None, "gelu")
     torch.testing.assert_close(y, fuser.ffn_reference(x, w1, w2, activation="gelu"))
     assert len(launched) == 1                                   # the capture ran the eager ops
+
+
+def test_a_host_bound_route_makes_each_threads_cublas_handles_before_its_first_launch(monkeypatch):
+    """PyTorch keeps its cuBLAS handles per thread and makes them at a thread's first GEMM, which a capture refuses:
+    a host-bound route launches the fused kernel outside graphs, so on every thread it serves, its first call
+    outside a capture makes them (``route.prepare_thread``) before launching; a later call there does not."""
+    r, launched = _host_bound_route(monkeypatch)
+    made = []
+    monkeypatch.setattr(route, "prepare_thread", lambda t: made.append(t) or _C.thread_prepared(0, True))
+    monkeypatch.setattr(route, "_capturing", lambda: False)
+    x, w1, w2 = torch.randn(4, 64), torch.randn(256, 64), torch.randn(64, 256)
+
+    def calls():
+        return [r.run(x, w1, w2, None, None, None, None, "gelu") for _ in range(3)]
+
+    def on_a_new_thread():
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(calls).result()
+    assert on_a_new_thread() == ["LAUNCHED"] * 3 and len(made) == 1 and made[0] is x
+    assert on_a_new_thread() == ["LAUNCHED"] * 3 and len(made) == 2 and len(launched) == 6
+
+
+def test_prepare_thread_runs_a_gemm_of_two_rows_with_and_without_a_bias(monkeypatch):
+    """PyTorch's cuBLASLt path (a GEMM with a bias) takes no single-row input, so the handles are made with two."""
+    gemms = []
+    monkeypatch.setattr(route, "_linear", lambda x, w, b=None: gemms.append((x, w, b)) or x)
+    route.prepare_thread(torch.ones(3, 5, dtype=torch.float16))
+    assert [(tuple(x.shape), tuple(w.shape), b is None) for x, w, b in gemms] == [((2, 8), (8, 8), True),
+                                                                                   ((2, 8), (8, 8), False)]
+    assert all(x.dtype == torch.float16 and not x.any() for x, _, _ in gemms) and tuple(gemms[1][2].shape) == (8,)
 
 
 def test_route_for_gives_host_bound_routes_where_the_decision_says_so(monkeypatch):

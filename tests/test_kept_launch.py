@@ -6,6 +6,8 @@ each condition under which fuser.module's ``_KeptLaunch.run`` declines makes C d
 C hands the recorder x's address and a new y. Likewise a kept fused route's prepared launch, which ``fuser.ffn`` and
 the operator run in their one C call (python/ffn_bind.c's fused_run) wherever fuser.route's ``FusedRoute.run`` would
 launch it, and hand to that ``run`` everywhere else. (The real launches on a Hopper GPU: tests/test_gpu_torch.py.)"""
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import torch
 from torch import nn
@@ -231,6 +233,36 @@ def test_a_kept_fused_routes_prepared_launch_runs_in_the_kept_call(entry, fake_c
     prepared, xa, ya, up, down, gate, *biases = launched[0]
     assert prepared == "prepared launch" and xa is x and ya is y and y.shape == x.shape
     assert (up, down, gate, biases) == (wu.data_ptr(), wd.data_ptr(), None, [None, None, None])
+
+
+def test_a_host_bound_routes_launches_run_in_c_only_on_a_thread_that_made_its_cublas_handles(fake_cuda, ffn_tensors):
+    """A host-bound route's graphs run the eager ops, whose cuBLAS handles PyTorch makes per thread at the thread's
+    first GEMM, which a capture refuses to: the C paths (FusedFFN's kept launch, fuser.ffn's kept route) launch
+    such a route's calls only on a thread marked as having made them (`_C.thread_prepared`), and leave a fresh
+    thread's calls to Python, whose HostBoundRoute.run makes them first. Each check runs on a thread of its own."""
+    import fuser
+    (m, _), x = module(), aligned()
+    fast, ran = kept_launch(m, x, graphs_eager=True)
+    xf, wu, wd = ffn_tensors
+    r, launched = kept_fused_route(xf, wu, wd, graphs_eager=True)
+
+    def calls(mark):
+        assert not _C.thread_prepared(DEVICE)
+        if mark:
+            assert _C.thread_prepared(DEVICE, True) and _C.thread_prepared(DEVICE)
+        with torch.no_grad():
+            return _C.kept_launch(m.__dict__, x, fast), fuser.ffn(xf, wu, wd, activation="relu")
+
+    def on_a_new_thread(mark):
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(calls, mark).result()
+    assert on_a_new_thread(False) == (None, "run in Python") and not ran and not launched and len(r.runs) == 1
+    y, y2 = on_a_new_thread(True)
+    assert ran[0][1] is y and launched[0][2] is y2 and len(r.runs) == 1
+    assert on_a_new_thread(False) == (None, "run in Python") and len(ran) == len(launched) == 1   # per thread
+    with pytest.raises(TypeError, match=r"thread_prepared\(device: int"):
+        _C.thread_prepared("cuda:0")
+    assert _C.thread_prepared(64) and _C.thread_prepared(-1)                                    # not tracked
 
 
 FUSED_DECLINES = ["FUSER_DISABLE", "grad through x", "grad through a weight", "another device", "another stream",
