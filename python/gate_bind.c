@@ -363,6 +363,15 @@ static int thread_is_prepared(PyObject *device)
     return d < 0 || d >= GATE_DEVICES || (thread_prepared >> d & 1);
 }
 
+/* thread_is_prepared, after marking `device` prepared on this thread where `mark` (a tracked device only). */
+static int thread_mark(PyObject *device, int mark)
+{
+    const int yes = thread_is_prepared(device);
+    if (yes == 0 && mark)
+        thread_prepared |= 1ull << PyLong_AsLong(device);
+    return yes < 0 ? -1 : yes || mark;
+}
+
 /* (binding.h) */
 int fuser_launch_may_run(PyObject *device, PyObject *stream, int graphs_eager)
 {
@@ -435,12 +444,7 @@ PyObject *fuser_py_thread_prepared(PyObject *module, PyObject *const *args, Py_s
     if (nargs < 1 || nargs > 2 || !PyLong_Check(args[0]))
         return PyErr_Format(PyExc_TypeError, "thread_prepared(device: int[, mark: bool])");
     const int mark = nargs == 2 ? PyObject_IsTrue(args[1]) : 0;
-    const long d = mark < 0 ? -1 : PyLong_AsLong(args[0]);
-    if (mark < 0 || (d == -1 && PyErr_Occurred()))
-        return NULL;
-    if (mark && d >= 0 && d < GATE_DEVICES)
-        thread_prepared |= 1ull << d;
-    const int yes = thread_is_prepared(args[0]);
+    const int yes = mark < 0 ? -1 : thread_mark(args[0], mark);
     return yes < 0 ? NULL : PyBool_FromLong(yes);
 }
 
