@@ -241,6 +241,22 @@ def packed_routes(paths):
             if v.get("route_packed") is not None}
 
 
+def plan_specs(specs):
+    """Stream plans given as NAME:M:key=value,... grouped by cell: {(NAME, M): [plan, ...]}, in the specs' order;
+    raises ValueError naming the spec whose shape or keys are unknown, or whose constraints no plan meets."""
+    from kernel_check import parse_one
+    cells = {}
+    for spec in specs:
+        name, m, cons = parse_one(spec)
+        if name not in shapes():
+            raise ValueError(f"{spec}: {name} is not a grid shape ({', '.join(sorted(shapes()))})")
+        unknown = sorted(set(cons) - set(PLAN_KEYS))
+        if unknown:
+            raise ValueError(f"{spec}: {', '.join(unknown)} not among the plan keys {', '.join(PLAN_KEYS)}")
+        cells.setdefault((name, m), []).append(_plan(name, m, dict(cons, kind="stream", cluster=[1, 1, 1, 1])))
+    return cells
+
+
 def time_specs(specs, log=print, save=None, trace=False, layouts=False, warm=False):
     """Time stream plans given as NAME:M:key=value,... (``fuser.plan`` constraints of a grid shape), each cell's
     plans interleaved with eager in CUDA graphs (``kernel_check.time_plans``): {"result": {"plans": rows}}, rows
@@ -250,17 +266,8 @@ def time_specs(specs, log=print, save=None, trace=False, layouts=False, warm=Fal
     plan also over one input set (``measured_warm``: weights that fit the L2 stay there). `save`: called with the
     results so far after each cell."""
     import torch
-    from kernel_check import parse_one, time_plans, trace_run
-    cells = {}
-    for spec in specs:
-        name, m, cons = parse_one(spec)
-        if name not in shapes():
-            raise ValueError(f"{spec}: {name} is not a grid shape ({', '.join(sorted(shapes()))})")
-        unknown = sorted(set(cons) - set(PLAN_KEYS))
-        if unknown:
-            raise ValueError(f"{spec}: {', '.join(unknown)} not among the plan keys {', '.join(PLAN_KEYS)}")
-        # planned before anything runs: a constraint no plan meets fails here, before any cell is timed
-        cells.setdefault((name, m), []).append(_plan(name, m, dict(cons, kind="stream", cluster=[1, 1, 1, 1])))
+    from kernel_check import time_plans, trace_run
+    cells = plan_specs(specs)   # before anything runs: a constraint no plan meets fails here
     gen = torch.Generator(device="cuda").manual_seed(17)
     out = dict(plans=[], traces=[]) if trace else dict(plans=[])
     for (name, m), plans in cells.items():

@@ -292,6 +292,32 @@ def _pick_diff():
     return pick_diff
 
 
+def test_every_committed_plan_list_plans_as_it_is_written():
+    """Each benchmarks/results/*-plans.txt (the `plans` stage of gpu_session.sh times them on a GPU) plans on
+    this machine, one plan per line, each with the tiles, splits and stages its line names: a list that does
+    not would fail only on the GPU, after the build. A misspelt key, an unknown shape or a constraint no plan
+    meets raises ValueError naming its spec."""
+    pd = _pick_diff()
+    lists = sorted((ROOT / "benchmarks/results").glob("*-plans.txt"))
+    assert lists
+    for path in lists:
+        specs = [ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+        assert sum(map(len, pd.plan_specs(specs).values())) == len(specs), path.name
+        for spec in specs:
+            (p,), = pd.plan_specs([spec]).values()
+            cons = dict(c.split("=") for c in spec.split(":")[2].split(","))
+            want = " ".join(f"{k}={cons[k]}" for k in ("bm", "bn", "bl") if k in cons)
+            assert want in p.summary(), (path.name, spec, p.summary())
+            if "s1" in cons and "s2" in cons:
+                assert f"splits {cons['s1']}/{cons['s2']}" in p.summary(), (path.name, spec, p.summary())
+            if "stages" in cons:
+                assert f"{cons['stages']} stages" in p.summary(), (path.name, spec, p.summary())
+    for bad, why in (("llama2-7b:16:bq=3", "bq not among the plan keys"), ("nope:16:bm=16", "not a grid shape"),
+                     ("llama2-7b:16:bn=7", "'bn' must be an int")):
+        with pytest.raises(ValueError, match=why):
+            pd.plan_specs([bad])
+
+
 def test_pick_diff_lists_the_cells_a_model_change_picks_differently(tmp_path):
     """dump stores each pick as constraints that rebuild the same plan; diff lists exactly the cells whose
     plan changed; the verdict names the cells where the new pick is slower than the old or than eager."""
