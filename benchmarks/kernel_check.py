@@ -185,14 +185,16 @@ def sweep_section(log, top=6, shapes=None, section="sweep"):
     return rows
 
 
-def time_plans(log, gen, shape, plans, packed=False, layouts=False, warm=False):
+def time_plans(log, gen, shape, plans, packed=False, layouts=False, warm=False, exact=False):
     """Each plan of one shape in a CUDA graph of several calls, interleaved with eager in a graph (rotating
     input sets), its output for the first set checked against float64: one row per plan. `packed`: the inputs'
     gate and up weights are halves of one tensor (``_inputs``). In the same interleaving, each fused plan also:
     with `layouts` (a gated shape), over the same values with gate and up in the other layout
     (``measured_packed``, or ``measured_unpacked`` where `packed`): what a layout alone costs the kernel; with
     `warm`, every call over the first set (``measured_warm``: weights that fit the L2 stay there): what reading
-    them from HBM costs. Each such graph's first output must be the main graph's bits (``same_bits_*``)."""
+    them from HBM costs; with `exact`, each stream plan captured with exact token boxes (``measured_exact``:
+    ``_C.stream_exact_boxes``, a ragged last row tile's X and H boxes without TMA's zero fill) where the main
+    graph has whole ones. Each such graph's first output must be the main graph's bits (``same_bits_*``)."""
     name, d, f, l, gated, act, m = shape
     rows = []
     bytes_ = 2 * (f * d * (2 if gated else 1) + l * f)
@@ -225,6 +227,15 @@ def time_plans(log, gen, shape, plans, packed=False, layouts=False, warm=False):
                 o2 = [torch.empty_like(outs[0])]
                 extra.append(("warm", graph_of([lambda o=o2[0]: fuser.ffn(activation=act, out=o, plan=p, **ins[0])]
                                                * per), o2))
+            if exact and p.fused:
+                o2 = [torch.empty_like(o) for o in outs]
+                before = fuser._C.stream_exact_boxes(True)
+                try:
+                    extra.append(("exact", graph_of(
+                        [lambda t=ins[i % sets], o=o2[i % sets]: fuser.ffn(activation=act, out=o, plan=p, **t)
+                         for i in range(per)]), o2))
+                finally:
+                    fuser._C.stream_exact_boxes(before)
             te, tf, *ta = _time_graphs([eager, g] + [x[1] for x in extra], per)
             err = float((outs[0].double() - ref).norm() / ref.norm())
             row = dict(name=name, m=m, plan=p.summary(), params=p.raw.get("params"), predicted=p.predicted_us,

@@ -19,7 +19,7 @@ typedef struct {
 
 /* Must match StreamParams in include/fuser/device/stream.cuh. */
 typedef struct {
-    fuser_tmap x, w_up, w_gate, h, w_down;
+    fuser_tmap x, w_up, w_gate, h, w_down, x_tail;
     const void *b_up, *b_gate, *b_down;
     void *hbuf, *y;
     float *ws;
@@ -30,6 +30,7 @@ typedef struct {
     void *xbuf;
     int m;
     int group;
+    int x_tail_rows;
 } stream_params;
 _Static_assert(sizeof(fuser_tmap) == 128 && sizeof(stream_params) % 64 == 0, "StreamParams layout");
 
@@ -143,6 +144,17 @@ static const struct {
 static unsigned token_box(const fuser_plan *p) { return (unsigned)(p->bm / (fuser_stream_pair(p) == FUSER_PAIR_TILES ? 2 : 1)); }
 static unsigned weight_box(const fuser_plan *p, int rows) { return (unsigned)(rows / (fuser_stream_pair(p) == FUSER_PAIR_ROWS ? 2 : 1)); }
 
+static atomic_int exact_boxes;
+
+int fuser_stream_exact_boxes(int on) { return on < 0 ? atomic_load(&exact_boxes) : atomic_exchange(&exact_boxes, !!on); }
+
+/* The rows of a ragged last row tile's own X box (prm->x_tail_rows): 0 where X boxes stay whole (exact boxes off, a
+ * quantized chain, whose X tiles come from the scratch, cluster pairs, whole row tiles). */
+static int x_tail_rows(const fuser_plan *p, int64_t m, int exact)
+{
+    return exact && p->chain.dtype != FUSER_E4M3 && fuser_stream_pair(p) == FUSER_PAIR_NONE ? (int)(m % p->bm) : 0;
+}
+
 static void stream_map_shape(const fuser_plan *p, int64_t m, int slot, uint64_t *rows, uint64_t *cols, unsigned *box)
 {
     const fuser_chain *pc = &p->chain;
@@ -166,6 +178,9 @@ static int prepare_stream(const fuser_driver *drv, fuser_ffn_kernel *k, const fu
     int64_t xq_at, partials_at;
     fuser_stream_ws_layout(p, c->m, &xq_at, &partials_at);
     void *xq = quantized ? ws + xq_at : NULL;
+    /* exact boxes: the scratch's token matrices read as whole row tiles (fuser_stream_ws_layout pads them) */
+    const int exact = atomic_load(&exact_boxes);
+    const uint64_t ws_rows = (uint64_t)(exact ? fuser_ceil_div(c->m, p->bm) * p->bm : c->m);
     static const int cache_slot[P_N] = {[P_WU] = FUSER_MAP_W_UP, [P_WG] = FUSER_MAP_W_GATE, [P_WD] = FUSER_MAP_W_DOWN};
     int rc = FUSER_OK;
     for (size_t i = 0; i < sizeof stream_maps / sizeof *stream_maps && !rc; i++) {
@@ -177,14 +192,18 @@ static int prepare_stream(const fuser_driver *drv, fuser_ffn_kernel *k, const fu
         if (!out->ptr[slot])
             continue;
         if (slot == P_X && quantized) /* X tiles come from the kernel's e4m3 copy of x */
-            rc = cached_map(drv, k, FUSER_MAP_XQ, xq, rows, map_cols(pc, pc->k), box, map, err);
+            rc = cached_map(drv, k, FUSER_MAP_XQ, xq, ws_rows, map_cols(pc, pc->k), box, map, err);
         else if (slot == P_X)
             rc = fuser_tmap_2d(drv, map, fuser_chain_out_dtype(pc), out->ptr[slot], rows, cols, cols, box, err);
         else
             rc = cached_map(drv, k, cache_slot[slot], out->ptr[slot], rows, cols, box, map, err);
     }
     if (!rc)
-        rc = cached_map(drv, k, FUSER_MAP_H, h, (uint64_t)c->m, map_cols(pc, pc->n), token_box(p), &prm->h, err);
+        rc = cached_map(drv, k, FUSER_MAP_H, h, ws_rows, map_cols(pc, pc->n), token_box(p), &prm->h, err);
+    prm->x_tail_rows = x_tail_rows(p, c->m, exact);
+    if (!rc && prm->x_tail_rows)
+        rc = fuser_tmap_2d(drv, &prm->x_tail, fuser_chain_out_dtype(pc), out->ptr[P_X], (uint64_t)c->m,
+                           (uint64_t)pc->k, (uint64_t)pc->k, (unsigned)prm->x_tail_rows, err);
     if (rc)
         return rc;
     prm->b_up = out->ptr[P_BU];
@@ -226,6 +245,12 @@ static int place_stream(const fuser_driver *drv, const fuser_ffn_prepared *p, st
         int rc = fuser_tmap_2d(drv, (fuser_tmap *)((unsigned char *)prm + stream_maps[i].offset),
                                slot == P_X ? fuser_chain_out_dtype(&plan->chain) : map_dtype(&plan->chain),
                                ptr[slot], rows, cols, cols, box, err);
+        if (rc)
+            return rc;
+    }
+    if (prm->x_tail_rows && ptr[P_X] != p->ptr[P_X]) {
+        int rc = fuser_tmap_2d(drv, &prm->x_tail, fuser_chain_out_dtype(&plan->chain), ptr[P_X], (uint64_t)p->m,
+                               (uint64_t)plan->chain.k, (uint64_t)plan->chain.k, (unsigned)prm->x_tail_rows, err);
         if (rc)
             return rc;
     }

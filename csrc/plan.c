@@ -257,10 +257,12 @@ void fuser_plan_scratch(const fuser_plan *p, int64_t m, int64_t *zeroed_words, i
 
 void fuser_stream_ws_layout(const fuser_plan *p, int64_t m, int64_t *xq, int64_t *partials)
 {
-    /* H [m][N] in 16 bits (a multiple of 4 floats: N % 8 == 0), then a quantized chain's x in e4m3 [m][K]
-     * (K % 16 == 0: a multiple of 4 floats) */
-    *xq = m * p->chain.n / 2;
-    *partials = *xq + (p->chain.dtype == FUSER_E4M3 ? m * p->chain.k / 4 : 0);
+    /* H [rows][N] in 16 bits (a multiple of 4 floats: N % 8 == 0), then a quantized chain's x in e4m3 [rows][K]
+     * (K % 16 == 0: a multiple of 4 floats), rows being m rounded up to whole row tiles: the token boxes of the
+     * last row tile may then stay inside the buffers (fuser_stream_exact_boxes) */
+    const int64_t rows = fuser_ceil_div(m, p->bm) * p->bm;
+    *xq = rows * p->chain.n / 2;
+    *partials = *xq + (p->chain.dtype == FUSER_E4M3 ? rows * p->chain.k / 4 : 0);
 }
 
 fuser_pair fuser_stream_pair(const fuser_plan *p)

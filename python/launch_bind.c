@@ -162,6 +162,16 @@ PyObject *fuser_py_scratch_need(PyObject *module, PyObject *args)
     return Py_BuildValue("(LL)", (long long)zw, (long long)wf);
 }
 
+/* stream_exact_boxes([on]) -> the setting before the call (fuser_stream_exact_boxes; no argument: read it) */
+PyObject *fuser_py_stream_exact_boxes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs > 1 || (nargs == 1 && !PyBool_Check(args[0])))
+        return PyErr_Format(PyExc_TypeError, "stream_exact_boxes([on: bool]): got %zd arguments%s", nargs,
+                            nargs == 1 ? " (not a bool)" : "");
+    return PyBool_FromLong(fuser_stream_exact_boxes(nargs ? args[0] == Py_True : -1));
+}
+
 /* The arguments launch and prepare share, taken and validated: ffn_launch's positional ones. */
 enum { X, WU, WD, WG, BU, BG, BD, Y, NT };
 

@@ -86,6 +86,27 @@ def test_splits_and_row_tiles(bm, s1, s2):
         assert check(x, t, plan) < BOUND, (m, plan.summary())
 
 
+@pytest.mark.parametrize("bm,m", [(16, 3), (32, 70), (64, 130), (128, 77)])
+def test_exact_token_boxes_give_the_whole_boxes_bits(bm, m):
+    """With exact token boxes (``_C.stream_exact_boxes``) a quantized chain's X and H tiles come from whole row
+    tiles of the padded scratch: within BOUND of the reference and the bits of whole boxes (TMA's zero fill)."""
+    from fuser import _C
+    gated = bm != 128
+    x, t = quantized(torch.Generator(device="cuda").manual_seed(bm + m), m, 512, 1536, 384, gated=gated, bias=True,
+                     activation="silu" if gated else "gelu")
+    plan = fuser.plan(m, 512, 1536, d_out=384, gated=gated, activation=t["activation"], dtype="float8_e4m3fn",
+                      fused=True, bias=("up", "gate", "down") if gated else ("up", "down"), kind="stream", bm=bm)
+    outs = []
+    for on in (False, True):
+        before = _C.stream_exact_boxes(on)
+        try:
+            assert check(x, t, plan) < BOUND, (on, plan.summary())
+            outs.append(fuser.ffn(x, plan=plan, **t))
+        finally:
+            _C.stream_exact_boxes(before)
+    assert torch.equal(outs[0], outs[1])
+
+
 @pytest.mark.parametrize("s1,s2", [(1, 1), (2, 3), (1, 4)])
 def test_plain_128_token_tiles(s1, s2):
     """A plain FFN's quantized tiles of 128 tokens (wgmma n128): one row tile, several (the last ragged), and

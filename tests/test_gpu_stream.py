@@ -36,6 +36,64 @@ def test_stream_correctness_matrix():
     assert not bad, bad[:5]
 
 
+def test_exact_token_boxes_give_the_whole_boxes_bits():
+    """Every ragged case of the stream matrix with its last row tile's token boxes exact (X's through its own
+    map, H read as whole row tiles of the padded scratch) passes the matrix's checks and gives the bits of
+    whole boxes (TMA's zero fill past the last row)."""
+    import stream_matrix
+    summary, results = stream_matrix.run(log=lambda s: None, exact=True)
+    assert summary["cases"] >= 40, summary
+    bad = [r for r in results if not r["ok"]]
+    assert not bad, bad[:5]
+
+
+def test_exact_token_boxes_follow_a_prepared_launch_and_a_graph():
+    """Exact token boxes in a launch prepared once and run at another x's address (the tail map re-encoded)
+    and in a CUDA graph replayed over new x values: each output is the bits of a plain launch with whole
+    boxes; the setting is read when a launch is prepared, so switching it later leaves both as made."""
+    m, d, f, l = 77, 1024, 4096, 1024
+    p = fuser.plan(m, d, f, gated=True, activation="silu", target="h200", fused=True, kind="stream", bm=128,
+                   s1=1, s2=2)
+    dev, stream = torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream
+    launch = runtime.launch_for(p, dev)
+    buf = launch.scratch(m, stream)
+    a, b = tensors(m, d, f, l, True, 21), tensors(m, d, f, l, True, 22)
+
+    def whole(x):
+        y = torch.full((m, l), float("nan"), device="cuda", dtype=torch.bfloat16)
+        _C.ffn_launch(launch.kernel, x, a["w_up"], a["w_down"], a["w_gate"], None, None, None, "silu", y,
+                      buf.capsule, stream)
+        return y
+
+    y0 = torch.empty(m, l, device="cuda", dtype=torch.bfloat16)
+    before = _C.stream_exact_boxes(True)
+    try:
+        kept = _C.ffn_prepare(launch.kernel, a["x"], a["w_up"], a["w_down"], a["w_gate"], None, None, None, "silu",
+                              y0, buf.capsule, stream, keep=False)
+        out = torch.full((m, l), float("nan"), device="cuda", dtype=torch.bfloat16)
+        x = a["x"].clone()
+        g = graph_of([lambda: fuser.ffn(x, a["w_up"], a["w_down"], w_gate=a["w_gate"], activation="silu", out=out,
+                                        plan=p)])
+    finally:
+        _C.stream_exact_boxes(before)
+    assert _C.stream_exact_boxes() == before
+    ya = torch.full((m, l), float("nan"), device="cuda", dtype=torch.bfloat16)
+    xb = b["x"].clone()
+    _C.ffn_run(kept, xb.data_ptr(), ya.data_ptr(), a["w_up"].data_ptr(), a["w_down"].data_ptr(),
+               a["w_gate"].data_ptr(), None, None, None)
+    torch.cuda.synchronize()
+    assert torch.equal(ya, whole(b["x"]))
+    for seed in (1, 2):
+        x.copy_(torch.randn(m, d, generator=torch.Generator(device="cuda").manual_seed(seed), device="cuda"))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, whole(x)), seed
+    ref = fuser.ffn_reference(x, a["w_up"], a["w_down"], w_gate=a["w_gate"], activation="silu",
+                              compute_dtype=torch.float64)
+    assert rel_error(out, ref) < 1.5e-2
+
+
 def test_one_stream_plan_serves_every_token_count():
     """bm = 64: 1, 64, 33, 7 tokens (one row tile) and 200, 129 (four and three) in a row on one kernel;
     each launch leaves the tickets, ready counters and claim counter at zero for the next (a stale counter

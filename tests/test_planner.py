@@ -150,9 +150,9 @@ def stream_limits(p, t):
     else:
         per_wg = 1 if bm == 128 else 2
         assert parts * bn // per_wg // 2 + bl // per_wg // 2 <= 192
-    # H in 16 bits, then the split partials as whole tiles (bm rows, bn or bl columns)
+    # H in 16 bits for whole row tiles, then the split partials as whole tiles (bm rows, bn or bl columns)
     n_pad, l_pad = -(-c["d_ff"] // bn) * bn, -(-c["d_out"] // bl) * bl
-    ws = c["m"] * c["d_ff"] * 2 + (q["s1"] > 1) * q["s1"] * parts * rows * bm * n_pad * 4 + \
+    ws = rows * bm * c["d_ff"] * 2 + (q["s1"] > 1) * q["s1"] * parts * rows * bm * n_pad * 4 + \
         (q["s2"] > 1) * q["s2"] * rows * bm * l_pad * 4
     assert ws == p.derived["workspace_bytes"] <= t["max_workspace"]
 

@@ -56,7 +56,7 @@ typedef struct {
 typedef enum { FUSER_OVERLAP_DEFAULT, FUSER_OVERLAP_NEVER } fuser_overlap;
 
 /* The largest kernel parameter struct of any family (checked in ffn_launch.c). */
-#define FUSER_FFN_PARAM_BYTES 768
+#define FUSER_FFN_PARAM_BYTES 1024
 
 /** A launch made ready once and run many times: the kernel, its parameter struct filled for one chain,
  * token count, set of weights, scratch and stream, and the grid. A run patches the pointers of x and y
@@ -92,6 +92,13 @@ int fuser_ffn_run(const fuser_driver *drv, const fuser_ffn_prepared *p, const vo
 int fuser_ffn_launch(const fuser_driver *drv, fuser_ffn_kernel *k, const fuser_ffn_args *a, const fuser_chain *c,
                      const fuser_scratch_view *s, const fuser_tensor *trace, fuser_overlap overlap,
                      fuser_cu_stream stream, fuser_err *err);
+
+/** Token boxes of stream launches prepared from now on: 1 exact (a ragged last row tile's X box holds only its
+ * real rows, through a second map of x; the H buffer, and a quantized chain's copy of x, are read as whole row
+ * tiles of the scratch), 0 whole row tiles of the tensors (rows past the last are TMA's zero fill). Cluster pairs
+ * keep whole X boxes either way. `on` < 0 only reads the setting. Returns the setting before the call. Process-
+ * wide, for measuring both side by side (a launch keeps what it was prepared with; a graph what it captured). */
+int fuser_stream_exact_boxes(int on);
 
 #ifdef __cplusplus
 }

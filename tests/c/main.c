@@ -27,6 +27,7 @@ void test_launch_config(void);
 void test_launch_driver(void);
 void test_ffn_prepared_launch(void);
 void test_ffn_quantized_launch(void);
+void test_ffn_exact_token_boxes(void);
 
 static const struct { const char *name; void (*fn)(void); } tests[] = {
     {"tensor_validation", test_tensor_validation},
@@ -50,6 +51,7 @@ static const struct { const char *name; void (*fn)(void); } tests[] = {
     {"launch_driver", test_launch_driver},
     {"ffn_prepared_launch", test_ffn_prepared_launch},
     {"ffn_quantized_launch", test_ffn_quantized_launch},
+    {"ffn_exact_token_boxes", test_ffn_exact_token_boxes},
 };
 
 int main(int argc, char **argv)

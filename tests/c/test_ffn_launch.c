@@ -2,13 +2,17 @@
  * launch fills the stream kernel's parameters once (tensor maps at the tensors' addresses), a run
  * re-points only what moved and re-encodes only those maps, refuses a tensor the launch was prepared
  * without and misaligned data, and the one-shot launch passes the kernel the same bytes. A quantized
- * launch maps X on the kernel's e4m3 copy of x in the workspace and hands it x itself (xin). */
+ * launch maps X on the kernel's e4m3 copy of x in the workspace and hands it x itself (xin). Exact token
+ * boxes map a ragged last row tile's x rows on their own and read the scratch's H as whole row tiles. */
 #include "ctest.h"
 #include "fuser/ffn_launch.h"
 
 static struct {
     int encodes, launches;
     const void *last_base;
+    const void *base[64]; /* each encode's base, rows and box rows, in order */
+    uint64_t rows[64];
+    unsigned box_rows[64];
     unsigned char params[FUSER_FFN_PARAM_BYTES];
     fuser_cu_launch_config cfg;
 } rec;
@@ -27,15 +31,16 @@ static fuser_cu_result r_launch(const fuser_cu_launch_config *c, fuser_cu_functi
 static fuser_cu_result r_encode(void *map, int t, unsigned r, void *base, const uint64_t *d, const uint64_t *s,
                                 const unsigned *b, const unsigned *e, int i, int w, int l, int o)
 {
-    (void)t, (void)r, (void)d, (void)s, (void)b, (void)e, (void)i, (void)w, (void)l, (void)o;
+    (void)t, (void)r, (void)s, (void)e, (void)i, (void)w, (void)l, (void)o;
     memcpy(map, &base, sizeof base);
+    rec.base[rec.encodes % 64] = base, rec.rows[rec.encodes % 64] = d[1], rec.box_rows[rec.encodes % 64] = b[1];
     rec.encodes++;
     rec.last_base = base;
     return 0;
 }
 
-/* StreamParams as the device declares it: five 128-byte maps, then the pointers and m */
-enum { MAP_X, MAP_UP, MAP_GATE, MAP_H, MAP_DOWN };
+/* StreamParams as the device declares it: six 128-byte maps, then the pointers, m, group and x_tail_rows */
+enum { MAP_X, MAP_UP, MAP_GATE, MAP_H, MAP_DOWN, MAP_X_TAIL, MAPS };
 static const void *map_base(const unsigned char *params, int map)
 {
     const void *b;
@@ -45,7 +50,13 @@ static const void *map_base(const unsigned char *params, int map)
 static const void *field(const unsigned char *params, int i) /* 0 b_up, 1 b_gate, 2 b_down, 3 hbuf, 4 y */
 {
     const void *v;
-    memcpy(&v, params + 5 * 128 + i * sizeof v, sizeof v);
+    memcpy(&v, params + MAPS * 128 + i * sizeof v, sizeof v);
+    return v;
+}
+static int x_tail_rows(const unsigned char *params) /* after 15 pointers, m and group */
+{
+    int v;
+    memcpy(&v, params + MAPS * 128 + 15 * sizeof(void *) + 2 * sizeof v, sizeof v);
     return v;
 }
 
@@ -140,7 +151,8 @@ void test_ffn_prepared_launch(void)
     CHECK(fuser_ffn_run(&d, &pr, next, &err) == FUSER_OK && rec.encodes == enc + 1 && rec.launches == 3);
     CHECK(map_base(rec.params, MAP_X) == next[0] && field(rec.params, 4) == next[7]);
     CHECK(map_base(rec.params, MAP_UP) == wu.data && map_base(rec.params, MAP_H) == map_base(first, MAP_H));
-    CHECK(memcmp(first + 5 * 128, rec.params + 5 * 128, 3 * sizeof(void *)) == 0); /* biases unchanged */
+    CHECK(memcmp(first + MAPS * 128, rec.params + MAPS * 128, 3 * sizeof(void *)) == 0); /* biases unchanged */
+    CHECK(x_tail_rows(rec.params) == 0 && map_base(rec.params, MAP_X_TAIL) == NULL); /* whole boxes by default */
 
     /* a moved weight: its map too */
     const void *moved[8] = {(void *)0x110000, (void *)0x210000, NULL, NULL, NULL, NULL, NULL, (void *)0x410000};
@@ -206,12 +218,13 @@ void test_ffn_quantized_launch(void)
     fuser_ffn_args a = {&x, &wu, &wd, NULL, NULL, NULL, NULL, &y, "silu", {&sx, &su, NULL, &sd, &sh}};
     fuser_chain c;
     CHECK(fuser_ffn_validate(&a, &c, &err) == FUSER_OK && c.m == 40 && c.dtype == FUSER_E4M3);
-    /* seven counters and one row tile's; H (16-bit room), x in e4m3 (m x d_model bytes), no split partials */
+    /* seven counters and one row tile's; H (16-bit room), x in e4m3 (d_model bytes a row), both for the whole
+     * row tile of 64 rows; no split partials */
     int64_t zw, wf;
     fuser_plan_scratch(p, c.m, &zw, &wf);
-    CHECK(zw == 7 + (p->nt1 + p->lt2 + 1) && wf == 40 * 512 / 2 + 40 * 256 / 4);
+    CHECK(zw == 7 + (p->nt1 + p->lt2 + 1) && wf == 64 * 512 / 2 + 64 * 256 / 4);
     fuser_scratch_view s = {0x800000, 0, (zw + 3) / 4 * 4, wf};
-    const uintptr_t ws = 0x800000 + 4 * (uintptr_t)s.zeroed_words, xbuf = ws + 2 * 40 * 512;
+    const uintptr_t ws = 0x800000 + 4 * (uintptr_t)s.zeroed_words, xbuf = ws + 2 * 64 * 512;
 
     fuser_ffn_prepared pr;
     CHECK(fuser_ffn_prepare(&d, &k, &a, &c, &s, NULL, FUSER_OVERLAP_DEFAULT, (fuser_cu_stream)(uintptr_t)0x77, &pr, &err) ==
@@ -220,7 +233,7 @@ void test_ffn_quantized_launch(void)
     /* fields after the maps: b_up, b_gate, b_down, hbuf, y, ws, sync, trace, five scales, xin, xbuf */
     CHECK(map_base(rec.params, MAP_X) == (const void *)xbuf && map_base(rec.params, MAP_H) == (const void *)ws);
     CHECK(field(rec.params, 13) == x.data && field(rec.params, 14) == (const void *)xbuf);
-    CHECK(field(rec.params, 5) == (const void *)(xbuf + 40 * 256) && field(rec.params, 3) == (const void *)ws);
+    CHECK(field(rec.params, 5) == (const void *)(xbuf + 64 * 256) && field(rec.params, 3) == (const void *)ws);
     CHECK(field(rec.params, 8) == sx.data && field(rec.params, 12) == sh.data && field(rec.params, 10) == NULL);
 
     /* a new x: handed over as xin; X's map stays on the workspace copy, nothing encoded again */
@@ -229,4 +242,73 @@ void test_ffn_quantized_launch(void)
     CHECK(fuser_ffn_run(&d, &pr, next, &err) == FUSER_OK && rec.encodes == enc && rec.launches == 2);
     CHECK(field(rec.params, 13) == next[0] && map_base(rec.params, MAP_X) == (const void *)xbuf);
     CHECK(field(rec.params, 4) == next[7]);
+}
+
+/* The encode of `base` among the last `n` (its index in rec), or -1 */
+static int encoded(const void *base, int n)
+{
+    for (int i = rec.encodes - 1; i >= 0 && i >= rec.encodes - n; i--)
+        if (rec.base[i % 64] == base)
+            return i % 64;
+    return -1;
+}
+
+void test_ffn_exact_token_boxes(void)
+{
+    fuser_driver d = recording_driver();
+    fuser_err err;
+    fuser_err_clear(&err);
+    CHECK(fuser_stream_exact_boxes(-1) == 0); /* off unless asked for */
+
+    /* 5 tokens in a row tile of 16: x's rows [0, 5) in a box of 5 through a second map; H read as 16 rows */
+    static fuser_ffn_kernel k;
+    fuser_plan *p = &k.plan;
+    CHECK(stream_kernel(&k, (fuser_chain){.m = 16, .k = 256, .n = 512, .l = 128, .act = FUSER_ACT_SILU,
+                                          .dtype = FUSER_BF16}, 16, 2, &err) == FUSER_OK);
+    fuser_tensor x = cuda2d(0x100000, 5, 256), wu = cuda2d(0x200000, 512, 256), wd = cuda2d(0x300000, 128, 512);
+    fuser_tensor y = cuda2d(0x400000, 5, 128);
+    fuser_ffn_args a = {&x, &wu, &wd, NULL, NULL, NULL, NULL, &y, "silu"};
+    fuser_chain c;
+    CHECK(fuser_ffn_validate(&a, &c, &err) == FUSER_OK);
+    int64_t zw, wf;
+    fuser_plan_scratch(p, c.m, &zw, &wf);
+    CHECK(wf >= 16 * 512 / 2); /* H: the whole row tile */
+    fuser_scratch_view s = {0x800000, 0, (zw + 3) / 4 * 4, wf};
+    const void *h = (const void *)(uintptr_t)(0x800000 + 4 * s.zeroed_words);
+    fuser_cu_stream stream = (fuser_cu_stream)(uintptr_t)0x77;
+
+    fuser_ffn_prepared whole, pr;
+    CHECK(fuser_ffn_prepare(&d, &k, &a, &c, &s, NULL, FUSER_OVERLAP_DEFAULT, stream, &whole, &err) == FUSER_OK);
+    int i = encoded(h, 4);
+    CHECK(i >= 0 && rec.rows[i] == 5 && rec.box_rows[i] == 16); /* whole boxes: H's map ends at the last row */
+    CHECK(fuser_stream_exact_boxes(1) == 0 && fuser_stream_exact_boxes(-1) == 1);
+    int enc = rec.encodes;
+    CHECK(fuser_ffn_prepare(&d, &k, &a, &c, &s, NULL, FUSER_OVERLAP_DEFAULT, stream, &pr, &err) == FUSER_OK);
+    CHECK(rec.encodes == enc + 3); /* x, H (its rows changed), x's tail; the weights' maps are cached */
+    i = encoded(h, 3);
+    CHECK(i >= 0 && rec.rows[i] == 16 && rec.box_rows[i] == 16);
+    CHECK(rec.base[(enc + 2) % 64] == x.data && rec.rows[(enc + 2) % 64] == 5 && rec.box_rows[(enc + 2) % 64] == 5);
+    CHECK(fuser_ffn_run(&d, &pr, NULL, &err) == FUSER_OK);
+    CHECK(x_tail_rows(rec.params) == 5 && map_base(rec.params, MAP_X_TAIL) == x.data);
+    CHECK(map_base(rec.params, MAP_X) == x.data && map_base(rec.params, MAP_H) == h);
+
+    /* a new x: both of its maps encoded again at its address */
+    enc = rec.encodes;
+    const void *next[8] = {(void *)0x110000, NULL, NULL, NULL, NULL, NULL, NULL, (void *)0x410000};
+    CHECK(fuser_ffn_run(&d, &pr, next, &err) == FUSER_OK && rec.encodes == enc + 2);
+    CHECK(map_base(rec.params, MAP_X) == next[0] && map_base(rec.params, MAP_X_TAIL) == next[0]);
+    CHECK(x_tail_rows(rec.params) == 5 && rec.rows[(enc + 1) % 64] == 5 && rec.box_rows[(enc + 1) % 64] == 5);
+
+    /* whole row tiles (16 tokens): nothing of its own for the last one */
+    fuser_tensor x16 = cuda2d(0x100000, 16, 256), y16 = cuda2d(0x400000, 16, 128);
+    fuser_ffn_args a16 = {&x16, &wu, &wd, NULL, NULL, NULL, NULL, &y16, "silu"};
+    fuser_chain c16;
+    CHECK(fuser_ffn_validate(&a16, &c16, &err) == FUSER_OK);
+    CHECK(fuser_ffn_prepare(&d, &k, &a16, &c16, &s, NULL, FUSER_OVERLAP_DEFAULT, stream, &pr, &err) == FUSER_OK);
+    CHECK(fuser_ffn_run(&d, &pr, NULL, &err) == FUSER_OK);
+    CHECK(x_tail_rows(rec.params) == 0 && map_base(rec.params, MAP_X_TAIL) == NULL);
+
+    /* a launch prepared before keeps its whole boxes */
+    CHECK(fuser_ffn_run(&d, &whole, NULL, &err) == FUSER_OK && x_tail_rows(rec.params) == 0);
+    CHECK(fuser_stream_exact_boxes(0) == 1 && fuser_stream_exact_boxes(-1) == 0);
 }

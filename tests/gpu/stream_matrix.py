@@ -7,7 +7,8 @@ one-phase plans (units of one l-tile or of several, with many d_ff splits), and 
 
 Each case forces a stream plan with its bm and splits, draws fresh random inputs, poisons the output with
 NaN, and checks: the relative error against a float64 reference is at most twice PyTorch eager's own
-(same dtype); every element was written; three runs are bitwise identical. Run by
+(same dtype); every element was written; three runs are bitwise identical. With --exact, the cases whose
+last row tile is ragged run with its token boxes exact and whole, and must give the same bits. Run by
 tests/test_gpu_stream.py, or directly (``python tests/gpu/stream_matrix.py [--json FILE]``); its plans are
 compiled on the CPU by tests/test_stream.py."""
 import argparse
@@ -143,12 +144,39 @@ def run_case(c, gen):
     return dict(c, plan=plan.summary(), **check_plan(plan, c["activation"], t))
 
 
-def run(log=print):
+def run_exact_case(c, gen):
+    """The case with the token boxes of its ragged last row tile exact and whole (``_C.stream_exact_boxes``),
+    on the same inputs: each passes check_plan, and their outputs are bitwise equal (a token row's products
+    never meet another row's, so the rows past the last, zero fill or stale data, cannot reach a stored one)."""
+    import torch
+    from fuser import _C
+    plan = plan_of(c)
+    t = ffn_tensors(gen, c["m"], c["d_model"], c["d_ff"], c["d_out"], gated=c["gated"], bias=c["bias"],
+                    dtype=c["dtype"])
+    res, outs = {}, []
+    for on in (False, True):
+        before = _C.stream_exact_boxes(on)
+        try:
+            res[on] = check_plan(plan, c["activation"], t)
+            out = torch.full((c["m"], c["d_out"]), float("nan"), device="cuda", dtype=t["x"].dtype)
+            outs.append(fuser.ffn(activation=c["activation"], out=out, plan=plan, **t))
+        finally:
+            _C.stream_exact_boxes(before)
+    same = bool(torch.equal(outs[0], outs[1]))
+    return dict(c, plan=plan.summary(), **res[True], whole_ok=res[False]["ok"], same_as_whole=same,
+                ok=res[True]["ok"] and res[False]["ok"] and same)
+
+
+def run(log=print, exact=False):
+    """Every case (check_plan); with `exact`, only those whose last row tile is ragged, each with exact and
+    whole token boxes (run_exact_case)."""
     import torch
     gen = torch.Generator(device="cuda").manual_seed(4321)
     results, t0 = [], time.time()
     for c in cases():
-        res = run_case(c, gen)
+        if exact and c["m"] % c["bm"] == 0:
+            continue
+        res = run_exact_case(c, gen) if exact else run_case(c, gen)
         results.append(res)
         log(f"{'ok ' if res['ok'] else 'BAD'} bm={c['bm']:<3d} m={c['m']:<3d} {'gated' if c['gated'] else 'plain'} "
             f"{c['activation']:9s} bias={c['bias']!s:5s} {c['dtype']:8s} splits {c['s1']}/{c['s2']} "
@@ -162,8 +190,9 @@ def run(log=print):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
+    ap.add_argument("--exact", action="store_true", help="the ragged cases with exact and whole token boxes")
     a = ap.parse_args()
-    summary, results = run()
+    summary, results = run(exact=a.exact)
     print(json.dumps(summary, indent=1))
     if a.json:
         with open(a.json, "w") as f:

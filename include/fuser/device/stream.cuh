@@ -84,6 +84,7 @@ struct StreamParams {
     TensorMap w_gate; /* [N, K], box 64 x BN (gated only) */
     TensorMap h;      /* H [M, N] in the workspace, box 64 x BM */
     TensorMap w_down; /* [L, N], box 64 x BL */
+    TensorMap x_tail; /* X again, box 64 x x_tail_rows: the last row tile's real rows (when x_tail_rows > 0) */
     const uint16_t *b_up, *b_gate, *b_down;
     void *hbuf;       /* H's memory: [M][N], 16-bit (or e4m3 in a quantized chain) */
     uint16_t *y;      /* [M, L] */
@@ -97,6 +98,9 @@ struct StreamParams {
     void *xbuf;            /* there: x in e4m3 [M][K], the memory the x map reads */
     int m;
     int group;        /* row tiles per group of the unit order (>= 1) */
+    int x_tail_rows;  /* 0, or m % BM (unpaired 16-bit chains): the last row tile's X box stops at the last row,
+                         since boxes reaching past it (TMA's zero fill) arrived slower than whole ones; the rows
+                         of the tile beyond it keep stale data, which only reaches rows no store writes */
 };
 
 constexpr int STREAM_THREADS = 384;
@@ -357,9 +361,15 @@ struct Stream {
             load_rows(st + X_BYTES + BN * SW_ROW_BYTES, &p.w_gate, bar, kb, n0, BN, PAIR == PAIR_ROWS, weights_once());
         load_rows(st + X_BYTES, &p.w_up, bar, kb, n0, BN, PAIR == PAIR_ROWS, weights_once());
     }
+    FUSER_DEVICE bool x_tail(int m0) const { return p.x_tail_rows && m0 + BM > p.m; }
     FUSER_DEVICE void load_x(unsigned char *st, uint64_t *bar, int kb, int m0) const
     {
-        load_rows(st, &p.x, bar, kb, m0, BM, PAIR == PAIR_TILES);
+        load_rows(st, x_tail(m0) ? &p.x_tail : &p.x, bar, kb, m0, BM, PAIR == PAIR_TILES);
+    }
+    /* the bytes of X's box at row tile m0 (load_x) */
+    FUSER_DEVICE uint32_t x_bytes(int m0) const
+    {
+        return x_tail(m0) ? (uint32_t)p.x_tail_rows * SW_ROW_BYTES : (uint32_t)X_BYTES;
     }
 
     /* The next entry of the claim order. In a pair, block 0 takes it from the counter and hands it to
@@ -475,7 +485,7 @@ struct Stream {
             if (u < u1()) {
                 const Unit t = unit1(u);
                 const int nt = t.tile, sp = t.split, m0 = t.row * BM;
-                const uint32_t bytes = (own_t ? X_BYTES : 0) + (own_w ? PARTS * BN * SW_ROW_BYTES : 0);
+                const uint32_t bytes = (own_t ? x_bytes(m0) : 0) + (own_w ? PARTS * BN * SW_ROW_BYTES : 0);
                 fill(c, tagged, sp * KS1, cmin(KT1, (sp + 1) * KS1), bytes, (after_prev && x_ok) || !own_t,
                      [&](unsigned char *st, uint64_t *bar, int kb) {
                          if (own_w)
@@ -509,7 +519,7 @@ struct Stream {
                 if constexpr (ONE) {
                     /* the unit's own H first: X and W_up (W_gate) tiles of each n-tile of its d_ff range */
                     for (int n0 = sp * KS2 * SW_COLS; n0 < cmin(C::N, (sp + 1) * KS2 * SW_COLS); n0 += BN)
-                        fill(c, u, 0, KT1, BYTES1, after_prev,
+                        fill(c, u, 0, KT1, BYTES1 - X_BYTES + x_bytes(m0), after_prev,
                              [&](unsigned char *st, uint64_t *bar, int kb) { load_w1(st, bar, kb, n0); },
                              [&](unsigned char *st, uint64_t *bar, int kb) { load_x(st, bar, kb, m0); },
                              [&] { griddep_wait(); });
@@ -1429,6 +1439,8 @@ struct Stream {
                 tma_prefetch(&p.w_gate);
             tma_prefetch(&p.h);
             tma_prefetch(&p.w_down);
+            if (p.x_tail_rows)
+                tma_prefetch(&p.x_tail);
         }
         if constexpr (CS > 1)
             cluster_sync(); /* the partner's barriers exist before the first multicast or remote arrive */
