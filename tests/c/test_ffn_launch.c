@@ -104,21 +104,33 @@ static int stream_kernel(fuser_ffn_kernel *k, fuser_chain chain, int bm, int s2,
     return fuser_plan_derive(p, err);
 }
 
+/* A stream plan of an ungated 256 -> 512 -> 128 chain with up to 16 tokens (bm 16, two d_ff splits), loaded on
+ * device 0, and 5 tokens' tensors for it */
+static struct {
+    fuser_ffn_kernel k;
+    fuser_tensor x, wu, wd, y;
+} five;
+static int five_tokens(fuser_ffn_args *a, fuser_err *err)
+{
+    five.x = cuda2d(0x100000, 5, 256), five.wu = cuda2d(0x200000, 512, 256), five.wd = cuda2d(0x300000, 128, 512);
+    five.y = cuda2d(0x400000, 5, 128);
+    *a = (fuser_ffn_args){&five.x, &five.wu, &five.wd, NULL, NULL, NULL, NULL, &five.y, "silu"};
+    return stream_kernel(&five.k, (fuser_chain){.m = 16, .k = 256, .n = 512, .l = 128, .act = FUSER_ACT_SILU,
+                                                .dtype = FUSER_BF16}, 16, 2, err);
+}
+
 void test_ffn_prepared_launch(void)
 {
     fuser_driver d = recording_driver();
     fuser_err err;
     fuser_err_clear(&err);
 
-    /* a stream plan of an ungated 256 -> 512 -> 128 chain with up to 16 tokens, loaded on device 0 */
-    static fuser_ffn_kernel k;
-    fuser_plan *p = &k.plan;
-    CHECK(stream_kernel(&k, (fuser_chain){.m = 16, .k = 256, .n = 512, .l = 128, .act = FUSER_ACT_SILU,
-                                          .dtype = FUSER_BF16}, 16, 2, &err) == FUSER_OK);
-
-    fuser_tensor x = cuda2d(0x100000, 5, 256), wu = cuda2d(0x200000, 512, 256), wd = cuda2d(0x300000, 128, 512);
-    fuser_tensor y = cuda2d(0x400000, 5, 128);
-    fuser_ffn_args a = {&x, &wu, &wd, NULL, NULL, NULL, NULL, &y, "silu"};
+    /* five tokens in a row tile of 16 */
+    fuser_ffn_args a;
+    CHECK(five_tokens(&a, &err) == FUSER_OK);
+    fuser_ffn_kernel *k = &five.k;
+    fuser_plan *p = &k->plan;
+    fuser_tensor x = five.x, wu = five.wu, wd = five.wd, y = five.y;
     fuser_chain c;
     CHECK(fuser_ffn_validate(&a, &c, &err) == FUSER_OK && c.m == 5);
     int64_t zw, wf;
@@ -127,7 +139,7 @@ void test_ffn_prepared_launch(void)
     fuser_cu_stream stream = (fuser_cu_stream)(uintptr_t)0x77;
 
     fuser_ffn_prepared pr;
-    CHECK(fuser_ffn_prepare(&d, &k, &a, &c, &s, NULL, FUSER_OVERLAP_DEFAULT, stream, &pr, &err) == FUSER_OK);
+    CHECK(fuser_ffn_prepare(&d, k, &a, &c, &s, NULL, FUSER_OVERLAP_DEFAULT, stream, &pr, &err) == FUSER_OK);
     CHECK(rec.encodes == 4 && rec.launches == 0); /* x, w_up, w_down, H */
     CHECK(pr.m == 5 && pr.stream == stream && pr.grid.x == (unsigned)(p->units < 132 ? p->units : 132));
     CHECK(pr.flags == FUSER_LAUNCH_EARLY && pr.block.x == (unsigned)p->threads);
@@ -142,7 +154,7 @@ void test_ffn_prepared_launch(void)
     memcpy(first, rec.params, sizeof first);
 
     /* the one-shot launch passes the same bytes */
-    CHECK(fuser_ffn_launch(&d, &k, &a, &c, &s, NULL, FUSER_OVERLAP_DEFAULT, stream, &err) == FUSER_OK);
+    CHECK(fuser_ffn_launch(&d, k, &a, &c, &s, NULL, FUSER_OVERLAP_DEFAULT, stream, &err) == FUSER_OK);
     CHECK(memcmp(first, rec.params, sizeof first) == 0 && rec.launches == 2);
 
     /* new x and y: x's map alone is encoded again; the weights' maps are the prepared ones */
@@ -172,7 +184,7 @@ void test_ffn_prepared_launch(void)
     /* prepare checks what the launch checks: a scratch too small */
     fuser_scratch_view small = {0x800000, 0, 0, 0};
     if (zw + wf > 0) {
-        CHECK(fuser_ffn_prepare(&d, &k, &a, &c, &small, NULL, FUSER_OVERLAP_DEFAULT, stream, &pr, &err) ==
+        CHECK(fuser_ffn_prepare(&d, k, &a, &c, &small, NULL, FUSER_OVERLAP_DEFAULT, stream, &pr, &err) ==
               FUSER_E_VALUE);
         CHECK_ERR(&err, FUSER_E_VALUE, "scratch: this launch needs");
     }
@@ -182,14 +194,14 @@ void test_ffn_prepared_launch(void)
     fuser_ffn_args a17 = {&x17, &wu, &wd, NULL, NULL, NULL, NULL, &y17, "silu"};
     fuser_chain c17;
     CHECK(fuser_ffn_validate(&a17, &c17, &err) == FUSER_OK);
-    CHECK(fuser_ffn_prepare(&d, &k, &a17, &c17, &s, NULL, FUSER_OVERLAP_DEFAULT, stream, &pr, &err) == FUSER_E_VALUE);
+    CHECK(fuser_ffn_prepare(&d, k, &a17, &c17, &s, NULL, FUSER_OVERLAP_DEFAULT, stream, &pr, &err) == FUSER_E_VALUE);
     CHECK_ERR(&err, FUSER_E_VALUE, "scratch: this launch needs");
     int64_t zw17, wf17;
     fuser_plan_scratch(p, c17.m, &zw17, &wf17);
     CHECK(zw17 == 7 + 2 * (p->nt1 + p->lt2 + p->s2) && wf17 > wf); /* seven counters, then per row tile */
     CHECK(fuser_stream_units(p, 17) == 2 * p->units && p->units == 4 * 1 + 1 * 2);
     fuser_scratch_view s17 = {0x800000, 0, (zw17 + 3) / 4 * 4, wf17};
-    CHECK(fuser_ffn_prepare(&d, &k, &a17, &c17, &s17, NULL, FUSER_OVERLAP_DEFAULT, stream, &pr, &err) == FUSER_OK);
+    CHECK(fuser_ffn_prepare(&d, k, &a17, &c17, &s17, NULL, FUSER_OVERLAP_DEFAULT, stream, &pr, &err) == FUSER_OK);
     CHECK(pr.m == 17 && pr.grid.x == 12);
 
     /* the unit order: weights that stay in L2 row tile by row tile; larger ones every row tile in a row */
@@ -261,29 +273,26 @@ void test_ffn_exact_token_boxes(void)
     CHECK(fuser_stream_exact_boxes(-1) == 0); /* off unless asked for */
 
     /* 5 tokens in a row tile of 16: x's rows [0, 5) in a box of 5 through a second map; H read as 16 rows */
-    static fuser_ffn_kernel k;
-    fuser_plan *p = &k.plan;
-    CHECK(stream_kernel(&k, (fuser_chain){.m = 16, .k = 256, .n = 512, .l = 128, .act = FUSER_ACT_SILU,
-                                          .dtype = FUSER_BF16}, 16, 2, &err) == FUSER_OK);
-    fuser_tensor x = cuda2d(0x100000, 5, 256), wu = cuda2d(0x200000, 512, 256), wd = cuda2d(0x300000, 128, 512);
-    fuser_tensor y = cuda2d(0x400000, 5, 128);
-    fuser_ffn_args a = {&x, &wu, &wd, NULL, NULL, NULL, NULL, &y, "silu"};
+    fuser_ffn_args a;
     fuser_chain c;
+    CHECK(five_tokens(&a, &err) == FUSER_OK);
+    fuser_ffn_kernel *k = &five.k;
+    const fuser_tensor x = five.x, wu = five.wu, wd = five.wd;
     CHECK(fuser_ffn_validate(&a, &c, &err) == FUSER_OK);
     int64_t zw, wf;
-    fuser_plan_scratch(p, c.m, &zw, &wf);
+    fuser_plan_scratch(&k->plan, c.m, &zw, &wf);
     CHECK(wf >= 16 * 512 / 2); /* H: the whole row tile */
     fuser_scratch_view s = {0x800000, 0, (zw + 3) / 4 * 4, wf};
     const void *h = (const void *)(uintptr_t)(0x800000 + 4 * s.zeroed_words);
     fuser_cu_stream stream = (fuser_cu_stream)(uintptr_t)0x77;
 
     fuser_ffn_prepared whole, pr;
-    CHECK(fuser_ffn_prepare(&d, &k, &a, &c, &s, NULL, FUSER_OVERLAP_DEFAULT, stream, &whole, &err) == FUSER_OK);
+    CHECK(fuser_ffn_prepare(&d, k, &a, &c, &s, NULL, FUSER_OVERLAP_DEFAULT, stream, &whole, &err) == FUSER_OK);
     int i = encoded(h, 4);
     CHECK(i >= 0 && rec.rows[i] == 5 && rec.box_rows[i] == 16); /* whole boxes: H's map ends at the last row */
     CHECK(fuser_stream_exact_boxes(1) == 0 && fuser_stream_exact_boxes(-1) == 1);
     int enc = rec.encodes;
-    CHECK(fuser_ffn_prepare(&d, &k, &a, &c, &s, NULL, FUSER_OVERLAP_DEFAULT, stream, &pr, &err) == FUSER_OK);
+    CHECK(fuser_ffn_prepare(&d, k, &a, &c, &s, NULL, FUSER_OVERLAP_DEFAULT, stream, &pr, &err) == FUSER_OK);
     CHECK(rec.encodes == enc + 3); /* x, H (its rows changed), x's tail; the weights' maps are cached */
     i = encoded(h, 3);
     CHECK(i >= 0 && rec.rows[i] == 16 && rec.box_rows[i] == 16);
@@ -304,7 +313,7 @@ void test_ffn_exact_token_boxes(void)
     fuser_ffn_args a16 = {&x16, &wu, &wd, NULL, NULL, NULL, NULL, &y16, "silu"};
     fuser_chain c16;
     CHECK(fuser_ffn_validate(&a16, &c16, &err) == FUSER_OK);
-    CHECK(fuser_ffn_prepare(&d, &k, &a16, &c16, &s, NULL, FUSER_OVERLAP_DEFAULT, stream, &pr, &err) == FUSER_OK);
+    CHECK(fuser_ffn_prepare(&d, k, &a16, &c16, &s, NULL, FUSER_OVERLAP_DEFAULT, stream, &pr, &err) == FUSER_OK);
     CHECK(fuser_ffn_run(&d, &pr, NULL, &err) == FUSER_OK);
     CHECK(x_tail_rows(rec.params) == 0 && map_base(rec.params, MAP_X_TAIL) == NULL);
 
