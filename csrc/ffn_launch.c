@@ -155,6 +155,14 @@ static int x_tail_rows(const fuser_plan *p, int64_t m, int exact)
     return exact && p->chain.dtype != FUSER_E4M3 && fuser_stream_pair(p) == FUSER_PAIR_NONE ? (int)(m % p->bm) : 0;
 }
 
+/* x's map of the last row tile's `tail` real rows, at `x` (m rows) */
+static int x_tail_map(const fuser_driver *drv, const fuser_plan *p, const void *x, int64_t m, int tail, fuser_tmap *out,
+                      fuser_err *err)
+{
+    const uint64_t k = (uint64_t)p->chain.k;
+    return fuser_tmap_2d(drv, out, fuser_chain_out_dtype(&p->chain), x, (uint64_t)m, k, k, (unsigned)tail, err);
+}
+
 static void stream_map_shape(const fuser_plan *p, int64_t m, int slot, uint64_t *rows, uint64_t *cols, unsigned *box)
 {
     const fuser_chain *pc = &p->chain;
@@ -202,8 +210,7 @@ static int prepare_stream(const fuser_driver *drv, fuser_ffn_kernel *k, const fu
         rc = cached_map(drv, k, FUSER_MAP_H, h, ws_rows, map_cols(pc, pc->n), token_box(p), &prm->h, err);
     prm->x_tail_rows = x_tail_rows(p, c->m, exact);
     if (!rc && prm->x_tail_rows)
-        rc = fuser_tmap_2d(drv, &prm->x_tail, fuser_chain_out_dtype(pc), out->ptr[P_X], (uint64_t)c->m,
-                           (uint64_t)pc->k, (uint64_t)pc->k, (unsigned)prm->x_tail_rows, err);
+        rc = x_tail_map(drv, p, out->ptr[P_X], c->m, prm->x_tail_rows, &prm->x_tail, err);
     if (rc)
         return rc;
     prm->b_up = out->ptr[P_BU];
@@ -249,8 +256,7 @@ static int place_stream(const fuser_driver *drv, const fuser_ffn_prepared *p, st
             return rc;
     }
     if (prm->x_tail_rows && ptr[P_X] != p->ptr[P_X]) {
-        int rc = fuser_tmap_2d(drv, &prm->x_tail, fuser_chain_out_dtype(&plan->chain), ptr[P_X], (uint64_t)p->m,
-                               (uint64_t)plan->chain.k, (uint64_t)plan->chain.k, (unsigned)prm->x_tail_rows, err);
+        int rc = x_tail_map(drv, plan, ptr[P_X], p->m, prm->x_tail_rows, &prm->x_tail, err);
         if (rc)
             return rc;
     }

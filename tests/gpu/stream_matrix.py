@@ -137,11 +137,14 @@ def plan_of(c):
                       s1=c["s1"], s2=c["s2"], **{k: c[k] for k in ("bn", "bl", "cluster", "phases", "lspan") if k in c})
 
 
+def inputs_of(c, gen):
+    return ffn_tensors(gen, c["m"], c["d_model"], c["d_ff"], c["d_out"], gated=c["gated"], bias=c["bias"],
+                       dtype=c["dtype"])
+
+
 def run_case(c, gen):
     plan = plan_of(c)
-    t = ffn_tensors(gen, c["m"], c["d_model"], c["d_ff"], c["d_out"], gated=c["gated"], bias=c["bias"],
-                    dtype=c["dtype"])
-    return dict(c, plan=plan.summary(), **check_plan(plan, c["activation"], t))
+    return dict(c, plan=plan.summary(), **check_plan(plan, c["activation"], inputs_of(c, gen)))
 
 
 def run_exact_case(c, gen):
@@ -150,9 +153,7 @@ def run_exact_case(c, gen):
     never meet another row's, so the rows past the last, zero fill or stale data, cannot reach a stored one)."""
     import torch
     from fuser import _C
-    plan = plan_of(c)
-    t = ffn_tensors(gen, c["m"], c["d_model"], c["d_ff"], c["d_out"], gated=c["gated"], bias=c["bias"],
-                    dtype=c["dtype"])
+    plan, t = plan_of(c), inputs_of(c, gen)
     res, outs = {}, []
     for on in (False, True):
         before = _C.stream_exact_boxes(on)
