@@ -164,8 +164,8 @@ def run_exact_case(c, gen):
         finally:
             _C.stream_exact_boxes(before)
     same = bool(torch.equal(outs[0], outs[1]))
-    return dict(c, plan=plan.summary(), **res[True], whole_ok=res[False]["ok"], same_as_whole=same,
-                ok=res[True]["ok"] and res[False]["ok"] and same)
+    return dict(c, plan=plan.summary(), **{**res[True], "ok": res[True]["ok"] and res[False]["ok"] and same},
+                whole_ok=res[False]["ok"], same_as_whole=same)
 
 
 def run(log=print, exact=False):
