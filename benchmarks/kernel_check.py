@@ -193,8 +193,8 @@ def time_plans(log, gen, shape, plans, packed=False, layouts=False, warm=False, 
     (``measured_packed``, or ``measured_unpacked`` where `packed`): what a layout alone costs the kernel; with
     `warm`, every call over the first set (``measured_warm``: weights that fit the L2 stay there): what reading
     them from HBM costs; with `exact`, each stream plan captured with exact token boxes (``measured_exact``:
-    ``_C.stream_exact_boxes``, a ragged last row tile's X and H boxes without TMA's zero fill) where the main
-    graph has whole ones. Each such graph's first output must be the main graph's bits (``same_bits_*``)."""
+    ``_C.stream_exact_boxes``, a ragged last row tile's X and H boxes without TMA's zero fill, the default) where
+    the main graph is captured with whole ones. Each such graph's first output must be the main graph's bits (``same_bits_*``)."""
     name, d, f, l, gated, act, m = shape
     rows = []
     bytes_ = 2 * (f * d * (2 if gated else 1) + l * f)
@@ -216,7 +216,13 @@ def time_plans(log, gen, shape, plans, packed=False, layouts=False, warm=False, 
                 def keep(i, t):
                     outs[i] = fuser.ffn(activation=act, plan=p, **t)
                 calls = [lambda i=i, t=t: keep(i, t) for i, t in enumerate(ins)]
-            g = graph_of([calls[i % sets] for i in range(per)])
+            # with `exact`, the main graph takes whole token boxes (the default is exact ones)
+            before = fuser._C.stream_exact_boxes(False) if exact else None
+            try:
+                g = graph_of([calls[i % sets] for i in range(per)])
+            finally:
+                if exact:
+                    fuser._C.stream_exact_boxes(before)
             extra = []   # (what it times, its graph, its outputs): the same values, so the same bits as outs[0]
             if other is not None and p.fused:
                 o2 = [torch.empty_like(o) for o in outs]

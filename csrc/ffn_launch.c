@@ -144,7 +144,7 @@ static const struct {
 static unsigned token_box(const fuser_plan *p) { return (unsigned)(p->bm / (fuser_stream_pair(p) == FUSER_PAIR_TILES ? 2 : 1)); }
 static unsigned weight_box(const fuser_plan *p, int rows) { return (unsigned)(rows / (fuser_stream_pair(p) == FUSER_PAIR_ROWS ? 2 : 1)); }
 
-static atomic_int exact_boxes;
+static atomic_int exact_boxes = 1;
 
 int fuser_stream_exact_boxes(int on) { return on < 0 ? atomic_load(&exact_boxes) : atomic_exchange(&exact_boxes, !!on); }
 

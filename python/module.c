@@ -226,8 +226,9 @@ static PyMethodDef module_methods[] = {
      "scratch_need(kernel, m) -> (zeroed words, workspace floats) a launch with m tokens needs."},
     {"stream_exact_boxes", (PyCFunction)(void (*)(void))fuser_py_stream_exact_boxes, METH_FASTCALL,
      "stream_exact_boxes([on]) -> the setting before the call: stream launches prepared from now on read a ragged\n"
-     "last row tile's token rows only (True), or whole row tiles with TMA's zero fill past the last row (False).\n"
-     "Process-wide; a prepared launch or a captured graph keeps what it was made with."},
+     "last row tile's token rows only (True, the default), or whole row tiles with TMA's zero fill past the last\n"
+     "row (False, slower). Process-wide, for timing both; a prepared launch or a captured graph keeps what it was\n"
+     "made with."},
     {"scratch_alloc", fuser_py_scratch_alloc, METH_VARARGS,
      "scratch_alloc(device, tickets_cap, ws_floats, stream) -> scratch: zeroed tickets + workspace, allocated\n"
      "with the driver's stream-ordered allocator (outside torch's, so CUDA-graph pools never see it)."},

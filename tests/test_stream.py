@@ -536,3 +536,17 @@ def test_equal_predictions_go_to_the_plan_of_fewer_row_tiles():
         for t in (dev, "h200"):
             p = fuser.plan(m, d, f, gated=gated, activation=act, target=t)
             assert p.fused and p.raw["params"]["bm"] == 64, (m, d, f, t if isinstance(t, str) else "h100")
+
+
+def test_exact_token_boxes_are_the_default_and_switch_per_process():
+    """Stream launches read a ragged last row tile's real token rows unless switched off (whole boxes stream
+    slower: docs/kernels.md, step 54); the switch returns the setting before it and takes only a bool."""
+    from fuser import _C
+    assert _C.stream_exact_boxes() is True
+    try:
+        assert _C.stream_exact_boxes(False) is True and _C.stream_exact_boxes() is False
+    finally:
+        assert _C.stream_exact_boxes(True) is False
+    assert _C.stream_exact_boxes() is True
+    with pytest.raises(TypeError, match="stream_exact_boxes"):
+        _C.stream_exact_boxes(True, False)

@@ -93,11 +93,12 @@ int fuser_ffn_launch(const fuser_driver *drv, fuser_ffn_kernel *k, const fuser_f
                      const fuser_scratch_view *s, const fuser_tensor *trace, fuser_overlap overlap,
                      fuser_cu_stream stream, fuser_err *err);
 
-/** Token boxes of stream launches prepared from now on: 1 exact (a ragged last row tile's X box holds only its
- * real rows, through a second map of x; the H buffer, and a quantized chain's copy of x, are read as whole row
- * tiles of the scratch), 0 whole row tiles of the tensors (rows past the last are TMA's zero fill). Cluster pairs
- * keep whole X boxes either way. `on` < 0 only reads the setting. Returns the setting before the call. Process-
- * wide, for measuring both side by side (a launch keeps what it was prepared with; a graph what it captured). */
+/** Token boxes of stream launches prepared from now on: 1 exact, the default (a ragged last row tile's X box holds
+ * only its real rows, through a second map of x; the H buffer, and a quantized chain's copy of x, are read as whole
+ * row tiles of the scratch), 0 whole row tiles of the tensors (rows past the last are TMA's zero fill, which
+ * streams slower beside the weights: docs/kernels.md, step 54). Cluster pairs keep whole X boxes either way. `on`
+ * < 0 only reads the setting. Returns the setting before the call. Process-wide, for measuring both side by side
+ * (a launch keeps what it was prepared with; a graph what it captured). */
 int fuser_stream_exact_boxes(int on);
 
 #ifdef __cplusplus

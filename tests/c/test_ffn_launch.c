@@ -140,12 +140,12 @@ void test_ffn_prepared_launch(void)
 
     fuser_ffn_prepared pr;
     CHECK(fuser_ffn_prepare(&d, k, &a, &c, &s, NULL, FUSER_OVERLAP_DEFAULT, stream, &pr, &err) == FUSER_OK);
-    CHECK(rec.encodes == 4 && rec.launches == 0); /* x, w_up, w_down, H */
+    CHECK(rec.encodes == 5 && rec.launches == 0); /* x, w_up, w_down, H, and x's tail (exact boxes: the default) */
     CHECK(pr.m == 5 && pr.stream == stream && pr.grid.x == (unsigned)(p->units < 132 ? p->units : 132));
     CHECK(pr.flags == FUSER_LAUNCH_EARLY && pr.block.x == (unsigned)p->threads);
 
     /* as prepared */
-    CHECK(fuser_ffn_run(&d, &pr, NULL, &err) == FUSER_OK && rec.launches == 1 && rec.encodes == 4);
+    CHECK(fuser_ffn_run(&d, &pr, NULL, &err) == FUSER_OK && rec.launches == 1 && rec.encodes == 5);
     CHECK(map_base(rec.params, MAP_X) == x.data && map_base(rec.params, MAP_UP) == wu.data);
     CHECK(map_base(rec.params, MAP_DOWN) == wd.data && map_base(rec.params, MAP_GATE) == NULL);
     CHECK(field(rec.params, 4) == y.data && field(rec.params, 0) == NULL);
@@ -157,18 +157,18 @@ void test_ffn_prepared_launch(void)
     CHECK(fuser_ffn_launch(&d, k, &a, &c, &s, NULL, FUSER_OVERLAP_DEFAULT, stream, &err) == FUSER_OK);
     CHECK(memcmp(first, rec.params, sizeof first) == 0 && rec.launches == 2);
 
-    /* new x and y: x's map alone is encoded again; the weights' maps are the prepared ones */
+    /* new x and y: x's two maps alone are encoded again; the weights' maps are the prepared ones */
     int enc = rec.encodes;
     const void *next[8] = {(void *)0x110000, NULL, NULL, NULL, NULL, NULL, NULL, (void *)0x410000};
-    CHECK(fuser_ffn_run(&d, &pr, next, &err) == FUSER_OK && rec.encodes == enc + 1 && rec.launches == 3);
+    CHECK(fuser_ffn_run(&d, &pr, next, &err) == FUSER_OK && rec.encodes == enc + 2 && rec.launches == 3);
     CHECK(map_base(rec.params, MAP_X) == next[0] && field(rec.params, 4) == next[7]);
     CHECK(map_base(rec.params, MAP_UP) == wu.data && map_base(rec.params, MAP_H) == map_base(first, MAP_H));
     CHECK(memcmp(first + MAPS * 128, rec.params + MAPS * 128, 3 * sizeof(void *)) == 0); /* biases unchanged */
-    CHECK(x_tail_rows(rec.params) == 0 && map_base(rec.params, MAP_X_TAIL) == NULL); /* whole boxes by default */
+    CHECK(x_tail_rows(rec.params) == 5 && map_base(rec.params, MAP_X_TAIL) == next[0]); /* exact boxes by default */
 
     /* a moved weight: its map too */
     const void *moved[8] = {(void *)0x110000, (void *)0x210000, NULL, NULL, NULL, NULL, NULL, (void *)0x410000};
-    CHECK(fuser_ffn_run(&d, &pr, moved, &err) == FUSER_OK && rec.encodes == enc + 3);
+    CHECK(fuser_ffn_run(&d, &pr, moved, &err) == FUSER_OK && rec.encodes == enc + 5); /* x (two maps), w_up */
     CHECK(map_base(rec.params, MAP_UP) == moved[1] && map_base(rec.params, MAP_DOWN) == wd.data);
 
     /* refused: a tensor the launch was prepared without, misaligned data; nothing launched */
@@ -270,7 +270,8 @@ void test_ffn_exact_token_boxes(void)
     fuser_driver d = recording_driver();
     fuser_err err;
     fuser_err_clear(&err);
-    CHECK(fuser_stream_exact_boxes(-1) == 0); /* off unless asked for */
+    CHECK(fuser_stream_exact_boxes(-1) == 1); /* on unless switched off */
+    CHECK(fuser_stream_exact_boxes(0) == 1);
 
     /* 5 tokens in a row tile of 16: x's rows [0, 5) in a box of 5 through a second map; H read as 16 rows */
     fuser_ffn_args a;
@@ -320,4 +321,5 @@ void test_ffn_exact_token_boxes(void)
     /* a launch prepared before keeps its whole boxes */
     CHECK(fuser_ffn_run(&d, &whole, NULL, &err) == FUSER_OK && x_tail_rows(rec.params) == 0);
     CHECK(fuser_stream_exact_boxes(0) == 1 && fuser_stream_exact_boxes(-1) == 0);
+    fuser_stream_exact_boxes(1);
 }
