@@ -194,7 +194,8 @@ def time_plans(log, gen, shape, plans, packed=False, layouts=False, warm=False, 
     `warm`, every call over the first set (``measured_warm``: weights that fit the L2 stay there): what reading
     them from HBM costs; with `exact`, each stream plan captured with exact token boxes (``measured_exact``:
     ``_C.stream_exact_boxes``, a ragged last row tile's X and H boxes without TMA's zero fill, the default) where
-    the main graph is captured with whole ones. Each such graph's first output must be the main graph's bits (``same_bits_*``)."""
+    the main graph is captured with whole ones. Each such graph's first output must be the main graph's bits
+    (``same_bits_*``)."""
     name, d, f, l, gated, act, m = shape
     rows = []
     bytes_ = 2 * (f * d * (2 if gated else 1) + l * f)
