@@ -8,6 +8,7 @@ PyTorch eager in CUDA graphs with the floor beside them). Writes a JSON log.
     python benchmarks/kernel_check.py --inputs-ab llama2-7b:1 llama2-7b:1:bm=16,s1=2,s2=4  # input construction
 """
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -185,6 +186,16 @@ def sweep_section(log, top=6, shapes=None, section="sweep"):
     return rows
 
 
+@contextlib.contextmanager
+def _token_boxes(exact):
+    """Stream launches prepared inside take exact (or whole) token boxes; the setting before is restored."""
+    before = fuser._C.stream_exact_boxes(exact)
+    try:
+        yield
+    finally:
+        fuser._C.stream_exact_boxes(before)
+
+
 def time_plans(log, gen, shape, plans, packed=False, layouts=False, warm=False, exact=False):
     """Each plan of one shape in a CUDA graph of several calls, interleaved with eager in a graph (rotating
     input sets), its output for the first set checked against float64: one row per plan. `packed`: the inputs'
@@ -218,12 +229,8 @@ def time_plans(log, gen, shape, plans, packed=False, layouts=False, warm=False, 
                     outs[i] = fuser.ffn(activation=act, plan=p, **t)
                 calls = [lambda i=i, t=t: keep(i, t) for i, t in enumerate(ins)]
             # with `exact`, the main graph takes whole token boxes (the default is exact ones)
-            before = fuser._C.stream_exact_boxes(False) if exact else None
-            try:
+            with _token_boxes(exact=False) if exact else contextlib.nullcontext():
                 g = graph_of([calls[i % sets] for i in range(per)])
-            finally:
-                if exact:
-                    fuser._C.stream_exact_boxes(before)
             extra = []   # (what it times, its graph, its outputs): the same values, so the same bits as outs[0]
             if other is not None and p.fused:
                 o2 = [torch.empty_like(o) for o in outs]
@@ -236,13 +243,10 @@ def time_plans(log, gen, shape, plans, packed=False, layouts=False, warm=False, 
                                                * per), o2))
             if exact and p.fused:
                 o2 = [torch.empty_like(o) for o in outs]
-                before = fuser._C.stream_exact_boxes(True)
-                try:
+                with _token_boxes(exact=True):
                     extra.append(("exact", graph_of(
                         [lambda t=ins[i % sets], o=o2[i % sets]: fuser.ffn(activation=act, out=o, plan=p, **t)
                          for i in range(per)]), o2))
-                finally:
-                    fuser._C.stream_exact_boxes(before)
             te, tf, *ta = _time_graphs([eager, g] + [x[1] for x in extra], per)
             err = float((outs[0].double() - ref).norm() / ref.norm())
             row = dict(name=name, m=m, plan=p.summary(), params=p.raw.get("params"), predicted=p.predicted_us,
