@@ -326,3 +326,43 @@ def test_prepared_launch_runs_like_a_launch_at_new_addresses(kind):
     with pytest.raises(ValueError, match="w_down"):                   # validated like a launch
         _C.ffn_prepare(launch.kernel, a["x"], a["w_up"], a["w_down"][:, :8], a["w_gate"], None, None, None,
                        "silu", y0, buf.capsule, stream)
+
+
+# Narrow n-tiles (96, 112 wide) over a d_ff whose last K step's padded end lies past the start of an n-tile that does
+# not exist (d_ff 2000: 21 tiles of 96 end at 2016, the K steps at 2048; 6600: 59 tiles of 112 end at 6608, the steps
+# at 6656): (m, d_model, d_ff, gated, bias, tiles), the first the planner's own h100 pick for its shape.
+NARROW_EDGES = [
+    (128, 4096, 2000, True, False, dict(bm=64, bn=96, bl=128, s1=3, s2=2)),
+    (200, 512, 2000, True, True, dict(bm=128, bn=96, bl=64, s1=1, s2=3)),
+    (77, 1024, 6600, False, False, dict(bm=64, bn=112, bl=64, s1=2, s2=8)),
+    (33, 768, 6600, False, True, dict(bm=128, bn=112, bl=64, s1=1, s2=4)),
+]
+
+
+def test_narrow_tiles_over_a_d_ff_that_ends_inside_a_k_step():
+    """Phase 2's wait for its split's H counts the n-tiles that overlap the split's d_ff range, which ends at
+    d_ff; counted up to the last K step's padded end instead, the last split waits for an n-tile no unit
+    computes and the launch never ends. Run in a child process with a timeout, so such a hang fails the test
+    (the child's end frees the GPU); every output matches the float64 reference, bitwise on repeats."""
+    import subprocess
+    assert fuser.plan(128, 4096, 2000, gated=True, activation="silu", target="h100").summary().startswith(
+        "fused stream, bm=64 bn=96")
+    script = (
+        "import json, sys, torch, fuser\n"
+        f"sys.path.insert(0, {os.path.join(os.path.dirname(__file__), 'gpu')!r})\n"
+        "from plan_check import ffn_tensors, check_plan\n"
+        f"for m, d, f, gated, bias, tiles in {NARROW_EDGES!r}:\n"
+        "    act = 'silu' if gated else 'gelu'\n"
+        "    p = fuser.plan(m, d, f, gated=gated, activation=act, bias=bias, target='h100', fused=True,\n"
+        "                   kind='stream', **tiles)\n"
+        "    t = ffn_tensors(torch.Generator(device='cuda').manual_seed(f + m), m, d, f, d, gated=gated, bias=bias,\n"
+        "                    dtype=torch.bfloat16)\n"
+        "    r = check_plan(p, act, t)\n"
+        "    print(json.dumps(dict(r, plan=p.summary(), m=m, d_ff=f)), flush=True)\n")
+    try:
+        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"a launch did not end in 240 s (a split waiting for H no unit writes): {e.stdout!r}")
+    lines = [json.loads(s) for s in r.stdout.splitlines() if s.startswith("{")]
+    assert r.returncode == 0, (r.stderr[-2000:], lines)
+    assert len(lines) == len(NARROW_EDGES) and all(x["ok"] for x in lines), lines

@@ -296,11 +296,13 @@ struct Stream {
 
     /* ---------------- producer ---------------- */
 
-    /* The n-tiles whose columns overlap phase-2 split sp's d_ff range (that split's ready count). */
+    /* The n-tiles whose columns overlap phase-2 split sp's d_ff range (that split's ready count): the range ends
+     * at d_ff, not at its last K step's padded end, where an n-tile that does not exist may start (d_ff 2000 in
+     * 96-wide tiles: 21 tiles end at 2016, the K steps at 2048) */
     static FUSER_DEVICE int first_tile(int sp) { return sp * KS2 * KCOLS / BN; }
     static FUSER_DEVICE int tiles_in(int sp)
     {
-        return (cmin(KT2, (sp + 1) * KS2) * KCOLS - 1) / BN - first_tile(sp) + 1;
+        return (cmin(C::N, (sp + 1) * KS2 * KCOLS) - 1) / BN - first_tile(sp) + 1;
     }
 
     /* Fill the ring with one unit's K steps [k0, k1): each slot gets the unit's weight tiles
