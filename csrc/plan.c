@@ -98,14 +98,19 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: d_model and d_ff must be multiples of %d and d_out of 8 "
                           "(TMA rows are 16-byte aligned), got %lld, %lld, %lld", row16, (long long)c->k,
                           (long long)c->n, (long long)c->l);
-    if (p->bn != 64 && p->bn != 96 && p->bn != 112 && p->bn != 128 && p->bn != 192 && p->bn != 256)
-        return fuser_fail(err, FUSER_E_VALUE, "stream plan: bn = %d: must be 64, 96, 112, 128, 192 or 256", p->bn);
+    if (p->bn != 48 && p->bn != 64 && p->bn != 96 && p->bn != 112 && p->bn != 128 && p->bn != 192 && p->bn != 256)
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: bn = %d: must be 48, 64, 96, 112, 128, 192 or 256", p->bn);
     if (p->bl != 64 && p->bl != 96 && p->bl != 128 && p->bl != 192 && p->bl != 256)
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: bl = %d: must be 64, 96, 128, 192 or 256", p->bl);
     /* 96- and 112-wide n-tiles (wgmma N 96 or 112 per part at bm 128, the halves 48 or 56 per warpgroup at bm 64):
      * for d_ff widths whose 128-wide tiles leave SMs without a phase-1 unit (11008: 86 tiles of 128, 115 of 96;
      * 14336: 112 of 128, 128 of 112); tokens on wgmma's M side (bm 64 or 128, 16-bit), two phases, unpaired;
+     * 48-wide ones likewise, at bm 128 only (wgmma N 48: halves of 24 have no instruction here), for d_ff widths
+     * whose 64-wide tiles leave SMs idle (5632: 88 tiles of 64, 118 of 48);
      * 96-wide l-tiles likewise (wgmma N 96 in phase 2), for d_out widths whose 128-wide tiles leave SMs idle */
+    if (p->bn == 48 && p->bm != 128)
+        return fuser_fail(err, FUSER_E_VALUE, "stream plan: bn = 48 needs bm = 128 (wgmma N 48 per consumer; at bm "
+                          "%d each consumer would take 24 columns)", p->bm);
     const int narrow_bn = fuser_stream_narrow_bn(p->bn);
     if ((narrow_bn || fuser_stream_narrow_bl(p->bl)) &&
         (p->bm < 64 || swap || p->phases != 2 || p->cls_m != 1 || p->cls_n != 1))

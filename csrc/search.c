@@ -27,7 +27,7 @@ static const int stream_bm_set[] = {16, 32, 64, 128};
  * cells it changed (G10 at 1024-2048 tokens) lost to eager (docs/planner.md, "96-wide l-tiles") */
 static const int64_t narrow_bl_max_tokens = 256;
 static const int stream_tile_set[] = {64, 96, 128, 192, 256};
-static const int stream_bn_set[] = {64, 96, 112, 128, 192, 256}; /* 96, 112: bm 64 and 128 only (plan.c) */
+static const int stream_bn_set[] = {48, 64, 96, 112, 128, 192, 256}; /* 48: bm 128 only (plan.c) */
 const int fuser_stream_splits[] = {1, 2, 3, 4, 6, 8, 12, 16};
 const int fuser_num_stream_splits = (int)(sizeof fuser_stream_splits / sizeof fuser_stream_splits[0]);
 #define stream_split_set fuser_stream_splits
@@ -251,7 +251,8 @@ static void search_stream(const fuser_chain *c, const fuser_target *t, const lev
         if (!p.s2 || !free_or(cons->phases, p.phases) || !free_or(cons->bm, p.bm) || !free_or(cons->bn, p.bn) ||
             !free_or(cons->bl, p.bl) || !free_or(cons->s1, p.s1) || !free_or(cons->s2, p.s2) ||
             !free_or(cons->lspan, p.lspan) || (whole && (p.lspan == 1 || cons->lspan <= 1)) ||
-            (fuser_stream_narrow_bl(p.bl) && c->m > narrow_bl_max_tokens && cons->bl != p.bl)) {
+            (fuser_stream_narrow_bl(p.bl) && c->m > narrow_bl_max_tokens && cons->bl != p.bl) ||
+            (p.bn == 48 && p.bm != 128 && cons->bn != 48)) { /* (plan.c refuses it; asked for, it says why) */
             st->constrained++;
             continue;
         }

@@ -328,14 +328,17 @@ def test_prepared_launch_runs_like_a_launch_at_new_addresses(kind):
                        "silu", y0, buf.capsule, stream)
 
 
-# Narrow n-tiles (96, 112 wide) over a d_ff whose last K step's padded end lies past the start of an n-tile that does
-# not exist (d_ff 2000: 21 tiles of 96 end at 2016, the K steps at 2048; 6600: 59 tiles of 112 end at 6608, the steps
-# at 6656): (m, d_model, d_ff, gated, bias, tiles), the first the planner's own h100 pick for its shape.
+# Narrow n-tiles (48, 96, 112 wide) over a d_ff whose last K step's padded end lies past the start of an n-tile
+# that does not exist (d_ff 2000: 21 tiles of 96 end at 2016, the K steps at 2048; 6600: 59 tiles of 112 end at
+# 6608, the steps at 6656; 1000: 21 tiles of 48 end at 1008, the steps at 1024): (m, d_model, d_ff, gated, bias,
+# tiles), the first the planner's own h100 pick for its shape (tiles None).
 NARROW_EDGES = [
+    (128, 4096, 2000, True, False, None),
     (128, 4096, 2000, True, False, dict(bm=64, bn=96, bl=128, s1=3, s2=2)),
     (200, 512, 2000, True, True, dict(bm=128, bn=96, bl=64, s1=1, s2=3)),
     (77, 1024, 6600, False, False, dict(bm=64, bn=112, bl=64, s1=2, s2=8)),
     (33, 768, 6600, False, True, dict(bm=128, bn=112, bl=64, s1=1, s2=4)),
+    (200, 512, 1000, True, True, dict(bm=128, bn=48, bl=64, s1=2, s2=3)),
 ]
 
 
@@ -345,16 +348,17 @@ def test_narrow_tiles_over_a_d_ff_that_ends_inside_a_k_step():
     computes and the launch never ends. Run in a child process with a timeout, so such a hang fails the test
     (the child's end frees the GPU); every output matches the float64 reference, bitwise on repeats."""
     import subprocess
-    assert fuser.plan(128, 4096, 2000, gated=True, activation="silu", target="h100").summary().startswith(
-        "fused stream, bm=64 bn=96")
+    pick = fuser.plan(128, 4096, 2000, gated=True, activation="silu", target="h100")
+    bn = pick.tiles["bn"]
+    assert pick.kind == "stream" and bn in (48, 96) and 2000 < (2000 // bn + 1) * bn < 2048, pick.summary()
     script = (
         "import json, sys, torch, fuser\n"
         f"sys.path.insert(0, {os.path.join(os.path.dirname(__file__), 'gpu')!r})\n"
         "from plan_check import ffn_tensors, check_plan\n"
         f"for m, d, f, gated, bias, tiles in {NARROW_EDGES!r}:\n"
         "    act = 'silu' if gated else 'gelu'\n"
-        "    p = fuser.plan(m, d, f, gated=gated, activation=act, bias=bias, target='h100', fused=True,\n"
-        "                   kind='stream', **tiles)\n"
+        "    forced = dict(fused=True, kind='stream', **tiles) if tiles else {}\n"
+        "    p = fuser.plan(m, d, f, gated=gated, activation=act, bias=bias, target='h100', **forced)\n"
         "    t = ffn_tensors(torch.Generator(device='cuda').manual_seed(f + m), m, d, f, d, gated=gated, bias=bias,\n"
         "                    dtype=torch.bfloat16)\n"
         "    r = check_plan(p, act, t)\n"

@@ -151,6 +151,24 @@ def test_stream_stub_matches_its_golden_file():
         assert len(src.splitlines()) < 60
 
 
+def test_48_wide_n_tiles_put_phase_1_on_more_sms():
+    """d_ff 5632 (the paper's S2, TinyLlama) makes 88 n-tiles of 64 on 132 SMs and 118 of 48 (wgmma N 48, 128-row
+    tiles only: at bm 64 each consumer would take 24 columns). Timed twice on an H100 beside the bn 64 pick
+    (docs/kernels.md step 56): S2 at 77-128 tokens 0.95-0.99x its time, S8 at 96 (bm 128 2/8) 0.94-0.98x; so the
+    search offers them, and both targets pick them there; bm 64 is refused with the reason."""
+    for t in ("h100", "h200"):
+        for m in (77, 96, 100, 128):
+            p = fuser.plan(m, 2048, 5632, gated=True, activation="silu", target=t)
+            assert p.fused and (p.tiles["bm"], p.tiles["bn"]) == (128, 48) and p.derived["nt1"] == 118, p.summary()
+        p = fuser.plan(96, 1024, 3072, gated=True, activation="silu", target=t)
+        assert (p.tiles["bm"], p.tiles["bn"]) == (128, 48) and p.splits == (2, 8), p.summary()
+    kw = dict(gated=True, activation="silu", target="h200", fused=True, kind="stream", s1=1, s2=4, bn=48)
+    with pytest.raises(ValueError, match="bn = 48 needs bm = 128"):
+        fuser.plan(128, 2048, 5632, bm=64, **kw)
+    with pytest.raises(ValueError, match="bn = 48 needs bm = 64 or 128|bn and bl must be 128"):
+        fuser.plan(16, 2048, 5632, bm=16, **kw)
+
+
 def test_96_and_112_wide_n_tiles_put_phase_1_on_more_sms():
     """d_ff 11008 (LLaMA-2-7B, S3, S5) makes 86 n-tiles of 128 on 132 SMs and 115 of 96, 14336 (LLaMA-3-8B) 112
     of 128 and 128 of 112 (wgmma N 96 and 112, 128-row tiles only). Timed twice on the H200 beside eager and

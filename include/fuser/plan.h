@@ -179,10 +179,10 @@ int fuser_stream_max_s1(const fuser_plan *p);
  * d_ff splits), and a quantized chain's tiles of 128 tokens. */
 int fuser_stream_row_partials(const fuser_plan *p);
 
-/** Whether bn is one of the stream kernel's narrow n-tile widths (96, 112): 16-bit tiles of 64 or 128 token rows
- * in two phases only (wgmma N 48 / 56 per warpgroup at bm 64), for d_ff widths whose 128-wide tiles leave SMs
- * without a phase-1 unit. */
-static inline int fuser_stream_narrow_bn(int bn) { return bn == 96 || bn == 112; }
+/** Whether bn is one of the stream kernel's narrow n-tile widths (48, 96, 112): 16-bit tiles of 64 or 128 token
+ * rows (48: of 128) in two phases only (wgmma N 48 / 56 per warpgroup at bm 64), for d_ff widths whose 64- or
+ * 128-wide tiles leave SMs without a phase-1 unit. */
+static inline int fuser_stream_narrow_bn(int bn) { return bn == 48 || bn == 96 || bn == 112; }
 
 /** Whether bl is the stream kernel's narrow l-tile width (96): the same tiles as a narrow n-tile (wgmma N 96, or
  * 48 per warpgroup at bm 64), for d_out widths whose 128-wide l-tiles leave SMs without a phase-2 unit (768: 6

@@ -2,7 +2,7 @@
 layout (bm 16 and 32 swap-AB, 64, 128) x plain / gated x the four activations x bias or not x bfloat16 /
 float16 x K splits of either phase (none, some, many), over ragged token counts (one row tile, or several
 with a partial last one) and widths (448 -> 1472 -> 200: odd K step counts, a partial output tile),
-192-wide tiles, 96- and 112-wide n-tiles, 96-wide l-tiles, cluster pairs sharing an operand (both kinds, with ghost units),
+192-wide tiles, 48-, 96- and 112-wide n-tiles, 96-wide l-tiles, cluster pairs sharing an operand (both kinds, with ghost units),
 one-phase plans (units of one l-tile or of several, with many d_ff splits), and swap-AB tiles of many splits.
 
 Each case forces a stream plan with its bm and splits, draws fresh random inputs, poisons the output with
@@ -89,6 +89,17 @@ def cases():
         yield dict(bm=128, gated=gated, activation=ACTS[(j + 1) % 4], bias=j % 2 == 1,
                    dtype=("bfloat16", "float16")[j % 2], s1=splits[0], s2=splits[1], m=m, d_model=shape[0],
                    d_ff=shape[1], d_out=shape[2], bn=112, bl=bl)
+    # 48-wide n-tiles (wgmma N 48; 128-row tiles only): S2's d_ff (5632 = 117 x 48 + 16), 1000 (20 x 48 + 40, its
+    # last K step ending at 1024, past where a 21st n-tile would start: phase 2's count of its split's n-tiles stops
+    # at d_ff), 1472 and 1536, one and several row tiles, K splits of either phase, beside 96-wide l-tiles
+    for j, (gated, m, shape, bl, splits) in enumerate((
+            (True, 77, (2048, 5632, 2048), 64, (1, 4)),
+            (True, 2 * 128 - 56, (512, 1000, 264), 64, (2, 3)),
+            (False, 128, SHAPES[3], 128, (1, 1)),
+            (False, 3 * 128 - 5, SHAPES[1], 96, (3, 4)))):
+        yield dict(bm=128, gated=gated, activation=ACTS[(j + 3) % 4], bias=j % 2 == 1,
+                   dtype=("bfloat16", "float16")[j % 2], s1=splits[0], s2=splits[1], m=m, d_model=shape[0],
+                   d_ff=shape[1], d_out=shape[2], bn=48, bl=bl)
     # 96-wide l-tiles (wgmma N 96 in phase 2, 48 per warpgroup at bm 64): a partial last l-tile (200 = 2 x 96 + 8,
     # 1024 = 10 x 96 + 64), split or not, beside 96- to 192-wide n-tiles
     for j, (bm, gated, m, shape, bn, splits) in enumerate((

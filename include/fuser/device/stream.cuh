@@ -145,7 +145,8 @@ struct Stream {
         ceil_div(cmax(BYTES1, X_BYTES + BL * SW_ROW_BYTES), SW_GROUP_BYTES) * SW_GROUP_BYTES;
     static_assert(BM == 16 || BM == 32 || BM == 64 || BM == 128, "BM");
     static_assert(!SWAP || (BN == 128 && BL == 128), "swap-AB: each consumer takes 64 weight rows of a 128-row tile");
-    static_assert((BN % 64 == 0 || ((BN == 96 || BN == 112) && !SWAP)) && BN <= 256 && BL % 32 == 0 && BL <= 256,
+    static_assert((BN % 64 == 0 || ((BN == 96 || BN == 112) && !SWAP) || (BN == 48 && BM == 128 && !SWAP)) &&
+                      BN <= 256 && BL % 32 == 0 && BL <= 256,
                   "tiles");
     static_assert((S1 - 1) * KS1 < KT1 && (S2 - 1) * KS2 < KT2, "every split has K steps");
     static_assert(C::N % 8 == 0 && C::L % 8 == 0 && C::K % 8 == 0, "16-byte rows");
