@@ -154,7 +154,7 @@ def test_stream_stub_matches_its_golden_file():
 def test_48_wide_n_tiles_put_phase_1_on_more_sms():
     """d_ff 5632 (the paper's S2, TinyLlama) makes 88 n-tiles of 64 on 132 SMs and 118 of 48 (wgmma N 48, 128-row
     tiles only: at bm 64 each consumer would take 24 columns). Timed twice on an H100 beside the bn 64 pick
-    (docs/kernels.md step 56): S2 at 77-128 tokens 0.95-0.99x its time, S8 at 96 (bm 128 2/8) 0.94-0.98x; so the
+    (docs/kernels.md step 56): S2 at 77-128 tokens 0.94-0.99x its time, S8 at 96 (bm 128 2/8) 0.97-0.98x; so the
     search offers them, and both targets pick them there; bm 64 is refused with the reason."""
     for t in ("h100", "h200"):
         for m in (77, 96, 100, 128):

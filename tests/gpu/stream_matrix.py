@@ -90,8 +90,9 @@ def cases():
                    dtype=("bfloat16", "float16")[j % 2], s1=splits[0], s2=splits[1], m=m, d_model=shape[0],
                    d_ff=shape[1], d_out=shape[2], bn=112, bl=bl)
     # 48-wide n-tiles (wgmma N 48; 128-row tiles only): S2's d_ff (5632 = 117 x 48 + 16), 1000 (20 x 48 + 40, its
-    # last K step ending at 1024, past where a 21st n-tile would start: phase 2's count of its split's n-tiles stops
-    # at d_ff), 1472 and 1536, one and several row tiles, K splits of either phase, beside 96-wide l-tiles
+    # last K step ending at 1024, past 1008 where a 22nd n-tile would start: phase 2's count of its split's
+    # n-tiles stops at d_ff), 1472 and 1536, one and several row tiles, K splits of either phase, beside 96-wide
+    # l-tiles
     for j, (gated, m, shape, bl, splits) in enumerate((
             (True, 77, (2048, 5632, 2048), 64, (1, 4)),
             (True, 2 * 128 - 56, (512, 1000, 264), 64, (2, 3)),
