@@ -458,8 +458,9 @@ def test_packed_chains_pick_their_route_where_it_was_timed_faster_on_the_h100():
 def test_the_planners_picks_on_every_timed_cell_stay_timed_and_fast():
     """The built model's pick in each of the 288 cells the committed H200 timings cover is a plan they
     timed (or eager; but for the five 48-wide n-tile picks, timed on an H100 only), within 1.1% of the best
-    timed there (geomean) and 9.1% faster than eager (geomean), an eager pick timed as fuser's eager route where the files time it (``pick_diff.routes``: the plain ReLU cells whose
-    fused picks the route-priced model sends to eager), else as PyTorch's ops. The forty-seventh session's runs
+    timed there (geomean) and 9.1% faster than eager (geomean), an eager pick timed as fuser's eager route
+    where the files time it (``pick_diff.routes``: the plain ReLU cells whose fused picks the route-priced model
+    sends to eager), else as PyTorch's ops. The forty-seventh session's runs
     (the long streams' 27 cells, S8's tie rows and two harness runs) time every pick, S8 at 48 and 64 tokens
     included, and hold the two picks slower than eager there: GPT-3 6.7B at 77 tokens (0.95x: a 128-row tile
     with 77 real rows runs slower than a full one, docs/kernels.md step 41) and S4 at 32 (1.05x eager, 0.93x the
