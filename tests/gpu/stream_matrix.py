@@ -3,7 +3,8 @@ layout (bm 16 and 32 swap-AB, 64, 128) x plain / gated x the four activations x 
 float16 x K splits of either phase (none, some, many), over ragged token counts (one row tile, or several
 with a partial last one) and widths (448 -> 1472 -> 200: odd K step counts, a partial output tile),
 192-wide tiles, 48-, 96- and 112-wide n-tiles, 96-wide l-tiles, cluster pairs sharing an operand (both kinds,
-with ghost units), one-phase plans (units of one l-tile or of several, with many d_ff splits), and swap-AB tiles of many splits.
+with ghost units), one-phase plans (units of one l-tile or of several, with many d_ff splits), and swap-AB
+tiles of many splits.
 
 Each case forces a stream plan with its bm and splits, draws fresh random inputs, poisons the output with
 NaN, and checks: the relative error against a float64 reference is at most twice PyTorch eager's own
