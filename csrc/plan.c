@@ -108,7 +108,7 @@ static int derive_stream(fuser_plan *p, fuser_err *err)
      * 48-wide ones likewise, at bm 128 only (wgmma N 48: halves of 24 have no instruction here), for d_ff widths
      * whose 64-wide tiles leave SMs idle (5632: 88 tiles of 64, 118 of 48);
      * 96-wide l-tiles likewise (wgmma N 96 in phase 2), for d_out widths whose 128-wide tiles leave SMs idle */
-    if (p->bn == 48 && p->bm != 128)
+    if (!fuser_stream_bn_fits_bm(p->bn, p->bm))
         return fuser_fail(err, FUSER_E_VALUE, "stream plan: bn = 48 needs bm = 128 (wgmma N 48 per consumer; at bm "
                           "%d each consumer would take 24 columns)", p->bm);
     const int narrow_bn = fuser_stream_narrow_bn(p->bn);

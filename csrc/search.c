@@ -252,7 +252,7 @@ static void search_stream(const fuser_chain *c, const fuser_target *t, const lev
             !free_or(cons->bl, p.bl) || !free_or(cons->s1, p.s1) || !free_or(cons->s2, p.s2) ||
             !free_or(cons->lspan, p.lspan) || (whole && (p.lspan == 1 || cons->lspan <= 1)) ||
             (fuser_stream_narrow_bl(p.bl) && c->m > narrow_bl_max_tokens && cons->bl != p.bl) ||
-            (p.bn == 48 && p.bm != 128 && cons->bn != 48)) { /* (plan.c refuses it; asked for, it says why) */
+            (!fuser_stream_bn_fits_bm(p.bn, p.bm) && cons->bn != p.bn)) { /* asked for, plan.c says why */
             st->constrained++;
             continue;
         }

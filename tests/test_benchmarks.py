@@ -406,8 +406,8 @@ def test_the_planners_picks_on_the_h100s_timed_cells():
     0.9% of the best timed (geomean) and 8.8% faster than eager; priced at hbm_gbs as before (no stream_hbm_gbs
     of its own, no long streams' price), the same cells score 1.028 and 1.070 (docs/planner.md, "The stream's
     HBM rate on other parts"), and without the long streams' price alone 1.0094 and 1.0889 (LLaMA-70B at 12-64
-    tokens stays eager, its fused plans timed 1.01-1.04x faster). Two cells' picks were never timed there (S2 at
-    77 tokens and the 48-wide n-tiles' other picks were timed in the fifty-third session's bn48 files). In the
+    tokens stays eager, its fused plans timed 1.01-1.04x faster). Two cells' picks were never timed there (S6 at
+    48 tokens, S7 at 77); the 48-wide n-tiles' picks are timed in the bn48 files. In the
     three decode cells nearest the issues' floor targets (LLaMA-2-7B at 16 and 128 tokens, GPT-3-6.7B at 128), where
     5-8 stream plans each were timed side by side on two cards, and at S8:128 (five plans, twice), the pick is the
     fastest of them."""

@@ -184,6 +184,10 @@ int fuser_stream_row_partials(const fuser_plan *p);
  * 128-wide tiles leave SMs without a phase-1 unit. */
 static inline int fuser_stream_narrow_bn(int bn) { return bn == 48 || bn == 96 || bn == 112; }
 
+/** Whether n-tiles of bn columns fit row tiles of bm tokens: 48-wide ones only at bm 128 (wgmma N 48 per consumer;
+ * bm 64's per-warpgroup halves would be 24 wide). plan.c refuses the rest; the search does not offer them. */
+static inline int fuser_stream_bn_fits_bm(int bn, int bm) { return bn != 48 || bm == 128; }
+
 /** Whether bl is the stream kernel's narrow l-tile width (96): the same tiles as a narrow n-tile (wgmma N 96, or
  * 48 per warpgroup at bm 64), for d_out widths whose 128-wide l-tiles leave SMs without a phase-2 unit (768: 6
  * l-tiles of 128 per row tile, 8 of 96; 3072: 24 and 32). */
