@@ -31,6 +31,7 @@ typedef struct {
     int m;
     int group;
     int x_tail_rows;
+    int lead_bytes;
 } stream_params;
 _Static_assert(sizeof(fuser_tmap) == 128 && sizeof(stream_params) % 64 == 0, "StreamParams layout");
 
@@ -148,6 +149,13 @@ static atomic_int exact_boxes = 1;
 
 int fuser_stream_exact_boxes(int on) { return on < 0 ? atomic_load(&exact_boxes) : atomic_exchange(&exact_boxes, !!on); }
 
+static atomic_int lead_bytes = FUSER_STREAM_LEAD_BYTES;
+
+int fuser_stream_lead_bytes(int bytes)
+{
+    return bytes < 0 ? atomic_load(&lead_bytes) : atomic_exchange(&lead_bytes, bytes);
+}
+
 /* The rows of a ragged last row tile's own X box (prm->x_tail_rows): 0 where X boxes stay whole (exact boxes off, a
  * quantized chain, whose X tiles come from the scratch, cluster pairs, whole row tiles). */
 static int x_tail_rows(const fuser_plan *p, int64_t m, int exact)
@@ -209,6 +217,7 @@ static int prepare_stream(const fuser_driver *drv, fuser_ffn_kernel *k, const fu
     if (!rc)
         rc = cached_map(drv, k, FUSER_MAP_H, h, ws_rows, map_cols(pc, pc->n), token_box(p), &prm->h, err);
     prm->x_tail_rows = x_tail_rows(p, c->m, exact);
+    prm->lead_bytes = atomic_load(&lead_bytes);
     if (!rc && prm->x_tail_rows)
         rc = x_tail_map(drv, p, out->ptr[P_X], c->m, prm->x_tail_rows, &prm->x_tail, err);
     if (rc)

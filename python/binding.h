@@ -246,6 +246,7 @@ PyObject *fuser_py_ffn_run(PyObject *module, PyObject *const *args, Py_ssize_t n
 PyObject *fuser_py_kernel_info(PyObject *module, PyObject *args);
 PyObject *fuser_py_scratch_need(PyObject *module, PyObject *args);
 PyObject *fuser_py_stream_exact_boxes(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fuser_py_stream_lead_bytes(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fuser_py_gemm_launch(PyObject *module, PyObject *args);
 PyObject *fuser_py_scratch_alloc(PyObject *module, PyObject *args);
 

@@ -172,6 +172,22 @@ PyObject *fuser_py_stream_exact_boxes(PyObject *module, PyObject *const *args, P
     return PyBool_FromLong(fuser_stream_exact_boxes(nargs ? args[0] == Py_True : -1));
 }
 
+/* stream_lead_bytes([bytes]) -> the setting before the call (fuser_stream_lead_bytes; no argument: read it) */
+PyObject *fuser_py_stream_lead_bytes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    long bytes = -1;
+    if (nargs > 1 || (nargs == 1 && (PyBool_Check(args[0]) || !PyLong_Check(args[0]))))
+        return PyErr_Format(PyExc_TypeError, "stream_lead_bytes([bytes: int]): got %zd arguments%s", nargs,
+                            nargs == 1 ? " (not an int)" : "");
+    if (nargs == 1 && ((bytes = PyLong_AsLong(args[0])) < 0 || bytes > (1L << 20)))
+        return PyErr_Occurred() ? NULL
+                                : PyErr_Format(PyExc_ValueError,
+                                               "stream_lead_bytes: %ld bytes; give 0 (the whole ring at once) to "
+                                               "1048576", bytes);
+    return PyLong_FromLong(fuser_stream_lead_bytes((int)bytes));
+}
+
 /* The arguments launch and prepare share, taken and validated: ffn_launch's positional ones. */
 enum { X, WU, WD, WG, BU, BG, BD, Y, NT };
 

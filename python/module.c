@@ -229,6 +229,10 @@ static PyMethodDef module_methods[] = {
      "last row tile's token rows only (True, the default), or whole row tiles with TMA's zero fill past the last\n"
      "row (False, slower). Process-wide, for timing both; a prepared launch or a captured graph keeps what it was\n"
      "made with."},
+    {"stream_lead_bytes", (PyCFunction)(void (*)(void))fuser_py_stream_lead_bytes, METH_FASTCALL,
+     "stream_lead_bytes([bytes]) -> the setting before the call: stream launches prepared from now on keep at most\n"
+     "this many bytes per block in flight in the ring's first pass (131072, the default), or request the whole ring\n"
+     "at once (0). Process-wide, for timing both; a prepared launch or a captured graph keeps what it was made with."},
     {"scratch_alloc", fuser_py_scratch_alloc, METH_VARARGS,
      "scratch_alloc(device, tickets_cap, ws_floats, stream) -> scratch: zeroed tickets + workspace, allocated\n"
      "with the driver's stream-ordered allocator (outside torch's, so CUDA-graph pools never see it)."},

@@ -47,6 +47,29 @@ def test_exact_token_boxes_give_the_whole_boxes_bits():
     assert not bad, bad[:5]
 
 
+def test_every_first_pass_lead_gives_the_same_bits():
+    """Every case of the stream matrix with the ring's first pass requested whole, a slot at a time and in the
+    default lead (``_C.stream_lead_bytes``) passes the matrix's checks with the same bits each time. In a child
+    process with a timeout, so a producer waiting for a slot that no load fills fails the test (the child's end
+    frees the GPU)."""
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "leads.json")
+        try:
+            r = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "gpu", "stream_matrix.py"),
+                                "--leads", "--json", path], capture_output=True, text=True, timeout=900)
+        except subprocess.TimeoutExpired as e:
+            pytest.fail(f"the matrix did not end in 900 s (a first-pass wait for a slot never filled?): {e.stdout!r}")
+        assert r.returncode == 0 or os.path.exists(path), r.stderr[-2000:]
+        with open(path) as f:
+            out = json.load(f)
+    assert out["summary"]["cases"] >= 80, out["summary"]
+    bad = [x for x in out["results"] if not x["ok"]]
+    assert not bad, bad[:5]
+    assert all(x["same_bits"] and len(x["each_ok"]) == 3 for x in out["results"])
+
+
 def test_exact_token_boxes_follow_a_prepared_launch_and_a_graph():
     """Exact token boxes in a launch prepared once and run at another x's address (the tail map re-encoded)
     and in a CUDA graph replayed over new x values: each output is the bits of a plain launch with whole

@@ -568,3 +568,23 @@ def test_exact_token_boxes_are_the_default_and_switch_per_process():
     assert _C.stream_exact_boxes() is True
     with pytest.raises(TypeError, match="stream_exact_boxes"):
         _C.stream_exact_boxes(True, False)
+
+
+def test_the_first_pass_lead_is_128_kb_by_default_and_switches_per_process():
+    """Stream launches keep about 128 KB per block in flight in the ring's first pass unless set otherwise (the whole
+    ring at once is slower where the first units compute on what lands: docs/kernels.md, step 57); the setting
+    returns the one before it, and takes only a byte count in 0 .. 1 MB."""
+    from fuser import _C
+    assert _C.stream_lead_bytes() == 128 * 1024
+    try:
+        assert _C.stream_lead_bytes(0) == 128 * 1024 and _C.stream_lead_bytes() == 0
+        assert _C.stream_lead_bytes(1) == 0 and _C.stream_lead_bytes() == 1
+    finally:
+        assert _C.stream_lead_bytes(128 * 1024) == 1
+    assert _C.stream_lead_bytes() == 128 * 1024
+    for bad, err in ((True, TypeError), (1.5, TypeError), ("1", TypeError), (-1, ValueError), (1 << 21, ValueError)):
+        with pytest.raises(err, match="stream_lead_bytes"):
+            _C.stream_lead_bytes(bad)
+    with pytest.raises(TypeError, match="stream_lead_bytes"):
+        _C.stream_lead_bytes(1, 2)
+    assert _C.stream_lead_bytes() == 128 * 1024

@@ -28,6 +28,7 @@ void test_launch_driver(void);
 void test_ffn_prepared_launch(void);
 void test_ffn_quantized_launch(void);
 void test_ffn_exact_token_boxes(void);
+void test_ffn_first_pass_lead(void);
 
 static const struct { const char *name; void (*fn)(void); } tests[] = {
     {"tensor_validation", test_tensor_validation},
@@ -52,6 +53,7 @@ static const struct { const char *name; void (*fn)(void); } tests[] = {
     {"ffn_prepared_launch", test_ffn_prepared_launch},
     {"ffn_quantized_launch", test_ffn_quantized_launch},
     {"ffn_exact_token_boxes", test_ffn_exact_token_boxes},
+    {"ffn_first_pass_lead", test_ffn_first_pass_lead},
 };
 
 int main(int argc, char **argv)

@@ -39,7 +39,7 @@ static fuser_cu_result r_encode(void *map, int t, unsigned r, void *base, const 
     return 0;
 }
 
-/* StreamParams as the device declares it: six 128-byte maps, then the pointers, m, group and x_tail_rows */
+/* StreamParams as the device declares it: six 128-byte maps, then the pointers, m, group, x_tail_rows and lead_bytes */
 enum { MAP_X, MAP_UP, MAP_GATE, MAP_H, MAP_DOWN, MAP_X_TAIL, MAPS };
 static const void *map_base(const unsigned char *params, int map)
 {
@@ -57,6 +57,13 @@ static int x_tail_rows(const unsigned char *params) /* after 15 pointers, m and 
 {
     int v;
     memcpy(&v, params + MAPS * 128 + 15 * sizeof(void *) + 2 * sizeof v, sizeof v);
+    return v;
+}
+
+static int lead_bytes(const unsigned char *params) /* after 15 pointers, m, group and x_tail_rows */
+{
+    int v;
+    memcpy(&v, params + MAPS * 128 + 15 * sizeof(void *) + 3 * sizeof v, sizeof v);
     return v;
 }
 
@@ -322,4 +329,32 @@ void test_ffn_exact_token_boxes(void)
     CHECK(fuser_ffn_run(&d, &whole, NULL, &err) == FUSER_OK && x_tail_rows(rec.params) == 0);
     CHECK(fuser_stream_exact_boxes(0) == 1 && fuser_stream_exact_boxes(-1) == 0);
     fuser_stream_exact_boxes(1);
+}
+
+void test_ffn_first_pass_lead(void)
+{
+    fuser_driver d = recording_driver();
+    fuser_err err;
+    fuser_err_clear(&err);
+    CHECK(fuser_stream_lead_bytes(-1) == FUSER_STREAM_LEAD_BYTES && FUSER_STREAM_LEAD_BYTES == 128 * 1024);
+    fuser_ffn_args a;
+    fuser_chain c;
+    CHECK(five_tokens(&a, &err) == FUSER_OK);
+    fuser_ffn_kernel *k = &five.k;
+    CHECK(fuser_ffn_validate(&a, &c, &err) == FUSER_OK);
+    int64_t zw, wf;
+    fuser_plan_scratch(&k->plan, c.m, &zw, &wf);
+    fuser_scratch_view s = {0x800000, 0, (zw + 3) / 4 * 4, wf};
+    fuser_cu_stream stream = (fuser_cu_stream)(uintptr_t)0x77;
+
+    /* a launch carries the setting it was prepared with, whatever the setting is when it runs */
+    fuser_ffn_prepared led, whole;
+    CHECK(fuser_ffn_prepare(&d, k, &a, &c, &s, NULL, FUSER_OVERLAP_DEFAULT, stream, &led, &err) == FUSER_OK);
+    CHECK(fuser_stream_lead_bytes(0) == FUSER_STREAM_LEAD_BYTES && fuser_stream_lead_bytes(-1) == 0);
+    CHECK(fuser_ffn_prepare(&d, k, &a, &c, &s, NULL, FUSER_OVERLAP_DEFAULT, stream, &whole, &err) == FUSER_OK);
+    CHECK(fuser_ffn_run(&d, &whole, NULL, &err) == FUSER_OK && lead_bytes(rec.params) == 0);
+    CHECK(fuser_ffn_run(&d, &led, NULL, &err) == FUSER_OK && lead_bytes(rec.params) == 128 * 1024);
+    CHECK(fuser_stream_lead_bytes(FUSER_STREAM_LEAD_BYTES) == 0);
+    CHECK(fuser_ffn_run(&d, &whole, NULL, &err) == FUSER_OK && lead_bytes(rec.params) == 0);
+    CHECK(x_tail_rows(rec.params) == 5); /* the field before it is still where it was */
 }

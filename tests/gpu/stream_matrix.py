@@ -160,37 +160,54 @@ def run_case(c, gen):
     return dict(c, plan=plan.summary(), **check_plan(plan, c["activation"], inputs_of(c, gen)))
 
 
-def run_exact_case(c, gen):
-    """The case with the token boxes of its ragged last row tile exact and whole (``_C.stream_exact_boxes``),
-    on the same inputs: each passes check_plan, and their outputs are bitwise equal (a token row's products
-    never meet another row's, so the rows past the last, zero fill or stale data, cannot reach a stored one)."""
+def run_settings_case(c, gen, setting, values):
+    """The case under each of `values` of a process-wide launch setting (``_C.<setting>``), on the same inputs: each
+    passes check_plan, and their outputs are bitwise equal. The result is the last value's check, with ``ok`` only
+    where every value passed and gave the same bits."""
     import torch
     from fuser import _C
     plan, t = plan_of(c), inputs_of(c, gen)
-    res, outs = {}, []
-    for on in (False, True):
-        before = _C.stream_exact_boxes(on)
+    res, outs = [], []
+    for v in values:
+        before = getattr(_C, setting)(v)
         try:
-            res[on] = check_plan(plan, c["activation"], t)
+            res.append(check_plan(plan, c["activation"], t))
             out = torch.full((c["m"], c["d_out"]), float("nan"), device="cuda", dtype=t["x"].dtype)
             outs.append(fuser.ffn(activation=c["activation"], out=out, plan=plan, **t))
         finally:
-            _C.stream_exact_boxes(before)
-    same = bool(torch.equal(outs[0], outs[1]))
-    return dict(c, plan=plan.summary(), **{**res[True], "ok": res[True]["ok"] and res[False]["ok"] and same},
-                whole_ok=res[False]["ok"], same_as_whole=same)
+            getattr(_C, setting)(before)
+    same = all(torch.equal(outs[0], o) for o in outs[1:])
+    return dict(c, plan=plan.summary(), **{**res[-1], "ok": all(r["ok"] for r in res) and same},
+                each_ok=[r["ok"] for r in res], same_bits=same)
 
 
-def run(log=print, exact=False):
+def run_exact_case(c, gen):
+    """The case with the token boxes of its ragged last row tile whole and exact (``_C.stream_exact_boxes``): a
+    token row's products never meet another row's, so the rows past the last, zero fill or stale data, cannot reach
+    a stored one."""
+    return run_settings_case(c, gen, "stream_exact_boxes", (False, True))
+
+
+#: The ring's first pass with the whole ring at once, one slot at a time (1 byte) and the default lead
+LEADS = (0, 1, 128 * 1024)
+
+
+def run_lead_case(c, gen):
+    """The case with every lead of LEADS (``_C.stream_lead_bytes``): the order loads are requested in never reaches
+    the arithmetic, so the bits are the same."""
+    return run_settings_case(c, gen, "stream_lead_bytes", LEADS)
+
+
+def run(log=print, exact=False, leads=False):
     """Every case (check_plan); with `exact`, only those whose last row tile is ragged, each with exact and
-    whole token boxes (run_exact_case)."""
+    whole token boxes (run_exact_case); with `leads`, each with every first-pass lead (run_lead_case)."""
     import torch
     gen = torch.Generator(device="cuda").manual_seed(4321)
     results, t0 = [], time.time()
     for c in cases():
         if exact and c["m"] % c["bm"] == 0:
             continue
-        res = run_exact_case(c, gen) if exact else run_case(c, gen)
+        res = run_exact_case(c, gen) if exact else run_lead_case(c, gen) if leads else run_case(c, gen)
         results.append(res)
         log(f"{'ok ' if res['ok'] else 'BAD'} bm={c['bm']:<3d} m={c['m']:<3d} {'gated' if c['gated'] else 'plain'} "
             f"{c['activation']:9s} bias={c['bias']!s:5s} {c['dtype']:8s} splits {c['s1']}/{c['s2']} "
@@ -205,8 +222,9 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
     ap.add_argument("--exact", action="store_true", help="the ragged cases with exact and whole token boxes")
+    ap.add_argument("--leads", action="store_true", help="every case with each first-pass lead, the same bits")
     a = ap.parse_args()
-    summary, results = run(exact=a.exact)
+    summary, results = run(exact=a.exact, leads=a.leads)
     print(json.dumps(summary, indent=1))
     if a.json:
         with open(a.json, "w") as f:

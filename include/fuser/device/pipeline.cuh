@@ -28,13 +28,16 @@ struct Ring {
     }
 };
 
-/* A cursor over the ring: slot index and the parity of the pass the holder is in. */
+/* A cursor over the ring: slot index, the parity of the pass the holder is in, and the slots it has passed up to
+ * STAGES (below STAGES: still in the ring's first pass, where `stage` is that count). */
 template <int STAGES>
 struct Cursor {
     int stage = 0;
     uint32_t phase = 0;
+    int passed = 0;
     FUSER_DEVICE void next()
     {
+        passed += passed < STAGES;
         if (++stage == STAGES) {
             stage = 0;
             phase ^= 1;

@@ -34,7 +34,8 @@
  * requests its W_down tiles before it waits for its split's H.
  *
  * Roles: warpgroup 0 is the producer (one thread issues TMA into a STAGES-deep ring; it runs ahead
- * across unit boundaries, so the ring never drains); warpgroups 1-2 consume with wgmma. BM, the token
+ * across unit boundaries, so the ring never drains; in tiles of 64-128 token rows its first pass keeps
+ * about lead_bytes in flight: fill); warpgroups 1-2 consume with wgmma. BM, the token
  * rows of every tile, picks the operand roles:
  *   BM = 128: tokens on wgmma's M side, each consumer its 64 token rows, all the tile's columns;
  *   BM = 64: tokens on the M side, both consumers the 64 rows, each half of the columns;
@@ -101,6 +102,7 @@ struct StreamParams {
     int x_tail_rows;  /* 0, or m % BM (unpaired 16-bit chains): the last row tile's X box stops at the last row,
                          since boxes reaching past it (TMA's zero fill) arrived slower than whole ones; the rows
                          of the tile beyond it keep stale data, which only reaches rows no store writes */
+    int lead_bytes;   /* the ring's first pass keeps about this many bytes in flight (0: all its slots; Stream::fill) */
 };
 
 constexpr int STREAM_THREADS = 384;
@@ -317,8 +319,21 @@ struct Stream {
     {
         Cursor<STAGES> first = c; /* the first slot still without its token tile */
         int held = 0;
+        /* The ring's first pass in the lead's slots at a time: every SM asking for its whole ring at once gets the
+         * bytes in no order, so each slot lands only when most of the burst has, and tiles of 64-128 token rows, whose
+         * MMAs on a slot take about as long as its load, then compute only after the burst; slot k is requested once
+         * slot k - lead has landed instead, and the block's first unit holds `lead` weight tiles, not a ring, before
+         * its dependency. Swap-AB tiles (decode) keep the whole ring: their MMAs are short, so the order bytes land in
+         * costs nothing, and weight tiles requested before the previous kernel ends are time they gain. Pairs, and the
+         * quantized chains' x (written by the consumers), keep it too. */
+        const int lead = !SWAP && PAIR == PAIR_NONE && p.lead_bytes > 0
+                             ? cmin(STAGES, ceil_div(p.lead_bytes, STAGE_BYTES))
+                             : STAGES;
+        const int hold = c.passed == 0 ? lead : STAGES;
         for (int kb = k0; kb < k1; kb++, c.next()) {
             mbar_wait(&s.ring.empty[c.stage], c.phase ^ 1);
+            if (ready && c.passed >= lead && c.passed < STAGES) /* (in the first pass, stage == passed) */
+                mbar_wait(&s.ring.full[c.stage - lead], 0);
             s.unit[c.stage] = u; /* published by the arrive below (release) */
             uint64_t *bar = &s.ring.full[c.stage];
             mbar_arrive_expect_tx(bar, bytes);
@@ -328,7 +343,7 @@ struct Stream {
                 continue;
             }
             /* a full ring of slots waiting for their token tiles, or the unit's last: resolve, then request them */
-            if (++held < STAGES && kb + 1 < k1)
+            if (++held < hold && kb + 1 < k1)
                 continue;
             dep();
             ready = true;
