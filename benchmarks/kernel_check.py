@@ -196,7 +196,18 @@ def _token_boxes(exact):
         fuser._C.stream_exact_boxes(before)
 
 
-def time_plans(log, gen, shape, plans, packed=False, layouts=False, warm=False, exact=False):
+@contextlib.contextmanager
+def _lead_bytes(n):
+    """Stream launches prepared inside keep about n bytes of the ring's first pass in flight per block (0: the whole
+    ring at once); the setting before is restored."""
+    before = fuser._C.stream_lead_bytes(n)
+    try:
+        yield
+    finally:
+        fuser._C.stream_lead_bytes(before)
+
+
+def time_plans(log, gen, shape, plans, packed=False, layouts=False, warm=False, exact=False, leads=()):
     """Each plan of one shape in a CUDA graph of several calls, interleaved with eager in a graph (rotating
     input sets), its output for the first set checked against float64: one row per plan. `packed`: the inputs'
     gate and up weights are halves of one tensor (``_inputs``). In the same interleaving, each fused plan also:
@@ -205,8 +216,9 @@ def time_plans(log, gen, shape, plans, packed=False, layouts=False, warm=False, 
     `warm`, every call over the first set (``measured_warm``: weights that fit the L2 stay there): what reading
     them from HBM costs; with `exact`, each stream plan captured with exact token boxes (``measured_exact``:
     ``_C.stream_exact_boxes``, a ragged last row tile's X and H boxes without TMA's zero fill, the default) where
-    the main graph is captured with whole ones. Each such graph's first output must be the main graph's bits
-    (``same_bits_*``)."""
+    the main graph is captured with whole ones; for each n of `leads`, each stream plan with about n bytes of the
+    ring's first pass in flight per block (``measured_lead{n}``: ``_C.stream_lead_bytes``; 0: the whole ring at
+    once). Each such graph's first output must be the main graph's bits (``same_bits_*``)."""
     name, d, f, l, gated, act, m = shape
     rows = []
     bytes_ = 2 * (f * d * (2 if gated else 1) + l * f)
@@ -245,6 +257,12 @@ def time_plans(log, gen, shape, plans, packed=False, layouts=False, warm=False, 
                 o2 = [torch.empty_like(o) for o in outs]
                 with _token_boxes(exact=True):
                     extra.append(("exact", graph_of(
+                        [lambda t=ins[i % sets], o=o2[i % sets]: fuser.ffn(activation=act, out=o, plan=p, **t)
+                         for i in range(per)]), o2))
+            for n in leads if p.fused else ():
+                o2 = [torch.empty_like(o) for o in outs]
+                with _lead_bytes(n):
+                    extra.append((f"lead{n}", graph_of(
                         [lambda t=ins[i % sets], o=o2[i % sets]: fuser.ffn(activation=act, out=o, plan=p, **t)
                          for i in range(per)]), o2))
             te, tf, *ta = _time_graphs([eager, g] + [x[1] for x in extra], per)
