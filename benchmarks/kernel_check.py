@@ -187,24 +187,14 @@ def sweep_section(log, top=6, shapes=None, section="sweep"):
 
 
 @contextlib.contextmanager
-def _token_boxes(exact):
-    """Stream launches prepared inside take exact (or whole) token boxes; the setting before is restored."""
-    before = fuser._C.stream_exact_boxes(exact)
+def _launch_setting(name, value):
+    """Stream launches prepared inside take `value` of the process-wide launch setting ``_C.<name>``
+    (``stream_exact_boxes``, ``stream_lead_bytes``); the setting before is restored."""
+    before = getattr(fuser._C, name)(value)
     try:
         yield
     finally:
-        fuser._C.stream_exact_boxes(before)
-
-
-@contextlib.contextmanager
-def _lead_bytes(n):
-    """Stream launches prepared inside keep about n bytes of the ring's first pass in flight per block (0: the whole
-    ring at once); the setting before is restored."""
-    before = fuser._C.stream_lead_bytes(n)
-    try:
-        yield
-    finally:
-        fuser._C.stream_lead_bytes(before)
+        getattr(fuser._C, name)(before)
 
 
 def time_plans(log, gen, shape, plans, packed=False, layouts=False, warm=False, exact=False, leads=()):
@@ -241,7 +231,7 @@ def time_plans(log, gen, shape, plans, packed=False, layouts=False, warm=False, 
                     outs[i] = fuser.ffn(activation=act, plan=p, **t)
                 calls = [lambda i=i, t=t: keep(i, t) for i, t in enumerate(ins)]
             # with `exact`, the main graph takes whole token boxes (the default is exact ones)
-            with _token_boxes(exact=False) if exact else contextlib.nullcontext():
+            with _launch_setting("stream_exact_boxes", False) if exact else contextlib.nullcontext():
                 g = graph_of([calls[i % sets] for i in range(per)])
             extra = []   # (what it times, its graph, its outputs): the same values, so the same bits as outs[0]
             if other is not None and p.fused:
@@ -253,16 +243,13 @@ def time_plans(log, gen, shape, plans, packed=False, layouts=False, warm=False, 
                 o2 = [torch.empty_like(outs[0])]
                 extra.append(("warm", graph_of([lambda o=o2[0]: fuser.ffn(activation=act, out=o, plan=p, **ins[0])]
                                                * per), o2))
-            if exact and p.fused:
+            # the main graph's calls again, captured under another launch setting
+            settings = ([("exact", "stream_exact_boxes", True)] if exact else []) + \
+                [(f"lead{n}", "stream_lead_bytes", n) for n in leads]
+            for what, setting, value in settings if p.fused else ():
                 o2 = [torch.empty_like(o) for o in outs]
-                with _token_boxes(exact=True):
-                    extra.append(("exact", graph_of(
-                        [lambda t=ins[i % sets], o=o2[i % sets]: fuser.ffn(activation=act, out=o, plan=p, **t)
-                         for i in range(per)]), o2))
-            for n in leads if p.fused else ():
-                o2 = [torch.empty_like(o) for o in outs]
-                with _lead_bytes(n):
-                    extra.append((f"lead{n}", graph_of(
+                with _launch_setting(setting, value):
+                    extra.append((what, graph_of(
                         [lambda t=ins[i % sets], o=o2[i % sets]: fuser.ffn(activation=act, out=o, plan=p, **t)
                          for i in range(per)]), o2))
             te, tf, *ta = _time_graphs([eager, g] + [x[1] for x in extra], per)

@@ -268,8 +268,7 @@ def time_specs(specs, log=print, save=None, trace=False, layouts=False, warm=Fal
     plan also over one input set (``measured_warm``: weights that fit the L2 stay there); `exact`: each plan also
     with exact token boxes (``measured_exact``: a ragged last row tile without TMA's zero fill); `leads`: each plan also
     with about n bytes of the ring's first pass in flight per block, for each n (``measured_lead{n}``; 0: the whole
-    ring at once). `save`: called with the
-    results so far after each cell."""
+    ring at once). `save`: called with the results so far after each cell."""
     import torch
     from kernel_check import time_plans, trace_run
     cells = plan_specs(specs)   # before anything runs: a constraint no plan meets fails here
