@@ -32,7 +32,8 @@
 #          NAME:M:constraints spec per line, the plans a model change needs timed; PLANS=NAME takes the files whose
 #          name holds NAME; TRACE=1 adds each plan's unit trace, LAYOUTS=1 each gated plan over gate and up packed,
 #          WARM=1 each plan over one input set, its weights kept in the L2, EXACT=1 each plan with exact token boxes,
-#          LEADS=0 each plan with the ring's first pass requested whole, LEADS=N,M with those first-pass leads in bytes)
+#          LEADS=0 each plan with the ring's first pass requested whole, LEADS=N,M with those first-pass leads in bytes,
+#          AGAIN=1 each plan's graph captured a second time as it is: the spread the other ratios are read against)
 #   host   build, benchmarks/host_overhead.py as the layering issue measures it (the thread's CPU clock, ROUNDS (31) rounds,
 #          the C calls inside the routes timed apart)
 #   targets build, one harness run of every workload the issues' speed targets name (`fuser bench --set targets`;
@@ -167,7 +168,7 @@ fi
 if [ "$STAGE" = plans ]; then
     for list in benchmarks/results/*${PLANS:-}*-plans.txt; do
         twice "$(basename "$list" -plans.txt)" 200 ' us \(eager|Error|^trace: span' plans ${TRACE:+--trace} \
-            ${LAYOUTS:+--layouts} ${WARM:+--warm} ${EXACT:+--exact} ${LEADS:+--leads $LEADS} OUTPUT \
+            ${LAYOUTS:+--layouts} ${WARM:+--warm} ${EXACT:+--exact} ${LEADS:+--leads $LEADS} ${AGAIN:+--again} OUTPUT \
             $(grep -v '^#' "$list")
     done
     finish "plans${PLANS:+-$PLANS}"

@@ -197,7 +197,7 @@ def _launch_setting(name, value):
         getattr(fuser._C, name)(before)
 
 
-def time_plans(log, gen, shape, plans, packed=False, layouts=False, warm=False, exact=False, leads=()):
+def time_plans(log, gen, shape, plans, packed=False, layouts=False, warm=False, exact=False, leads=(), again=False):
     """Each plan of one shape in a CUDA graph of several calls, interleaved with eager in a graph (rotating
     input sets), its output for the first set checked against float64: one row per plan. `packed`: the inputs'
     gate and up weights are halves of one tensor (``_inputs``). In the same interleaving, each fused plan also:
@@ -208,7 +208,10 @@ def time_plans(log, gen, shape, plans, packed=False, layouts=False, warm=False, 
     ``_C.stream_exact_boxes``, a ragged last row tile's X and H boxes without TMA's zero fill, the default) where
     the main graph is captured with whole ones; for each n of `leads`, each stream plan with about n bytes of the
     ring's first pass in flight per block (``measured_lead{n}``: ``_C.stream_lead_bytes``; 0: the whole ring at
-    once). Each such graph's first output must be the main graph's bits (``same_bits_*``)."""
+    once); with `again`, the main graph's calls captured once more as they are (``measured_again``): the spread of
+    two graphs of the same work, against which the others' ratios are read (on an H100 a second capture of the same
+    decode calls ran 0.98-1.00x the first's time, cell by cell alike in every run). Each such graph's first output must
+    be the main graph's bits (``same_bits_*``)."""
     name, d, f, l, gated, act, m = shape
     rows = []
     bytes_ = 2 * (f * d * (2 if gated else 1) + l * f)
@@ -243,12 +246,14 @@ def time_plans(log, gen, shape, plans, packed=False, layouts=False, warm=False, 
                 o2 = [torch.empty_like(outs[0])]
                 extra.append(("warm", graph_of([lambda o=o2[0]: fuser.ffn(activation=act, out=o, plan=p, **ins[0])]
                                                * per), o2))
-            # the main graph's calls again, captured under another launch setting
+            # the main graph's calls again, captured under another launch setting (or, `again`, the same one)
             settings = ([("exact", "stream_exact_boxes", True)] if exact else []) + \
                 [(f"lead{n}", "stream_lead_bytes", n) for n in leads]
+            if again:
+                settings.append(("again", "stream_exact_boxes", False) if exact else ("again", None, None))
             for what, setting, value in settings if p.fused else ():
                 o2 = [torch.empty_like(o) for o in outs]
-                with _launch_setting(setting, value):
+                with _launch_setting(setting, value) if setting else contextlib.nullcontext():
                     extra.append((what, graph_of(
                         [lambda t=ins[i % sets], o=o2[i % sets]: fuser.ffn(activation=act, out=o, plan=p, **t)
                          for i in range(per)]), o2))

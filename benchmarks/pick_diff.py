@@ -22,6 +22,7 @@ pick differs, and time both picks of each such cell beside PyTorch eager in CUDA
     python benchmarks/pick_diff.py plans --warm OUT.json SPEC ...  # and each with its weights kept in the L2
     python benchmarks/pick_diff.py plans --exact OUT.json SPEC ...  # and each with exact token boxes
     python benchmarks/pick_diff.py plans --leads 0 OUT.json SPEC ...  # and each with other first-pass leads (bytes)
+    python benchmarks/pick_diff.py plans --again OUT.json SPEC ...  # and each captured twice: the graphs' own spread
 
 Quantized picks (``dump --fp8``: cells NAME:M:fp8) are listed and diffed the same way; ``time`` leaves them to
 ``benchmarks/fp8_decode.py --models NAME --tokens M`` in each tree (their inputs are e4m3 weights with
@@ -259,7 +260,8 @@ def plan_specs(specs):
     return cells
 
 
-def time_specs(specs, log=print, save=None, trace=False, layouts=False, warm=False, exact=False, leads=()):
+def time_specs(specs, log=print, save=None, trace=False, layouts=False, warm=False, exact=False, leads=(),
+               again=False):
     """Time stream plans given as NAME:M:key=value,... (``fuser.plan`` constraints of a grid shape), each cell's
     plans interleaved with eager in CUDA graphs (``kernel_check.time_plans``): {"result": {"plans": rows}}, rows
     as kernel_check's. `trace`: each plan also launched once with its unit trace (``kernel_check.trace_run``:
@@ -268,7 +270,9 @@ def time_specs(specs, log=print, save=None, trace=False, layouts=False, warm=Fal
     plan also over one input set (``measured_warm``: weights that fit the L2 stay there); `exact`: each plan also
     with exact token boxes (``measured_exact``: a ragged last row tile without TMA's zero fill); `leads`: each plan also
     with about n bytes of the ring's first pass in flight per block, for each n (``measured_lead{n}``; 0: the whole
-    ring at once). `save`: called with the results so far after each cell."""
+    ring at once); `again`: each plan also captured a second time as it is (``measured_again``: the spread two graphs
+    of the same work show, beside which the other ratios are read). `save`: called with the results so far after each
+    cell."""
     import torch
     from kernel_check import time_plans, trace_run
     cells = plan_specs(specs)   # before anything runs: a constraint no plan meets fails here
@@ -277,7 +281,7 @@ def time_specs(specs, log=print, save=None, trace=False, layouts=False, warm=Fal
     for (name, m), plans in cells.items():
         d, f, l, gated, act = shapes()[name]
         out["plans"] += time_plans(log, gen, (name, d, f, l, gated, act, m), plans, layouts=layouts, warm=warm,
-                                   exact=exact, leads=leads)
+                                   exact=exact, leads=leads, again=again)
         for p in plans if trace else ():   # the very plans timed, each launched once more with its trace
             out["traces"].append(trace_run(name, m, log, shape=(d, f, l, gated, act), plan=p))
         if save is not None:
@@ -366,6 +370,9 @@ def main(argv=None):
     a.add_argument("--leads", type=lambda v: tuple(int(n) for n in v.split(",")), default=(),
                    help="also time each plan with N bytes of the ring's first pass in flight per block, for each N "
                         "(0: the whole ring at once)")
+    a.add_argument("--again", action="store_true",
+                   help="also time each plan's graph captured a second time, as it is: the spread of two graphs of the "
+                        "same work, beside which the other ratios are read")
     a.add_argument("specs", nargs="+", help="NAME:M:bm=64,bn=96,... (fuser.plan constraints of a stream plan)")
     args = ap.parse_args(argv)
 
@@ -400,7 +407,7 @@ def main(argv=None):
     elif args.cmd == "plans":
         try:
             save(time_specs(args.specs, save=save, trace=args.trace, layouts=args.layouts, warm=args.warm,
-                            exact=args.exact, leads=args.leads))
+                            exact=args.exact, leads=args.leads, again=args.again))
         except ValueError as e:
             ap.error(str(e))
     else:

@@ -589,18 +589,18 @@ def test_pick_diff_times_each_plan_over_both_weight_layouts_and_warm():
 
 @pytest.mark.gpu
 def test_pick_diff_times_each_plan_beside_other_first_pass_leads():
-    """``plans --leads 0,1``: each stream plan also captured with the whole ring at once and with one slot at a time
-    in its first pass, in the same interleaving; the order loads are requested in never reaches the arithmetic, so
-    each output is the main graph's bits, in a row tile plan (which the lead changes) and a swap-AB one (which keeps
-    the whole ring)."""
+    """``plans --leads 0,1 --again``: each stream plan also captured with the whole ring at once, with one slot at a
+    time in its first pass, and once more as it is (the graphs' own spread), in the same interleaving; the order loads
+    are requested in never reaches the arithmetic, so each output is the main graph's bits, in a row tile plan and a
+    swap-AB one."""
     pd = _pick_diff()
     out = pd.time_specs(["S8:128:bm=64,bn=96,bl=64,s1=2,s2=4,stages=7", "S8:16:bm=16,bn=128,bl=128,s1=2,s2=8"],
-                        leads=(0, 1))
+                        leads=(0, 1), again=True)
     rows = out["result"]["plans"]
     assert len(rows) == 2 and all(r["ok"] for r in rows), rows
     for r in rows:
-        assert r["same_bits_lead0"] and r["same_bits_lead1"], r
-        assert all(0.5 < r[f"measured_lead{n}"] / r["measured"] < 2.0 for n in (0, 1)), r
+        assert r["same_bits_lead0"] and r["same_bits_lead1"] and r["same_bits_again"], r
+        assert all(0.5 < r[f"measured_{w}"] / r["measured"] < 2.0 for w in ("lead0", "lead1", "again")), r
 
 
 def test_kernel_check_summarises_a_stream_trace_per_phase():
