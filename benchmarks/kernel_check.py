@@ -209,9 +209,9 @@ def time_plans(log, gen, shape, plans, packed=False, layouts=False, warm=False, 
     the main graph is captured with whole ones; for each n of `leads`, each stream plan with about n bytes of the
     ring's first pass in flight per block (``measured_lead{n}``: ``_C.stream_lead_bytes``; 0: the whole ring at
     once); with `again`, the main graph's calls captured once more as they are (``measured_again``): the spread of
-    two graphs of the same work, against which the others' ratios are read (on an H100 a second capture of the same
-    decode calls ran 0.98-1.00x the first's time, cell by cell alike in every run). Each such graph's first output must
-    be the main graph's bits (``same_bits_*``)."""
+    two graphs of the same work, which can reach a couple of percent and repeat cell by cell (docs/kernels.md step
+    57), so the others' ratios are read against it. Each such graph's first output must be the main graph's bits
+    (``same_bits_*``)."""
     name, d, f, l, gated, act, m = shape
     rows = []
     bytes_ = 2 * (f * d * (2 if gated else 1) + l * f)
