@@ -101,13 +101,13 @@ int fuser_ffn_launch(const fuser_driver *drv, fuser_ffn_kernel *k, const fuser_f
  * (a launch keeps what it was prepared with; a graph what it captured). */
 int fuser_stream_exact_boxes(int on);
 
-/** Bytes in flight per block in the ring's first pass of stream launches prepared from now on (their lead), for tiles of
- * 64-128 token rows (swap-AB tiles, cluster pairs and quantized chains always request the whole ring at once): a slot
- * is requested once the slot that many bytes before it has landed, and a block's first unit holds that many bytes of
- * weight tiles, not a ring, before the previous kernel is waited for; 0 requests the whole ring at once. Every SM
- * asking for its whole ring at once gets the bytes in no order, so its first slot lands only when most of them have
- * (docs/kernels.md step 57). `bytes` < 0 only reads the setting. Returns the setting before the call. Process-wide, for
- * measuring both side by side (a launch keeps what it was prepared with; a graph what it captured). */
+/** Bytes in flight per block in the ring's first pass of stream launches prepared from now on (their lead), for 16-bit
+ * single-block plans (cluster pairs and quantized chains always request the whole ring at once): a slot is requested
+ * once the slot that many bytes before it has landed, and a block's first unit holds that many bytes of weight tiles,
+ * not a ring, before the previous kernel is waited for; 0 requests the whole ring at once. Every SM asking for its
+ * whole ring at once gets the bytes in no order, so its first slot lands only when most of them have (docs/kernels.md
+ * steps 57-58). `bytes` < 0 only reads the setting. Returns the setting before the call. Process-wide, for measuring
+ * both side by side (a launch keeps what it was prepared with; a graph what it captured). */
 #define FUSER_STREAM_LEAD_BYTES (128 * 1024)
 int fuser_stream_lead_bytes(int bytes);
 

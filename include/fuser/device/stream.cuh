@@ -323,11 +323,10 @@ struct Stream {
          * bytes in no order, so each slot lands only when most of the burst has, and tiles of 64-128 token rows, whose
          * MMAs on a slot take about as long as its load, then compute only after the burst; slot k is requested once
          * slot k - lead has landed instead, and the block's first unit holds `lead` weight tiles, not a ring, before
-         * its dependency. Swap-AB tiles (decode) keep the whole ring: their MMAs are short, and weight tiles requested
-         * before the previous kernel ends may be worth more than their order (no timing has told the two apart beyond
-         * two graphs' own spread: docs/kernels.md step 57). Pairs, and the quantized chains' x (written by the
-         * consumers), keep it too. */
-        const int lead = !SWAP && PAIR == PAIR_NONE && p.lead_bytes > 0
+         * its dependency. Swap-AB tiles (decode) take the lead too: their MMAs are short, but the slots in order still
+         * let the first ones start before the burst ends (docs/kernels.md step 58). Pairs, and the quantized chains'
+         * x (written by the consumers), keep the whole ring. */
+        const int lead = !Q && PAIR == PAIR_NONE && p.lead_bytes > 0
                              ? cmin(STAGES, ceil_div(p.lead_bytes, STAGE_BYTES))
                              : STAGES;
         const int hold = c.passed == 0 ? lead : STAGES;
