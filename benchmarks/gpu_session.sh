@@ -33,7 +33,8 @@
 #          name holds NAME; TRACE=1 adds each plan's unit trace, LAYOUTS=1 each gated plan over gate and up packed,
 #          WARM=1 each plan over one input set, its weights kept in the L2, EXACT=1 each plan with exact token boxes,
 #          LEADS=0 each plan with the ring's first pass requested whole, LEADS=N,M with those first-pass leads in bytes,
-#          AGAIN=1 each plan's graph captured a second time as it is: the spread the other ratios are read against)
+#          AGAIN=1 each plan's graph captured a second time as it is: the spread the other ratios are read against,
+#          and `pick_diff.py ab` on both runs: the cells where a setting lies beyond that spread in both)
 #   host   build, benchmarks/host_overhead.py as the layering issue measures it (the thread's CPU clock, ROUNDS (31) rounds,
 #          the C calls inside the routes timed apart)
 #   targets build, one harness run of every workload the issues' speed targets name (`fuser bench --set targets`;
@@ -170,6 +171,12 @@ if [ "$STAGE" = plans ]; then
         twice "$(basename "$list" -plans.txt)" 200 ' us \(eager|Error|^trace: span' plans ${TRACE:+--trace} \
             ${LAYOUTS:+--layouts} ${WARM:+--warm} ${EXACT:+--exact} ${LEADS:+--leads $LEADS} ${AGAIN:+--again} OUTPUT \
             $(grep -v '^#' "$list")
+        if [ -n "${AGAIN:-}" ]; then   # each setting against the null of both runs
+            name=$(basename "$list" -plans.txt)
+            python3 benchmarks/pick_diff.py ab "$OUT/$name-a.json" "$OUT/$name-b.json" > "$OUT/$name-ab.log" 2>&1
+            echo "$name ab rc $?" | tee -a "$OUT/gpu.txt"; grep -E "over the main graph|error" "$OUT/$name-ab.log" \
+                | cut -c1-600 >> "$OUT/gpu.txt"
+        fi
     done
     finish "plans${PLANS:+-$PLANS}"
 fi

@@ -23,6 +23,7 @@ pick differs, and time both picks of each such cell beside PyTorch eager in CUDA
     python benchmarks/pick_diff.py plans --exact OUT.json SPEC ...  # and each with exact token boxes
     python benchmarks/pick_diff.py plans --leads 0 OUT.json SPEC ...  # and each with other first-pass leads (bytes)
     python benchmarks/pick_diff.py plans --again OUT.json SPEC ...  # and each captured twice: the graphs' own spread
+    python benchmarks/pick_diff.py ab RUN_A.json RUN_B.json ...  # any machine: plans' settings against their null
 
 Quantized picks (``dump --fp8``: cells NAME:M:fp8) are listed and diffed the same way; ``time`` leaves them to
 ``benchmarks/fp8_decode.py --models NAME --tokens M`` in each tree (their inputs are e4m3 weights with
@@ -39,7 +40,9 @@ on the committed timings (tests/test_benchmarks.py holds it to them). ``accuracy
 plans timed in each cell instead: Spearman's rank correlation between predicted and measured times, and
 the regret of the plan it predicts fastest among them. ``plans`` times the stream plans it is given (NAME:M and
 ``fuser.plan`` constraints; a cell's plans in one rotation beside eager) where a model change needs timings the
-grid's picks do not hold, as rows that ``backtest`` and ``accuracy`` read.
+grid's picks do not hold, as rows that ``backtest`` and ``accuracy`` read. ``ab`` reads runs of ``plans --again``
+with other settings (``--leads``, ``--exact``, ...): each setting's time over the main graph's, cell by cell, beside
+the null (the main graph captured again), and which cells lie beyond the null's band in every run.
 """
 import argparse
 import csv
@@ -335,6 +338,48 @@ def accuracy(paths, least=4):
     return out
 
 
+def ab(paths):
+    """Runs of ``plans --again`` (one file each, the same specs) read setting by setting against the null. A setting
+    is each ``measured_<key>`` a row holds besides ``measured_again`` (``lead0``, ``exact``, ``warm``, ...); its
+    ratio is its time over the main graph's, so below 1 the setting is faster. Each run's null band is the lowest
+    and highest ``measured_again`` ratio over the cells every run holds: two graphs of the same work differ by that
+    much, so only a ratio outside its run's band in every run says something. Returns (cells, settings): cells maps
+    (name, m, plan) to {key: [ratio per run]} with "again" among the keys, for the cells every run holds; settings
+    maps each key to dict(geomean, faster, slower, bits), faster and slower naming the cells beyond the band in every
+    run, bits the cells whose output was not the same bits in some run."""
+    runs = []
+    for path in paths:
+        with open(path) as f:
+            rows = json.load(f).get("result", {}).get("plans")
+        if not rows:
+            raise ValueError(f"{path}: no plans rows (a file of `pick_diff.py plans`)")
+        if any(r.get("measured_again") is None for r in rows):
+            raise ValueError(f"{path}: timed without --again, so there is no null to read the settings against; "
+                             "run `pick_diff.py plans --again` (AGAIN=1 in gpu_session.sh)")
+        runs.append({(r["name"], r["m"], _plan_name(r["plan"])): r for r in rows})
+    keys = sorted({k[len("measured_"):] for rs in runs for r in rs.values() for k in r
+                   if k.startswith("measured_") and k != "measured_again"})
+    common = [c for c in runs[0] if all(c in rs for rs in runs[1:])]
+    cells = {c: {k: [rs[c][f"measured_{k}"] / rs[c]["measured"] for rs in runs]
+                 for k in keys + ["again"] if all(rs[c].get(f"measured_{k}") is not None for rs in runs)}
+             for c in common}
+    bands = [(min(cells[c]["again"][i] for c in common), max(cells[c]["again"][i] for c in common))
+             for i in range(len(runs))]
+    gm = lambda xs: math.exp(statistics.mean(math.log(x) for x in xs))  # noqa: E731
+    name = lambda c: f"{c[0]}:{c[1]}"  # noqa: E731
+    settings = {}
+    for k in keys:
+        have = [c for c in common if k in cells[c]]
+        if not have:
+            continue
+        beyond = lambda c, side: all(side(x, band) for x, band in zip(cells[c][k], bands))  # noqa: E731
+        settings[k] = dict(geomean=gm(x for c in have for x in cells[c][k]),
+                           faster=[name(c) for c in have if beyond(c, lambda x, b: x < b[0])],
+                           slower=[name(c) for c in have if beyond(c, lambda x, b: x > b[1])],
+                           bits=[name(c) for c in have if not all(rs[c].get(f"same_bits_{k}", True) for rs in runs)])
+    return cells, settings
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -358,6 +403,8 @@ def main(argv=None):
     a.add_argument("logs", nargs="+")
     a = sub.add_parser("accuracy")
     a.add_argument("logs", nargs="+")
+    a = sub.add_parser("ab")
+    a.add_argument("logs", nargs="+", help="files of `pick_diff.py plans --again`, one per run of the same specs")
     a = sub.add_parser("plans")
     a.add_argument("out")
     a.add_argument("--trace", action="store_true", help="also launch each plan once with its unit trace")
@@ -404,6 +451,18 @@ def main(argv=None):
         regret = math.exp(statistics.mean(math.log(r["regret"]) for r in acc.values()))
         print(f"{len(acc)} cells: median Spearman {statistics.median(rho):.2f} ({sum(x >= 0.8 for x in rho)} at >= 0.8), "
               f"geomean regret {regret:.3f}, worst {max(r['regret'] for r in acc.values()):.3f}")
+    elif args.cmd == "ab":
+        try:
+            cells, settings = ab(args.logs)
+        except ValueError as e:
+            ap.error(str(e))
+        for (name, m, plan), r in cells.items():
+            print(f"{name + ':' + str(m):16s} {plan.replace('fused stream, ', '')[:40]:40s}"
+                  + "".join(f"  {k} {' '.join(f'{x:.3f}' for x in xs)}" for k, xs in r.items()))
+        for k, v in settings.items():
+            print(f"{k} over the main graph: geomean {v['geomean']:.3f}; faster beyond the null in every run: "
+                  f"{', '.join(v['faster']) or 'none'}; slower: {', '.join(v['slower']) or 'none'}"
+                  + (f"; other bits: {', '.join(v['bits'])}" if v["bits"] else ""))
     elif args.cmd == "plans":
         try:
             save(time_specs(args.specs, save=save, trace=args.trace, layouts=args.layouts, warm=args.warm,

@@ -517,6 +517,38 @@ def test_pick_diff_reads_its_own_timings_and_kernel_check_rows(tmp_path):
     assert rows[("G1", 4, "bm=64 bn=64 bl=64, splits 1/2, 8 stages, one phase")] == (4.5, 6.1) and len(rows) == 3
 
 
+def test_pick_diff_ab_reads_each_setting_against_the_null_of_every_run(tmp_path):
+    """``ab``: a setting counts as faster or slower in a cell only where its ratio lies outside the run's null band
+    (the lowest and highest ``measured_again`` ratio over the cells every run holds) in every run; cells a run lacks
+    are left out, a setting's other bits are named, and files without the null are refused."""
+    pd = _pick_diff()
+    plan = "fused stream, bm={bm} bn=128 bl=128, splits 1/4, 8 stages, predicted 9.0 us"
+
+    def row(name, bm, again, lead0, bits=True):
+        return dict(name=name, m=16, plan=plan.format(bm=bm), measured=10.0, measured_again=10.0 * again,
+                    same_bits_again=True, measured_lead0=10.0 * lead0, same_bits_lead0=bits)
+
+    a = [row("S8", 16, 1.00, 1.03), row("G9", 32, 0.99, 0.98), row("G6", 16, 1.02, 1.01), row("S4", 16, 1.0, 0.95)]
+    b = [row("S8", 16, 1.01, 1.02), row("G9", 32, 0.99, 0.985), row("G6", 16, 0.98, 1.00, bits=False),
+         row("G4", 16, 1.0, 1.0)]   # G9 beyond run a's band (0.99-1.02) but not run b's (0.98-1.01); S4 only in a
+    for name, rows in (("a", a), ("b", b)):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"result": {"plans": rows}}))
+    cells, settings = pd.ab([str(tmp_path / "a.json"), str(tmp_path / "b.json")])
+    assert sorted(c[0] for c in cells) == ["G6", "G9", "S8"]
+    s8 = next(v for c, v in cells.items() if c[0] == "S8")
+    assert s8["lead0"] == pytest.approx([1.03, 1.02]) and s8["again"] == pytest.approx([1.00, 1.01])
+    lead = settings["lead0"]
+    assert lead["slower"] == ["S8:16"] and lead["faster"] == [] and lead["bits"] == ["G6:16"]
+    assert lead["geomean"] == pytest.approx(math.exp(sum(math.log(x) for x in (1.03, 1.02, .98, .985, 1.01, 1.0)) / 6))
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/pick_diff.py"), "ab", str(tmp_path / "a.json"),
+                        str(tmp_path / "b.json")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "slower: S8:16" in r.stdout and "other bits: G6:16" in r.stdout
+    del a[1]["measured_again"]
+    (tmp_path / "a.json").write_text(json.dumps({"result": {"plans": a}}))
+    with pytest.raises(ValueError, match="without --again"):
+        pd.ab([str(tmp_path / "a.json")])
+
+
 @pytest.mark.gpu
 def test_pick_diff_times_both_picks_of_a_cell_beside_eager():
     pd = _pick_diff()
