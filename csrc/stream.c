@@ -181,8 +181,10 @@ void fuser_stream_cost(fuser_plan *p, const fuser_target *t)
                   ph[i].epi / (t->sm_load_gbs * 1e9) + unit;
         const double one = fmax((ph[i].w + ph[i].x) / per_sm, busy[i]);
         const double rounds = ceil(ph[i].units / G);
-        T += fmax(rounds * one, fmax(ph[i].hbm / hbm, ph[i].units * (sw * ph[i].w + sx * ph[i].x) /
-                                                          fmin(t->l2_gbs * 1e9, active * per_sm)));
+        /* swap-AB over several row tiles: every row tile's units read the weights from L2 again */
+        const double reread = swap && g.rt > 1 ? ph[i].units * ph[i].w / (t->stream_reread_gbs * 1e9) : 0;
+        T += fmax(fmax(rounds * one, reread), fmax(ph[i].hbm / hbm, ph[i].units * (sw * ph[i].w + sx * ph[i].x) /
+                                                                       fmin(t->l2_gbs * 1e9, active * per_sm)));
     }
     /* Decode over several rounds of phase 1 (one row tile, two phases, single blocks): every SM loads its
      * unit's weights at its share of HBM, and the SMs a short last round leaves free run the phase-2 units

@@ -118,6 +118,7 @@ static const fuser_target builtin[] = {
         /* fitted to the bm 16 decode plans of 268-1409 MB timed here (LLaMA-70B's 1.41 GB at one token in
          * 334.7 us, LLaMA-2-7B's 271 MB in 71.8): torch.sum's rate (docs/planner.md "Long streams") */
         .stream_long_gbs = 4330.0, .stream_ramp_us = 6.5,
+        .stream_reread_gbs = 8500.0,
         .fusion_margin = 0.10,      /* policy: the calibrated model's typical error is ~20% (log error
                                        0.037 leave-one-shape-out), so gains under 10% are not trusted */
         .stream_margin = 0.03,      /* policy: fitted without S8, the models pick for it a stream plan
@@ -163,6 +164,7 @@ static const fuser_target builtin[] = {
         /* fitted to its bm 16 decode plans of 101-1409 MB (S4 at one token in 40.3 us, LLaMA-70B in 468.2):
          * 0.91 of its theoretical rate (a device target takes that fraction, with the H200's ramp) */
         .stream_long_gbs = 3050.0, .stream_ramp_us = 5.0,
+        .stream_reread_gbs = 6000.0,
         .fusion_margin = 0.10,
         .stream_margin = 0.03,
         .max_workspace = (int64_t)256 << 20,
@@ -221,7 +223,12 @@ int fuser_target_from_device(const fuser_device_props *p, fuser_target *t, fuser
         /* long streams: 0.91 of the theoretical rate (an H100's fit) up to the H200's measured rate, and the
          * H200's ramp: both tables' values on their parts */
         t->stream_long_gbs = fmin(0.91 * theoretical, h200->stream_long_gbs);
+        /* the L2's re-reads: the H200's table on an H200, the H100's (the one other part timed) elsewhere */
+        if (!same)
+            t->stream_reread_gbs = fuser_target_builtin("h100")->stream_reread_gbs;
     }
+    if (p->sm_count > 0)
+        t->stream_reread_gbs *= p->sm_count / ref_sms;
     return fuser_target_check(t, err);
 }
 
@@ -242,7 +249,7 @@ int fuser_target_check(const fuser_target *t, fuser_err *err)
         {"stream_mma_eff", t->stream_mma_eff}, {"stream_fixed_us", t->stream_fixed_us},
         {"stream_time_scale", t->stream_time_scale}, {"stream_operand_bytes_per_clk", t->stream_operand_bytes_per_clk},
         {"stream_sm_gbs", t->stream_sm_gbs}, {"stream_hbm_gbs", t->stream_hbm_gbs},
-        {"stream_long_gbs", t->stream_long_gbs},
+        {"stream_long_gbs", t->stream_long_gbs}, {"stream_reread_gbs", t->stream_reread_gbs},
         {"eager_op_us", t->eager_op_us}, {"eager_mma_eff", t->eager_mma_eff},
         {"eager_fp8_mma_eff", t->eager_fp8_mma_eff}, {"eager_fp8_hbm_eff", t->eager_fp8_hbm_eff},
         {"eager_ramp_mb", t->eager_ramp_mb}, {"stream_round_mma_eff", t->stream_round_mma_eff},

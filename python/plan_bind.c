@@ -38,7 +38,7 @@ static const field target_fields[] = {
     TF(stream_time_scale, F_DBL), TF(stream_operand_bytes_per_clk, F_DBL), TF(stream_unit_us, F_DBL),
     TF(stream_unit_one_us, F_DBL), TF(stream_unit_one_kb, F_DBL), TF(stream_fp8_tail_rows, F_DBL),
     TF(stream_round_mma_eff, F_DBL), TF(stream_hbm_gbs, F_DBL), TF(stream_long_gbs, F_DBL),
-    TF(stream_ramp_us, F_DBL),
+    TF(stream_ramp_us, F_DBL), TF(stream_reread_gbs, F_DBL),
     TF(stream_sm_gbs, F_DBL), TF(eager_op_us, F_DBL), TF(eager_mma_eff, F_DBL),
     TF(eager_fp8_mma_eff, F_DBL), TF(eager_fp8_hbm_eff, F_DBL), TF(eager_ramp_us, F_DBL), TF(eager_ramp_mb, F_DBL),
     TF(eager_epilogue_us, F_DBL), TF(eager_mixed_p, F_DBL), TF(eager_mixed_mb, F_DBL),

@@ -403,7 +403,8 @@ BACKTEST_LOGS_H100 = [f"benchmarks/results/2026-12-06-h100-{n}" for n in (
 
 def test_the_planners_picks_on_the_h100s_timed_cells():
     """On the 205 cells the committed H100 timings cover, the built model's picks on the h100 target are within
-    0.9% of the best timed (geomean) and 8.8% faster than eager; priced at hbm_gbs as before (no stream_hbm_gbs
+    0.7% of the best timed (geomean) and 9.2% faster than eager (without the L2's re-reads of swap-AB plans of
+    several row tiles, ``stream_reread_gbs``, 1.0083 and 1.0911); priced at hbm_gbs as before (no stream_hbm_gbs
     of its own, no long streams' price), the same cells score 1.028 and 1.070 (docs/planner.md, "The stream's
     HBM rate on other parts"), and without the long streams' price alone 1.0094 and 1.0889 (LLaMA-70B at 12-64
     tokens stays eager, its fused plans timed 1.01-1.04x faster). Two cells' picks were never timed there (S6 at
@@ -415,11 +416,13 @@ def test_the_planners_picks_on_the_h100s_timed_cells():
     logs = [str(ROOT / p) for p in BACKTEST_LOGS_H100]
     checks, regret, vs_eager, untimed = pd.backtest(logs, target="h100")
     assert len(checks) == 205 and untimed == ["S6:48", "S7:77"], untimed
-    assert regret <= 1.009 and vs_eager >= 1.088, (regret, vs_eager)
+    assert regret <= 1.007 and vs_eager >= 1.092, (regret, vs_eager)
     near = {c: checks[c] for c in (("llama2-7b", 16), ("llama2-7b", 128), ("gpt3-6.7b", 128), ("S8", 128))}
     assert all(r["regret"] == 1.0 for r in near.values()), near
     import fuser
     h100 = dict(fuser._C.targets()["h100"])
+    _, flat_regret, flat_vs_eager, _ = pd.backtest(logs, target=dict(h100, stream_reread_gbs=h100["l2_gbs"]))
+    assert flat_regret > 1.008 and flat_vs_eager < 1.0915, (flat_regret, flat_vs_eager)
     _, off_regret, off_vs_eager, _ = pd.backtest(logs, target=dict(h100, stream_ramp_us=1e9))
     assert off_regret > regret and off_vs_eager < vs_eager, (off_regret, off_vs_eager)
     _, old_regret, old_vs_eager, _ = pd.backtest(logs, target=dict(h100, stream_hbm_gbs=h100["hbm_gbs"],

@@ -540,6 +540,32 @@ def test_a_long_stream_pays_its_start_once():
             fuser.plan(16, 8192, 28672, target=dict(h200, **{field: bad}), **kw)
 
 
+def test_swap_ab_plans_of_several_row_tiles_pay_the_l2_rereads():
+    """Each row tile of a swap-AB plan reads every weight tile again from L2, priced at ``stream_reread_gbs`` (the
+    H100's 6000 GB/s; the H200's equal to its l2_gbs, where the L2 term already holds it): S5 at 32 tokens on the
+    H100 timed its 16-row plans of two row tiles at 64.8-65.4 us and the 32-row plan of one at 54.7-55.9, which the
+    model had priced 0.1 us slower and now prices 2 us faster, and picks; a plan of one row tile, or on the H200's
+    table, is priced as before. A device target other than an H200 takes the H100's rate (docs/planner.md, "Swap-AB plans of several
+    row tiles")."""
+    h200, h100 = (dict(fuser._C.targets()[n]) for n in ("h200", "h100"))
+    assert h200["stream_reread_gbs"] == h200["l2_gbs"] and h100["stream_reread_gbs"] == 6000
+    assert _h100_device()["stream_reread_gbs"] == 6000
+    kw = dict(gated=True, fused=True, kind="stream", cluster=(1, 1, 1, 1), bn=128, bl=128, stages=6)
+    off = dict(h100, stream_reread_gbs=h100["l2_gbs"])
+    two = [fuser.plan(32, 2048, 11008, target=t, bm=16, s1=2, s2=4, **kw).predicted_us for t in (h100, off)]
+    one = [fuser.plan(32, 2048, 11008, target=t, bm=32, s1=3, s2=8, **kw).predicted_us for t in (h100, off)]
+    assert two[0] > 1.03 * two[1] and two[0] > one[0] + 1.5 and one[0] == one[1], (two, one)
+    assert all(fuser.plan(32, 2048, 11008, gated=True, target=t).raw["params"]["bm"] == 32
+               for t in (h100, _h100_device()))
+    assert fuser.plan(32, 2048, 11008, gated=True, target=off).raw["params"]["bm"] == 16
+    on200 = [fuser.plan(32, 2048, 11008, target=t, bm=16, s1=2, s2=4, **kw).predicted_us
+             for t in (h200, dict(h200, stream_reread_gbs=1e9))]
+    assert on200[0] == on200[1]
+    for bad in (0.0, float("nan")):
+        with pytest.raises(ValueError, match="stream_reread_gbs"):
+            fuser.plan(32, 2048, 11008, target=dict(h100, stream_reread_gbs=bad), bm=16, s1=2, s2=4, **kw)
+
+
 def test_equal_predictions_go_to_the_plan_of_fewer_row_tiles():
     """Where two stream plans are predicted the same to rounding (a schedule-bound time both tilings share),
     the search keeps the one of fewer row tiles: G6 at 48 tokens on the H100 measured 17.5 us at bm 64 against

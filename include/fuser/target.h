@@ -84,6 +84,11 @@ typedef struct fuser_target {
      * stream is priced at the lesser of the two, so the start of a 1.4 GB stream (LLaMA-70B) is paid once,
      * not 4x (docs/planner.md "Long streams"). */
     double stream_long_gbs, stream_ramp_us;
+    /* the rate at which a swap-AB plan of several row tiles moves its weight tiles from L2 into the SMs, GB/s:
+     * every row tile reads each weight tile again, the row tiles of a tile at about the same time (consecutive
+     * units), so L2 serves the weights once per row tile while HBM serves them once (docs/planner.md, "Swap-AB
+     * plans of several row tiles") */
+    double stream_reread_gbs;
     /* bytes per second one SM of the stream kernel pulls (TMA into its ring; measured 26-50 GB/s in
      * unit traces): what a phase with fewer units than SMs is limited by */
     double stream_sm_gbs;
