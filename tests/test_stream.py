@@ -544,9 +544,9 @@ def test_swap_ab_plans_of_several_row_tiles_pay_the_l2_rereads():
     """Each row tile of a swap-AB plan reads every weight tile again from L2, priced at ``stream_reread_gbs`` (the
     H100's 6000 GB/s; the H200's equal to its l2_gbs, where the L2 term already holds it): S5 at 32 tokens on the
     H100 timed its 16-row plans of two row tiles at 64.8-65.4 us and the 32-row plan of one at 54.7-55.9, which the
-    model had priced 0.1 us slower and now prices 2 us faster, and picks; a plan of one row tile, or on the H200's
-    table, is priced as before. A device target other than an H200 takes the H100's rate (docs/planner.md, "Swap-AB plans of several
-    row tiles")."""
+    model prices 0.1 us slower without the term and 2 us faster with it, and picks; a plan of one row tile, or on
+    the H200's table, is priced alike either way. A device target other than an H200 takes the H100's rate
+    (docs/planner.md, "Swap-AB plans of several row tiles")."""
     h200, h100 = (dict(fuser._C.targets()[n]) for n in ("h200", "h100"))
     assert h200["stream_reread_gbs"] == h200["l2_gbs"] and h100["stream_reread_gbs"] == 6000
     assert _h100_device()["stream_reread_gbs"] == 6000
