@@ -292,6 +292,11 @@ def time_specs(specs, log=print, save=None, trace=False, layouts=False, warm=Fal
     return dict(result=out)
 
 
+def geomean(xs):
+    """The geometric mean of positive numbers (ratios of times)."""
+    return math.exp(statistics.mean(math.log(x) for x in xs))
+
+
 def backtest(paths, target="h200", packed=False):
     """The built model's pick on `target` (a built-in name or a target dict) in every cell the timed files
     hold: (per-cell rows of ``fit_stream.backtest``, geomean regret, geomean speed-up over eager, cells whose
@@ -312,8 +317,7 @@ def backtest(paths, target="h200", packed=False):
     timed = [r for r in checks.values() if r["regret"] is not None]
     if not timed:
         raise ValueError(f"no cell of {len(checks)} has its pick timed in {paths}")
-    gm = lambda xs: math.exp(statistics.mean(math.log(x) for x in xs))  # noqa: E731
-    return (checks, gm(r["regret"] for r in timed), gm(r["vs_eager"] for r in timed),
+    return (checks, geomean(r["regret"] for r in timed), geomean(r["vs_eager"] for r in timed),
             sorted(f"{n}:{m}" for (n, m), r in checks.items() if r["regret"] is None))
 
 
@@ -365,7 +369,6 @@ def ab(paths):
              for c in common}
     bands = [(min(cells[c]["again"][i] for c in common), max(cells[c]["again"][i] for c in common))
              for i in range(len(runs))]
-    gm = lambda xs: math.exp(statistics.mean(math.log(x) for x in xs))  # noqa: E731
     name = lambda c: f"{c[0]}:{c[1]}"  # noqa: E731
     settings = {}
     for k in keys:
@@ -373,7 +376,7 @@ def ab(paths):
         if not have:
             continue
         beyond = lambda c, side: all(side(x, band) for x, band in zip(cells[c][k], bands))  # noqa: E731
-        settings[k] = dict(geomean=gm(x for c in have for x in cells[c][k]),
+        settings[k] = dict(geomean=geomean(x for c in have for x in cells[c][k]),
                            faster=[name(c) for c in have if beyond(c, lambda x, b: x < b[0])],
                            slower=[name(c) for c in have if beyond(c, lambda x, b: x > b[1])],
                            bits=[name(c) for c in have if not all(rs[c].get(f"same_bits_{k}", True) for rs in runs)])
@@ -448,7 +451,7 @@ def main(argv=None):
             print(f"{name:11s} m={m:<5d} {r['plans']:3d} plans  Spearman {r['spearman']:5.2f}  regret {r['regret']:.3f}  "
                   f"msle {r['msle']:.3f}")
         rho = [r["spearman"] for r in acc.values()]
-        regret = math.exp(statistics.mean(math.log(r["regret"]) for r in acc.values()))
+        regret = geomean(r["regret"] for r in acc.values())
         print(f"{len(acc)} cells: median Spearman {statistics.median(rho):.2f} ({sum(x >= 0.8 for x in rho)} at >= 0.8), "
               f"geomean regret {regret:.3f}, worst {max(r['regret'] for r in acc.values()):.3f}")
     elif args.cmd == "ab":
