@@ -232,7 +232,8 @@ static PyMethodDef module_methods[] = {
     {"stream_lead_bytes", (PyCFunction)(void (*)(void))fuser_py_stream_lead_bytes, METH_FASTCALL,
      "stream_lead_bytes([bytes]) -> the setting before the call: stream launches prepared from now on keep about\n"
      "this many bytes per block in flight in the ring's first pass (131072, the default), or request the whole ring\n"
-     "at once (0), in 16-bit single-block plans (cluster pairs and FP8 chains always take the whole ring).\n"
+     "at once (0), in 16-bit single-block plans (cluster pairs and FP8 chains always take the whole ring; ungated\n"
+     "swap-AB tiles of 16-32 token rows three quarters of the setting).\n"
      "Process-wide, for timing both; a prepared launch or a captured graph keeps what it was made with."},
     {"scratch_alloc", fuser_py_scratch_alloc, METH_VARARGS,
      "scratch_alloc(device, tickets_cap, ws_floats, stream) -> scratch: zeroed tickets + workspace, allocated\n"

@@ -102,7 +102,8 @@ int fuser_ffn_launch(const fuser_driver *drv, fuser_ffn_kernel *k, const fuser_f
 int fuser_stream_exact_boxes(int on);
 
 /** Bytes in flight per block in the ring's first pass of stream launches prepared from now on (their lead), for 16-bit
- * single-block plans (cluster pairs and quantized chains always request the whole ring at once): a slot is requested
+ * single-block plans (cluster pairs and quantized chains always request the whole ring at once; ungated swap-AB tiles,
+ * whose slots hold one weight tile, three quarters of it): a slot is requested
  * once the slot that many bytes before it has landed, and a block's first unit holds that many bytes of weight tiles,
  * not a ring, before the previous kernel is waited for; 0 requests the whole ring at once. Every SM asking for its
  * whole ring at once gets the bytes in no order, so its first slot lands only when most of them have (docs/kernels.md

@@ -34,8 +34,8 @@
  * requests its W_down tiles before it waits for its split's H.
  *
  * Roles: warpgroup 0 is the producer (one thread issues TMA into a STAGES-deep ring; it runs ahead
- * across unit boundaries, so the ring never drains; in tiles of 64-128 token rows its first pass keeps
- * about lead_bytes in flight: fill); warpgroups 1-2 consume with wgmma. BM, the token
+ * across unit boundaries, so the ring never drains; its first pass keeps about lead_bytes in flight, three
+ * quarters of it in ungated swap-AB tiles: fill); warpgroups 1-2 consume with wgmma. BM, the token
  * rows of every tile, picks the operand roles:
  *   BM = 128: tokens on wgmma's M side, each consumer its 64 token rows, all the tile's columns;
  *   BM = 64: tokens on the M side, both consumers the 64 rows, each half of the columns;
@@ -324,11 +324,13 @@ struct Stream {
          * MMAs on a slot take about as long as its load, then compute only after the burst; slot k is requested once
          * slot k - lead has landed instead, and the block's first unit holds `lead` weight tiles, not a ring, before
          * its dependency. Swap-AB tiles (decode) take the lead too: their MMAs are short, but the slots in order still
-         * let the first ones start before the burst ends (docs/kernels.md step 58). Pairs, and the quantized chains'
-         * x (written by the consumers), keep the whole ring. */
-        const int lead = !Q && PAIR == PAIR_NONE && p.lead_bytes > 0
-                             ? cmin(STAGES, ceil_div(p.lead_bytes, STAGE_BYTES))
-                             : STAGES;
+         * let the first ones start before the burst ends (docs/kernels.md step 58); an ungated one's slot holds one
+         * weight tile (18-20 KB), which the full lead would give the whole ring or all but one slot, so it keeps
+         * three quarters of it (6 or 5 of 8 slots: step 59). Pairs, and the quantized chains' x (written by the
+         * consumers), keep the whole ring. */
+        const int lead_bytes = SWAP && !C::GATED ? p.lead_bytes - p.lead_bytes / 4 : p.lead_bytes;
+        const int lead = !Q && PAIR == PAIR_NONE && lead_bytes > 0 ? cmin(STAGES, ceil_div(lead_bytes, STAGE_BYTES))
+                                                                   : STAGES;
         const int hold = c.passed == 0 ? lead : STAGES;
         for (int kb = k0; kb < k1; kb++, c.next()) {
             mbar_wait(&s.ring.empty[c.stage], c.phase ^ 1);
