@@ -168,8 +168,11 @@ static void cost_unfused(fuser_plan *p, const fuser_target *t)
     /* rowwise scaled GEMMs run whole tiles of 128 token rows: a count between multiples costs the next one's
      * (measured: 576 tokens as long as 640 within 2%, 1000 as 1024, 2000 as 2048; -twentythird-fp8-large) */
     const double Mg = rowwise ? 128 * ceil(M / 128) : M;
-    k->compute = gemm_us(t, Mg, K, N, eg, eff, w_rate, !q) * (c->gated ? 2 : 1) +
-                 gemm_us(t, Mg, N, L, eg, eff, w_rate, !q);
+    /* a packed chain's gate and up GEMMs as one, in the share of it whose tiles would leave SMs idle one by one
+     * (packed_idle): one kernel's fill and drain (gemm_us's ramp) instead of two, as far as the target says */
+    const double merged = pk ? packed_idle(c, t) * t->eager_packed_merge : 0;
+    k->compute = gemm_us(t, Mg, K, N, eg, eff, w_rate, !q) * (c->gated ? 2 : 1) * (1 - merged) +
+                 gemm_us(t, Mg, K, 2 * N, eg, eff, w_rate, !q) * merged + gemm_us(t, Mg, N, L, eg, eff, w_rate, !q);
     k->hbm = ew_bytes / (t->hbm_gbs * 1e3);
     k->l2 = k->dsm = k->smem = k->sync = k->tail = 0;
     /* the GEMMs, the activation (unless in the epilogue) and (gated) the product; quantized: and 3 ops each for x

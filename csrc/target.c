@@ -91,6 +91,9 @@ static const fuser_target builtin[] = {
          * it; p = 3 from 64 MB of weights on: msle of the 46 timed cells of 50 MB or more 0.0015 -> 0.0013 (all
          * 210: 0.0067 -> 0.0066), every pick it changes timed (docs/planner.md) */
         .eager_mixed_p = 3.0, .eager_mixed_mb = 64.0,
+        /* the merged GEMM priced once: its two timed cells here (S8 at 48 and 64 tokens, the route 1.02-1.06x the
+         * fused picks) favour the two GEMMs' price, and its moved picks are untimed (docs/planner.md) */
+        .eager_packed_merge = 0.0,
         /* PyTorch's rowwise e4m3 FFNs at 128-512 tokens of four 7B-70B shapes (2026-12-03, benchmarks/RESULTS.md,
          * twentieth session; msle 0.009): the GEMMs 1.3x the bf16 rate when compute-bound, their e4m3 weights
          * read at two thirds of the bf16 byte rate when not */
@@ -155,6 +158,9 @@ static const fuser_target builtin[] = {
         .small_gemm_eff = 0.972,  /* the H200's, until measured here */
         .eager_op_us = 2.182, .eager_mma_eff = 0.959, .eager_ramp_us = 2.807, .eager_ramp_mb = 2.508,
         .eager_epilogue_us = 1.1, .eager_mixed_p = 3.0, .eager_mixed_mb = 64.0, /* the H200's */
+        /* S8's packed route at 16-256 tokens timed 18.6-22.5 us, priced 20.7-24.6 with two GEMMs' fill and drain
+         * and 18.3-21.9 with one (docs/planner.md, "The merged GEMM's fill and drain") */
+        .eager_packed_merge = 1.0,
         .eager_fp8_mma_eff = 1.3, .eager_fp8_hbm_eff = 0.667, /* the H200's */
         .stream_mma_eff = 0.80, .stream_fixed_us = 1.194, .stream_time_scale = 1.14, /* the H200's */
         .stream_operand_bytes_per_clk = 93.713, .stream_unit_us = 1.985, .stream_sm_gbs = 75.6,
@@ -224,8 +230,10 @@ int fuser_target_from_device(const fuser_device_props *p, fuser_target *t, fuser
          * H200's ramp: both tables' values on their parts */
         t->stream_long_gbs = fmin(0.91 * theoretical, h200->stream_long_gbs);
         /* the L2's re-reads: the H200's table on an H200, the H100's (the one other part timed) elsewhere */
-        if (!same)
+        if (!same) {
             t->stream_reread_gbs = fuser_target_builtin("h100")->stream_reread_gbs;
+            t->eager_packed_merge = fuser_target_builtin("h100")->eager_packed_merge;
+        }
     }
     if (p->sm_count > 0)
         t->stream_reread_gbs *= p->sm_count / ref_sms;
@@ -299,6 +307,9 @@ int fuser_target_check(const fuser_target *t, fuser_err *err)
     if (!(t->eager_mixed_p >= 1) || !isfinite(t->eager_mixed_p))
         return fuser_fail(err, FUSER_E_VALUE, "target %s: eager_mixed_p must be >= 1, got %g", t->name,
                           t->eager_mixed_p);
+    if (!(t->eager_packed_merge >= 0 && t->eager_packed_merge <= 1))
+        return fuser_fail(err, FUSER_E_VALUE, "target %s: eager_packed_merge must be in [0, 1], got %g", t->name,
+                          t->eager_packed_merge);
     if (!(t->eager_epilogue_us >= 0) || !isfinite(t->eager_epilogue_us))
         return fuser_fail(err, FUSER_E_VALUE, "target %s: eager_epilogue_us must be >= 0, got %g", t->name,
                           t->eager_epilogue_us);

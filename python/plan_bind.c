@@ -42,6 +42,7 @@ static const field target_fields[] = {
     TF(stream_sm_gbs, F_DBL), TF(eager_op_us, F_DBL), TF(eager_mma_eff, F_DBL),
     TF(eager_fp8_mma_eff, F_DBL), TF(eager_fp8_hbm_eff, F_DBL), TF(eager_ramp_us, F_DBL), TF(eager_ramp_mb, F_DBL),
     TF(eager_epilogue_us, F_DBL), TF(eager_mixed_p, F_DBL), TF(eager_mixed_mb, F_DBL),
+    TF(eager_packed_merge, F_DBL),
     TF(fusion_margin, F_DBL), TF(stream_margin, F_DBL), TF(max_workspace, F_I64),
 };
 #define PF(k) {#k, F_INT, offsetof(fuser_plan, k)}
