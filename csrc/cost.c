@@ -168,9 +168,11 @@ static void cost_unfused(fuser_plan *p, const fuser_target *t)
     /* rowwise scaled GEMMs run whole tiles of 128 token rows: a count between multiples costs the next one's
      * (measured: 576 tokens as long as 640 within 2%, 1000 as 1024, 2000 as 2048; -twentythird-fp8-large) */
     const double Mg = rowwise ? 128 * ceil(M / 128) : M;
-    /* a packed chain's gate and up GEMMs as one, in the share of it whose tiles would leave SMs idle one by one
-     * (packed_idle): one kernel's fill and drain (gemm_us's ramp) instead of two, as far as the target says */
-    const double merged = pk ? packed_idle(c, t) * t->eager_packed_merge : 0;
+    /* a packed chain's gate and up GEMMs as one where both projections' 128 x 128 output tiles fit on the SMs at
+     * once: one kernel's fill and drain (gemm_us's ramp) instead of two, as far as the target says (a merged GEMM
+     * of more tiles than SMs runs in waves: S2 at 192 tokens, 176 tiles, timed 1.07x over this price) */
+    const double tiles = ceil(M / 128) * ceil(N / 128);
+    const double merged = pk && 2 * tiles <= t->sm_count ? t->eager_packed_merge : 0;
     k->compute = gemm_us(t, Mg, K, N, eg, eff, w_rate, !q) * (c->gated ? 2 : 1) * (1 - merged) +
                  gemm_us(t, Mg, K, 2 * N, eg, eff, w_rate, !q) * merged + gemm_us(t, Mg, N, L, eg, eff, w_rate, !q);
     k->hbm = ew_bytes / (t->hbm_gbs * 1e3);

@@ -398,17 +398,17 @@ BACKTEST_LOGS_H100 = [f"benchmarks/results/2026-12-06-h100-{n}" for n in (
     "fortyfifth-s8-traces-a.json", "fortyfifth-s8-traces-b.json", "fortyfifth-layouts-a.json",
     "fortyfifth-layouts-b.json", "fortyfifth-targets-c-second-card.csv", "fortyfifth-targets-d-second-card.csv",
     "fortyfifth-three-rows-a.csv", "fortyfifth-three-rows-b.csv")] + [
-    f"benchmarks/results/2026-12-07-h100-{n}-{r}.json" for n in ("fiftythird-bn48", "fiftyseventh-reread")
-    for r in "ab"]
+    f"benchmarks/results/2026-12-07-h100-{n}-{r}.json"
+    for n in ("fiftythird-bn48", "fiftyseventh-reread", "fiftyseventh-packed-merge") for r in "ab"]
 
 
 def test_the_planners_picks_on_the_h100s_timed_cells():
-    """On the 210 cells the committed H100 timings cover, the built model's picks on the h100 target are within
+    """On the 211 cells the committed H100 timings cover, the built model's picks on the h100 target are within
     0.7% of the best timed (geomean) and 9.2% faster than eager (without the L2's re-reads of swap-AB plans of
-    several row tiles, ``stream_reread_gbs``, 1.0098 and 1.0892: the re-read files time both sets of picks, and the
+    several row tiles, ``stream_reread_gbs``, 1.0097 and 1.0892: the re-read files time both sets of picks, and the
     priced picks win in eight of the nine cells, S8 at 77 tokens losing 2%); priced at hbm_gbs as before (no
     stream_hbm_gbs of its own, no long streams' price), the same cells score 1.022 and 1.076 (docs/planner.md, "The
-    stream's HBM rate on other parts"), and without the long streams' price alone 1.0076 and 1.0916 (LLaMA-70B at
+    stream's HBM rate on other parts"), and without the long streams' price alone 1.0075 and 1.0916 (LLaMA-70B at
     12-64 tokens stays eager, its fused plans timed 1.01-1.04x faster). Two cells' picks were never timed there (S6
     at 48 tokens, S7 at 77); the 48-wide n-tiles' picks are timed in the bn48 files. In the
     three decode cells nearest the issues' floor targets (LLaMA-2-7B at 16 and 128 tokens, GPT-3-6.7B at 128), where
@@ -417,7 +417,7 @@ def test_the_planners_picks_on_the_h100s_timed_cells():
     pd = _pick_diff()
     logs = [str(ROOT / p) for p in BACKTEST_LOGS_H100]
     checks, regret, vs_eager, untimed = pd.backtest(logs, target="h100")
-    assert len(checks) == 210 and untimed == ["S6:48", "S7:77"], untimed
+    assert len(checks) == 211 and untimed == ["S6:48", "S7:77"], untimed
     assert regret <= 1.007 and vs_eager >= 1.092, (regret, vs_eager)
     near = {c: checks[c] for c in (("llama2-7b", 16), ("llama2-7b", 128), ("gpt3-6.7b", 128), ("S8", 128))}
     assert all(r["regret"] == 1.0 for r in near.values()), near
@@ -436,18 +436,18 @@ def test_packed_chains_pick_their_route_where_it_was_timed_faster_on_the_h100():
     """Gate and up packed in one tensor (as fuser.optimize leaves them on CUDA), the eager route runs one GEMM of
     both and the gate kernel, which the model prices (docs/planner.md, "The packed route in the model"). On the
     committed H100 timings of that route beside the fused picks (the packed-route files: two runs, the H200
-    table's cells and the H100 device target's; the 48-wide n-tiles' cells and the re-read cells, whose files time
-    the route too), the seven cells whose pick the pricing moves on the h100 target take the route, timed faster
+    table's cells and the H100 device target's; the 48-wide n-tiles', the re-read and the merged GEMM's cells,
+    whose files time the route too), the seven cells whose pick the pricing moves on the h100 target take the route, timed faster
     than the fused plan they replace in each, and no other pick changes. Three of them (S8 at 77, 128 and 160
     tokens, the route 1.10-1.17x faster) move only with the merged GEMM priced once (``eager_packed_merge``;
-    docs/planner.md, "The merged GEMM's fill and drain"): without it the packed picks score 1.014 against the best
+    docs/planner.md, "The merged GEMM's fill and drain"): without it the packed picks score 1.012 against the best
     timed, with it 1.002."""
     import fuser
     pd = _pick_diff()
-    logs = [str(ROOT / p) for p in BACKTEST_LOGS_H100 if any(k in p for k in ("packed-route", "bn48", "reread"))]
+    logs = [str(ROOT / p) for p in BACKTEST_LOGS_H100 if any(k in p for k in ("packed-route", "bn48", "reread", "packed-merge"))]
     packed, regret, _, untimed = pd.backtest(logs, target="h100", packed=True)
     apart, _, _, _ = pd.backtest(logs, target="h100")
-    assert untimed == ["S7:77"] and len(packed) == 32, untimed
+    assert untimed == ["S7:77"] and len(packed) == 33, untimed
     moved = sorted(f"{n}:{m}" for (n, m), r in packed.items() if r["pick"] != apart[(n, m)]["pick"])
     assert moved == ["S2:160", "S4:256", "S8:128", "S8:160", "S8:256", "S8:77", "S8:96"], moved
     routes = pd.packed_routes(logs)
@@ -462,7 +462,7 @@ def test_packed_chains_pick_their_route_where_it_was_timed_faster_on_the_h100():
     by_two, two_regret, _, _ = pd.backtest(logs, target=two, packed=True)
     assert sorted(f"{n}:{m}" for (n, m), r in packed.items() if r["pick"] != by_two[(n, m)]["pick"]) == \
         ["S8:128", "S8:160", "S8:77"]
-    assert regret <= 1.003 and two_regret > 1.012, (regret, two_regret)
+    assert regret <= 1.003 and two_regret > 1.011, (regret, two_regret)
     assert fuser.plan(128, 1024, 3072, gated=True, activation="silu", target=two, packed=True).fused
 
 

@@ -327,11 +327,12 @@ S8_ROUTE_H100 = {16: 18.6, 64: 19.9, 77: 18.6, 96: 19.0, 128: 20.0, 160: 20.4, 2
 
 
 def test_the_packed_gemm_fills_and_drains_once_where_its_halves_leave_sms_idle():
-    """Gate and up packed run as one GEMM: where each projection's tiles alone leave SMs idle (packed_idle), that
-    share of the two GEMMs is priced as one GEMM of 2 N rows, one fill and drain instead of two, times the target's
-    ``eager_packed_merge``. On the h100 table (1.0) S8's packed route at 16-256 tokens, timed 18.6-22.5 us, is priced
-    within 6% (with two GEMMs 1.09-1.17x its time), and S8 at 77-160 tokens picks it (timed 1.10-1.17x faster than
-    the fused picks it replaces); the H200's table keeps two GEMMs (0.0: its two timed cells, S8 at 48 and 64
+    """Gate and up packed run as one GEMM: where both projections' 128 x 128 output tiles fit on the SMs at once,
+    the two GEMMs are priced as one GEMM of 2 N rows, one fill and drain instead of two, in the share the target's
+    ``eager_packed_merge`` gives. On the h100 table (1.0) S8's packed route at 16-256 tokens, timed 18.6-22.5 us, is
+    priced within 6% (with two GEMMs 1.09-1.17x its time), and S8 at 77-160 tokens picks it (timed 1.09-1.20x faster
+    than the fused picks it replaces); S2 at 192 tokens (176 tiles on 132 SMs), whose route timed 1.07x slower than
+    its fused pick, keeps the pick. The H200's table keeps two GEMMs (0.0: its two timed cells, S8 at 48 and 64
     tokens, favour them); a device target other than an H200 takes the H100's value. Where a projection's tiles
     fill the SMs (LLaMA-70B) nothing changes; the value is validated (docs/planner.md, "The merged GEMM's fill and
     drain")."""
@@ -350,6 +351,9 @@ def test_the_packed_gemm_fills_and_drains_once_where_its_halves_leave_sms_idle()
         assert not fuser.plan(m, 1024, 3072, gated=True, activation="silu", target=h100, packed=True).fused
         assert fuser.plan(m, 1024, 3072, gated=True, activation="silu", target=two, packed=True).fused
     assert fuser.plan(128, 1024, 3072, gated=True, activation="silu", target="h200", packed=True).fused
+    s2 = [fuser.plan(192, 2048, 5632, target=t, **kw).predicted_us for t in (h100, two)]
+    assert s2[0] == s2[1] and fuser.plan(192, 2048, 5632, gated=True, activation="silu", target=h100,
+                                         packed=True).fused
     for m in (16, 2048):  # LLaMA-70B: 224 and more tiles a projection on 132 SMs
         assert fuser.plan(m, 8192, 28672, target=h100, **kw).predicted_us == \
             fuser.plan(m, 8192, 28672, target=two, **kw).predicted_us

@@ -57,9 +57,9 @@ typedef struct fuser_target {
      * plus the excess of their smooth maximum (tc^p + tm^p)^(1/p), p = eager_mixed_p (large: none), in
      * full from eager_mixed_mb MB of weights on and in proportion below (small GEMMs' ramp covers it) */
     double eager_mixed_p, eager_mixed_mb;
-    /* a packed chain's gate and up GEMM (one GEMM of 2 N rows) as one GEMM's time, fill and drain once, in the
-     * share of it where each projection alone would leave SMs idle (packed_idle), times this (0 to 1; 0: priced
-     * as two GEMMs, as the ops run them); docs/planner.md, "The merged GEMM's fill and drain" */
+    /* a packed chain's gate and up GEMM (one GEMM of 2 N rows) where its output tiles fit on the SMs at once:
+     * this share (0 to 1) of it priced as one GEMM, fill and drain once (0: as two GEMMs, as the ops run them);
+     * docs/planner.md, "The merged GEMM's fill and drain" */
     double eager_packed_merge;
     /* a quantized chain's eager GEMMs from FUSER_FP8_ROWWISE_TOKENS tokens on (torch._scaled_mm, rowwise
      * scales): their rate over mma_tflops when compute-bound (above 1: e4m3 tensor cores), and the rate
