@@ -91,8 +91,8 @@ static const fuser_target builtin[] = {
          * it; p = 3 from 64 MB of weights on: msle of the 46 timed cells of 50 MB or more 0.0015 -> 0.0013 (all
          * 210: 0.0067 -> 0.0066), every pick it changes timed (docs/planner.md) */
         .eager_mixed_p = 3.0, .eager_mixed_mb = 64.0,
-        /* the merged GEMM priced once: its two timed cells here (S8 at 48 and 64 tokens, the route 1.02-1.06x the
-         * fused picks) favour the two GEMMs' price, and its moved picks are untimed (docs/planner.md) */
+        /* the merged GEMM priced as two: priced as one, the route would replace fused picks timed faster here (S8
+         * at 48 and 64 tokens by 1.02-1.06x, S1 at 128 by 1.07x; docs/planner.md) */
         .eager_packed_merge = 0.0,
         /* PyTorch's rowwise e4m3 FFNs at 128-512 tokens of four 7B-70B shapes (2026-12-03, benchmarks/RESULTS.md,
          * twentieth session; msle 0.009): the GEMMs 1.3x the bf16 rate when compute-bound, their e4m3 weights

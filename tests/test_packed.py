@@ -306,15 +306,14 @@ def test_a_packed_gated_chain_prices_its_eager_route_without_two_passes_and_idle
     import math
     for name in ("h100", "h200"):
         t = dict(_C.targets()[name], eager_packed_merge=0.0)  # the merged GEMM priced as two (the next test)
-        tgt = t
         for m, d, f in ((1, 1024, 3072), (128, 1024, 3072), (128, 3072, 8192), (1, 4096, 14336), (128, 4096, 14336),
                         (16, 8192, 28672), (2048, 4096, 14336)):
-            kw = dict(gated=True, activation="silu", target=tgt)
+            kw = dict(gated=True, activation="silu", target=t)
             ops, packed = (fuser.plan(m, d, f, fused=False, packed=pk, **kw).predicted_us for pk in (False, True))
             tiles = math.ceil(m / 128) * math.ceil(f / 128)
             idle = 0 if tiles >= t["sm_count"] else min(1, (t["sm_count"] - tiles) / tiles)
             saved = 2 * 2 * m * f / (t["hbm_gbs"] * 1e3) + 2 * idle * t["eager_op_us"]
-            assert ops - packed == pytest.approx(saved, rel=1e-6, abs=1e-6), (tgt, m, d, f, ops, packed)
+            assert ops - packed == pytest.approx(saved, rel=1e-6, abs=1e-6), (name, m, d, f, ops, packed)
             assert fuser.plan(m, d, f, fused=True, packed=True, **kw).summary() == \
                 fuser.plan(m, d, f, fused=True, **kw).summary()
     s8 = dict(gated=True, activation="silu", target="h200", fused=False)
@@ -326,7 +325,7 @@ def test_a_packed_gated_chain_prices_its_eager_route_without_two_passes_and_idle
 S8_ROUTE_H100 = {16: 18.6, 64: 19.9, 77: 18.6, 96: 19.0, 128: 20.0, 160: 20.4, 256: 22.5}
 
 
-def test_the_packed_gemm_fills_and_drains_once_where_its_halves_leave_sms_idle():
+def test_the_packed_gemm_fills_and_drains_once_where_both_halves_fit_on_the_sms():
     """Gate and up packed run as one GEMM: where both projections' 128 x 128 output tiles fit on the SMs at once,
     the two GEMMs are priced as one GEMM of 2 N rows, one fill and drain instead of two, in the share the target's
     ``eager_packed_merge`` gives. On the h100 table (1.0) S8's packed route at 16-256 tokens, timed 18.6-22.5 us, is
