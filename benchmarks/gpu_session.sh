@@ -27,10 +27,10 @@
 #          epilogue over a zero bias switched on, beside the ops (docs/kernels.md, "Next kernels" 12)
 #   cells  build, `pick_diff.py time --route` twice on each committed cells file (benchmarks/results/*-cells.json:
 #          a model or search change's picks beside the old ones, eager and fuser's eager route; CELLS=NAME
-#          takes the files whose name holds NAME)
+#          takes the file of that name, else the files whose name holds NAME)
 #   plans  build, `pick_diff.py plans` twice on each committed list of plans (benchmarks/results/*-plans.txt: one
-#          NAME:M:constraints spec per line, the plans a model change needs timed; PLANS=NAME takes the files whose
-#          name holds NAME; TRACE=1 adds each plan's unit trace, LAYOUTS=1 each gated plan over gate and up packed,
+#          NAME:M:constraints spec per line, the plans a model change needs timed; PLANS=NAME takes the file of that
+#          name, else the files whose name holds NAME; TRACE=1 adds each plan's unit trace, LAYOUTS=1 each gated plan over gate and up packed,
 #          WARM=1 each plan over one input set, its weights kept in the L2, EXACT=1 each plan with exact token boxes,
 #          LEADS=0 each plan with the ring's first pass requested whole, LEADS=N,M with those first-pass leads in bytes,
 #          AGAIN=1 each plan's graph captured a second time as it is: the spread the other ratios are read against,
@@ -54,6 +54,24 @@ case "|$STAGES|" in *"|$STAGE|"*) ;; *) echo "usage: $0 $STAGES" >&2; exit 2;; e
 SELF=$(readlink -f "$0")
 cd "$(dirname "$SELF")/.."
 FINAL=$(mkdir -p "${OUT:-gpu-out}" && readlink -f "${OUT:-gpu-out}")
+# The committed files the cells and plans stages time: CELLS or PLANS names one file (its name, with or without its
+# -cells.json or -plans.txt) or, where no file has that name, the files whose names hold it; a name that matches
+# none stops the stage before the build.
+CELLS=${CELLS:-}; CELLS=${CELLS%.json}; CELLS=${CELLS%-cells}
+PLANS=${PLANS:-}; PLANS=${PLANS%.txt}; PLANS=${PLANS%-plans}
+lists() {   # lists NAME SUFFIX
+    if [ -n "$1" ] && [ -e "benchmarks/results/$1$2" ]; then echo "benchmarks/results/$1$2"
+    else echo "benchmarks/results/*$1*$2"; fi
+}
+case $STAGE in
+    cells) LISTS=$(lists "$CELLS" -cells.json) ;;
+    plans) LISTS=$(lists "$PLANS" -plans.txt) ;;
+    *) LISTS= ;;
+esac
+if [ -n "$LISTS" ] && ! compgen -G "$LISTS" > /dev/null; then
+    echo "$STAGE: no file matches $LISTS" | tee -a "$FINAL/gpu.txt" >&2
+    exit 2
+fi
 # Seconds each stage usually takes on the H200 or an H100 (build included), for the queue's budget (targets: 54-141 s
 # over seven H100 runs, so that it queues after a cells stage).
 declare -A STAGE_SECONDS=([check]=330 [bench]=480 [fit]=560 [prefill]=420 [epilogue]=420 [trace]=300 [pairs]=450
@@ -161,13 +179,13 @@ twice() {
     done
 }
 if [ "$STAGE" = cells ]; then
-    for cells in benchmarks/results/*${CELLS:-}*-cells.json; do
+    for cells in $LISTS; do
         twice "$(basename "$cells" -cells.json)" 140 ' eager |slower|loses' time --route "$cells" OUTPUT
     done
     finish "cells${CELLS:+-$CELLS}"
 fi
 if [ "$STAGE" = plans ]; then
-    for list in benchmarks/results/*${PLANS:-}*-plans.txt; do
+    for list in $LISTS; do
         twice "$(basename "$list" -plans.txt)" 200 ' us \(eager|Error|^trace: span' plans ${TRACE:+--trace} \
             ${LAYOUTS:+--layouts} ${WARM:+--warm} ${EXACT:+--exact} ${LEADS:+--leads $LEADS} ${AGAIN:+--again} OUTPUT \
             $(grep -v '^#' "$list")

@@ -3,6 +3,7 @@ route where there is no Hopper GPU) and prints the rows it promises."""
 import csv
 import json
 import math
+import os
 import pathlib
 import re
 import subprocess
@@ -290,6 +291,17 @@ def _pick_diff():
     finally:
         sys.path.pop(0)
     return pick_diff
+
+
+def test_gpu_session_stops_before_the_build_when_no_committed_list_matches(tmp_path):
+    """The cells and plans stages of benchmarks/gpu_session.sh take CELLS or PLANS as one committed file's name (with
+    or without its suffix) or a part of several names; a name that matches none ends the stage with rc 2 and says
+    which pattern found nothing, before the build spends the GPU call's time."""
+    for stage, var in (("cells", "CELLS"), ("plans", "PLANS")):
+        r = subprocess.run(["bash", str(ROOT / "benchmarks/gpu_session.sh"), stage], capture_output=True, text=True,
+                           timeout=60, env=dict(os.environ, OUT=str(tmp_path / stage), **{var: "no-such-list"}))
+        assert r.returncode == 2 and f"{stage}: no file matches benchmarks/results/*no-such-list*" in r.stderr, r
+        assert "pip" not in r.stdout + r.stderr
 
 
 def test_every_committed_plan_list_plans_as_it_is_written():
