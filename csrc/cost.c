@@ -118,13 +118,19 @@ static double gemm_us(const fuser_target *t, double m, double k, double n, doubl
     return busy + t->eager_ramp_us * (1 - exp(-bytes / (t->eager_ramp_mb * 1e6)));
 }
 
+/* One projection's GEMM of a packed chain in 128 x 128 output tiles (T below). */
+static double projection_tiles(const fuser_chain *c)
+{
+    return ceil((double)c->m / 128) * ceil((double)c->n / 128);
+}
+
 /* The share of SMs that one projection's GEMM of a packed chain leaves idle, relative to its own tiles (0 to 1):
  * T = 128 x 128 output tiles on S SMs, (S - T) / T where T < S. Merged, the two GEMMs run on up to twice the
  * SMs: about two launches saved where T is a fraction of S, nothing beyond H's passes where T fills the SMs
  * (the timings behind it: docs/planner.md, "The packed route in the model"). */
 static double packed_idle(const fuser_chain *c, const fuser_target *t)
 {
-    const double tiles = ceil((double)c->m / 128) * ceil((double)c->n / 128), s = t->sm_count;
+    const double tiles = projection_tiles(c), s = t->sm_count;
     return tiles >= s ? 0 : fmin(1, (s - tiles) / tiles);
 }
 
@@ -171,8 +177,7 @@ static void cost_unfused(fuser_plan *p, const fuser_target *t)
     /* a packed chain's gate and up GEMMs as one where both projections' 128 x 128 output tiles fit on the SMs at
      * once: one kernel's fill and drain (gemm_us's ramp) instead of two, as far as the target says (a merged GEMM
      * of more tiles than SMs runs in waves: S2 at 192 tokens, 176 tiles, timed 1.07x over this price) */
-    const double tiles = ceil(M / 128) * ceil(N / 128);
-    const double merged = pk && 2 * tiles <= t->sm_count ? t->eager_packed_merge : 0;
+    const double merged = pk && 2 * projection_tiles(c) <= t->sm_count ? t->eager_packed_merge : 0;
     k->compute = gemm_us(t, Mg, K, N, eg, eff, w_rate, !q) * (c->gated ? 2 : 1) * (1 - merged) +
                  gemm_us(t, Mg, K, 2 * N, eg, eff, w_rate, !q) * merged + gemm_us(t, Mg, N, L, eg, eff, w_rate, !q);
     k->hbm = ew_bytes / (t->hbm_gbs * 1e3);
