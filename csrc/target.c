@@ -91,9 +91,10 @@ static const fuser_target builtin[] = {
          * it; p = 3 from 64 MB of weights on: msle of the 46 timed cells of 50 MB or more 0.0015 -> 0.0013 (all
          * 210: 0.0067 -> 0.0066), every pick it changes timed (docs/planner.md) */
         .eager_mixed_p = 3.0, .eager_mixed_mb = 64.0,
-        /* the merged GEMM priced as two: priced as one, the route would replace fused picks timed faster here (S8
-         * at 48 and 64 tokens by 1.02-1.06x, S1 at 128 by 1.07x; docs/planner.md) */
-        .eager_packed_merge = 0.0,
+        /* half the merged GEMM's saving: the packed route's 18 timed cells here (S1, S2, S4 at 77-128 tokens, S8 at
+         * 48-128, 2026-12-07) fit best at 0.5 (log error rms 0.025, bias -0.003; 0.050 and +0.040 as two GEMMs,
+         * 0.057 and -0.048 as one; docs/planner.md) */
+        .eager_packed_merge = 0.5,
         /* PyTorch's rowwise e4m3 FFNs at 128-512 tokens of four 7B-70B shapes (2026-12-03, benchmarks/RESULTS.md,
          * twentieth session; msle 0.009): the GEMMs 1.3x the bf16 rate when compute-bound, their e4m3 weights
          * read at two thirds of the bf16 byte rate when not */

@@ -482,6 +482,29 @@ def test_packed_chains_pick_their_route_where_it_was_timed_faster_on_the_h100():
     assert fuser.plan(128, 1024, 3072, gated=True, activation="silu", target=two, packed=True).fused
 
 
+def test_packed_chains_pick_their_route_where_it_was_timed_faster_on_the_h200():
+    """On the H200's timings of the packed route beside the fused picks (the fifty-eighth session's merged-GEMM and
+    48-wide n-tile cells, twice each: S1, S2 and S4 at 77-128 tokens, S8 at 48-128), the h200 table's half-merged
+    GEMM (``eager_packed_merge`` 0.5, the value the route's 18 timings fit best) sends S8 at 77-128 tokens to the
+    route, timed 1.09-1.14x faster than the fused picks there, at the price of S1 at 77-100 tokens and S4 at 77
+    (the route 1.01-1.04x slower, inside the stream margin): 1.007 against the best timed, where two GEMMs score
+    1.017 and one 1.022 (docs/planner.md, "The merged GEMM's fill and drain")."""
+    import fuser
+    pd = _pick_diff()
+    logs = [str(ROOT / p) for p in BACKTEST_LOGS if "fiftyeighth-packed-merge" in p or "fiftyeighth-bn48" in p]
+    h200 = dict(fuser._C.targets()["h200"])
+    packed, regret, _, untimed = pd.backtest(logs, target="h200", packed=True)
+    assert len(packed) == 18 and untimed == [], untimed
+    routes = pd.packed_routes(logs)
+    for m in (77, 100, 128):
+        r = packed[("S8", m)]
+        assert r["pick"] == "eager" and r["regret"] == 1.0 and r["best_us"] == pytest.approx(routes[("S8", m)]), (m, r)
+    assert all(packed[("S8", m)]["pick"] != "eager" for m in (48, 64))
+    _, two, _, _ = pd.backtest(logs, target=dict(h200, eager_packed_merge=0.0), packed=True)
+    _, one, _, _ = pd.backtest(logs, target=dict(h200, eager_packed_merge=1.0), packed=True)
+    assert regret <= 1.007 and two > 1.016 and one > 1.02, (regret, two, one)
+
+
 def test_the_planners_picks_on_every_timed_cell_stay_timed_and_fast():
     """The built model's pick in each of the 298 cells the committed H200 timings cover is a plan they
     timed (or eager; but for four cells that only the H100's picks were timed in on the H200: G8 at 64 tokens, S1,
