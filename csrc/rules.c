@@ -192,13 +192,16 @@ static int r_stream_fill(const fuser_plan *p, const fuser_target *t)
 }
 
 /* CHOICE: at up to 32 tokens, where the swap-AB tiles (bm 16, 32) hold every token, 64- and 128-row tiles only
- * for chains whose weights fit L2. Such a tile runs its MMAs over rows that are nearly all padding, which the
- * cost model hides under the weight stream; where that stream is long it does not hide (LLaMA-2-7B at 1-16
- * tokens, bm 128 on an H100: 0.72-0.80x eager; docs/planner.md "Padded row tiles at decode"). */
+ * in one phase and for chains whose weights fit L2 (the tiny chains' one-phase units). Such a tile runs its MMAs
+ * over rows that are nearly all padding, which the cost model hides under the weight stream; where that stream is
+ * long it does not hide (LLaMA-2-7B at 1-16 tokens, bm 128 on an H100: 0.72-0.80x eager), and in two phases the
+ * padded tiles' hand-off does not either (GPT-2 at 16 tokens, bm 64 on the H200: 1.20x the swap-AB plan it tied in
+ * the model; docs/planner.md "Padded row tiles at decode"). */
 static int r_stream_decode_rows(const fuser_plan *p, const fuser_target *t)
 {
     (void)t;
-    return p->kind == FUSER_KIND_STREAM && !fuser_stream_swap(p) && p->chain.m <= 32 && !fuser_stream_weights_in_l2(p);
+    return p->kind == FUSER_KIND_STREAM && !fuser_stream_swap(p) && p->chain.m <= 32 &&
+           (p->phases != 1 || !fuser_stream_weights_in_l2(p));
 }
 
 /* CHOICE: a plain 16-bit chain's swap-AB tiles (bm 16, 32) only at up to 96 tokens. Beyond, each of their many
@@ -280,8 +283,8 @@ const fuser_rule fuser_rules[] = {
      "but a decode phase whose weights fit L2; a phase 1 of one 128-row tile (and its phase 2 after one "
      "split), half the SMs",
      FUSER_LEVEL_CHOICE, r_stream_fill},
-    {"stream_decode_rows", "stream kernel: 64- and 128-row tiles at up to 32 tokens only for chains whose weights "
-                           "fit L2",
+    {"stream_decode_rows", "stream kernel: 64- and 128-row tiles at up to 32 tokens only in one phase, for chains "
+                           "whose weights fit L2",
      FUSER_LEVEL_CHOICE, r_stream_decode_rows},
     {"stream_narrow_rows", "stream kernel: 16- and 32-row (swap-AB) tiles of plain 16-bit chains at up to 96 tokens",
      FUSER_LEVEL_CHOICE, r_stream_narrow_rows},

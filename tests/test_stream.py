@@ -450,6 +450,30 @@ def test_decode_plans_of_weights_beyond_l2_use_the_swap_ab_tiles():
     assert rules["stream_decode_rows"] == rules["stream_fill"] == "choice"
 
 
+def test_small_chains_at_decode_leave_two_phase_padded_tiles():
+    """Where the weights fit L2, a 64-row tile at up to 32 tokens is kept only in one phase (the tiny chains'
+    units). In two phases the model prices its padded MMAs and hand-off as hidden and tied GPT-2 at 16 tokens'
+    bm 64 bn 64 bl 64 2/8 plan with the swap-AB bm 16 4/8 one (11.3 against 11.4 us), which on the H200 ran 13.65
+    us against 11.34 side by side (1.20x; 13.0-13.9 in three more sessions), and G4 (the same shape with ReLU)
+    alike. Both now take the swap-AB plan on both tables; at 48 tokens the two-phase 64-row tile is still a
+    candidate, and a caller may still ask for it."""
+    for target in ("h100", "h200"):
+        for act in ("gelu", "relu"):
+            for m in (1, 16, 32):
+                p = fuser.plan(m, 768, 3072, activation=act, target=target)
+                assert not p.fused or p.tiles["bm"] <= 32 or p.raw["params"]["phases"] == 1, (target, m, p.summary())
+            p16 = fuser.plan(16, 768, 3072, activation=act, target=target)
+            assert p16.fused and p16.tiles["bm"] == 16, (target, act, p16.summary())
+        g1 = fuser.plan(16, 32, 512, d_out=256, activation="relu", target=target)
+        assert g1.tiles["bm"] == 64 and g1.raw["params"]["phases"] == 1, g1.summary()
+        two = [p for p in fuser.plans(48, 768, 3072, activation="gelu", target=target, fused=True, kind="stream",
+                                      k=64) if p.tiles["bm"] == 64 and p.raw["params"]["phases"] == 2]
+        assert two, target
+    asked = fuser.plan(16, 768, 3072, activation="gelu", target="h200", fused=True, kind="stream", bm=64, bn=64,
+                       bl=64, s1=2, s2=8, stages=8)
+    assert asked.tiles["bm"] == 64 and asked.raw["params"]["phases"] == 2, asked.summary()
+
+
 def test_plain_chains_beyond_96_tokens_leave_the_swap_ab_tiles():
     """Beyond 96 tokens a plain chain's 16- and 32-row tiles stream the weights once per row tile through L2,
     which the model under-prices: on an H100 its G6 and G9 picks of such tiles at 100-256 tokens ran 0.82-0.89x
