@@ -40,7 +40,8 @@
 #   targets build, one harness run of every workload the issues' speed targets name (`fuser bench --set targets`;
 #          RUN=a or b names it) and its scorecard (`--score`)
 #   all    check and bench, one after the other (a machine without a 10-minute limit)
-#   queue  the stages in QUEUE (words STAGE or STAGE:VAR=VALUE, e.g. "host zerobias cells:CELLS=margin"), in order,
+#   queue  the stages in QUEUE (words STAGE or STAGE:VAR=VALUE, several settings joined by +, e.g. "host
+#          cells:CELLS=margin plans:PLANS=lead+LEADS=0+AGAIN=1"; an exported variable reaches every stage), in order,
 #          each started only where its usual time (STAGE_SECONDS below) fits in what is left of BUDGET seconds (570):
 #          a call that a refusal or a slow start shortened still brings back every stage it finished, each as its
 #          own archive, with the summaries one after another in $OUT/gpu.txt
@@ -82,6 +83,7 @@ if [ "$STAGE" = queue ]; then
     : > "$FINAL/queue.txt"
     for item in ${QUEUE:?QUEUE names the stages to run, e.g. QUEUE="host zerobias"}; do
         name=${item%%:*} setting=$([ "$item" = "${item#*:}" ] || echo "${item#*:}")
+        IFS=+ read -r -a settings <<< "$setting"
         est=${STAGE_SECONDS[$name]:-}
         left=$((budget - (SECONDS - start)))
         if [ -z "$est" ] || [ "$name" = queue ] || [ "$name" = all ]; then
@@ -90,8 +92,8 @@ if [ "$STAGE" = queue ]; then
         if [ "$est" -gt "$left" ]; then
             echo "queue: $item left out (usually ${est} s, ${left} s left)" | tee -a "$FINAL/queue.txt"; continue
         fi
-        echo "== queue: $item (${left} s left)" | tee -a "$FINAL/queue.txt"
-        env ${setting:+"$setting"} OUT="$FINAL" bash "$SELF" "$name" > "$FINAL/stage.log" 2>&1
+        echo "== queue: $name${settings[*]:+ with ${settings[*]}} (${left} s left)" | tee -a "$FINAL/queue.txt"
+        env "${settings[@]}" OUT="$FINAL" bash "$SELF" "$name" > "$FINAL/stage.log" 2>&1
         echo "queue: $item rc $? in $((SECONDS - start - (budget - left))) s" | tee -a "$FINAL/queue.txt"
         cat "$FINAL/gpu.txt" >> "$FINAL/queue.txt" 2>/dev/null
         rm -f "$FINAL/gpu.txt" "$FINAL/stage.log"

@@ -304,6 +304,21 @@ def test_gpu_session_stops_before_the_build_when_no_committed_list_matches(tmp_p
         assert "pip" not in r.stdout + r.stderr
 
 
+def test_gpu_session_queue_passes_every_setting_of_an_item(tmp_path):
+    """A queue item takes several settings joined by + (``plans:PLANS=lead+LEADS=0+AGAIN=1``), each reaching its
+    stage alone: here PLANS reaches the plans stage as its own value (the stage stops on it, rc 2, before the
+    build) and the queue's log names every setting it passed."""
+    r = subprocess.run(["bash", str(ROOT / "benchmarks/gpu_session.sh"), "queue"], capture_output=True, text=True,
+                       timeout=60, env=dict(os.environ, OUT=str(tmp_path),
+                                            QUEUE="plans:PLANS=no-such-list+AGAIN=1 cells:CELLS=none-either"))
+    assert r.returncode == 0, r
+    log = (tmp_path / "gpu.txt").read_text()
+    assert "== queue: plans with PLANS=no-such-list AGAIN=1" in log and "rc 2" in log, log
+    assert "plans: no file matches benchmarks/results/*no-such-list*-plans.txt" in log, log
+    assert "cells: no file matches benchmarks/results/*none-either*-cells.json" in log, log
+    assert "pip" not in r.stdout + r.stderr + log
+
+
 def test_every_committed_plan_list_plans_as_it_is_written():
     """Each benchmarks/results/*-plans.txt (the `plans` stage of gpu_session.sh times them on a GPU) plans on
     this machine, one plan per line, each with the tiles, splits and stages its line names: a list that does
