@@ -501,7 +501,7 @@ def test_packed_chains_pick_their_route_where_it_was_timed_faster_on_the_h200():
     """On the H200's timings of the packed route beside the fused picks (the fifty-eighth session's merged-GEMM and
     48-wide n-tile cells, twice each: S1, S2 and S4 at 77-128 tokens, S8 at 48-128), the h200 table's half-merged
     GEMM (``eager_packed_merge`` 0.5, the value the route's 18 timings fit best) sends S8 at 77-128 tokens to the
-    route, timed 1.09-1.14x faster than the fused picks there, at the price of S1 at 77-100 tokens and S4 at 77
+    route, timed 1.09-1.15x faster than the fused picks there, at the price of S1 at 77-100 tokens and S4 at 77
     (the route 1.01-1.04x slower, inside the stream margin): 1.007 against the best timed, where two GEMMs score
     1.017 and one 1.022 (docs/planner.md, "The merged GEMM's fill and drain")."""
     import fuser

@@ -462,8 +462,7 @@ def test_small_chains_at_decode_leave_two_phase_padded_tiles():
             for m in (1, 16, 32):
                 p = fuser.plan(m, 768, 3072, activation=act, target=target)
                 assert not p.fused or p.tiles["bm"] <= 32 or p.raw["params"]["phases"] == 1, (target, m, p.summary())
-            p16 = fuser.plan(16, 768, 3072, activation=act, target=target)
-            assert p16.fused and p16.tiles["bm"] == 16, (target, act, p16.summary())
+                assert m != 16 or (p.fused and p.tiles["bm"] == 16), (target, act, p.summary())
         g1 = fuser.plan(16, 32, 512, d_out=256, activation="relu", target=target)
         assert g1.tiles["bm"] == 64 and g1.raw["params"]["phases"] == 1, g1.summary()
         two = [p for p in fuser.plans(48, 768, 3072, activation="gelu", target=target, fused=True, kind="stream",
