@@ -18,11 +18,14 @@ and as one GEMM over that allocation (what the harness's cuBLAS baseline does); 
 kernel works in place, so each of its calls first refills g from the GEMM's output: that copy is timed on its
 own and taken off), with its floor: three passes of the intermediate (read g and u, write g) at the copy rate
 measured in the same run.
+With --kernels, each variant's CUDA kernels too: one call outside graphs under torch.profiler (the cuBLAS
+algorithms a graph captures are the ones its calls choose), each kernel's name and time in launch order: which
+GEMM kernels two variants of the same ops differ in, where their graphs' times do.
 Every variant is a CUDA graph of calls over rotated input sets (enough that the 60 MB L2 holds nobody's next
 inputs), replays interleaved in seeded orders, CUDA events, medians (fuser.tools.timing).
 
     python benchmarks/eager_gate.py [--cells llama3-8b:2048 ...] [--compile [--compile-from 512]] [--rounds 15]
-                                    [--json FILE]
+                                    [--kernels] [--json FILE]
 """
 import argparse
 import json
@@ -42,7 +45,21 @@ CELLS = ("llama3-8b:1", "llama3-8b:128", "llama3-8b:512", "llama3-8b:2048", "lla
 L2_BYTES = 60e6
 
 
-def cell(name, rounds, compile_too):
+def kernels(fn):
+    """[name, us] of each CUDA kernel one call of `fn` launches (after one call to warm it), in launch order."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    ks = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    ks.sort(key=lambda e: e.time_range.start)
+    return [[e.name, e.time_range.elapsed_us()] for e in ks]
+
+
+def cell(name, rounds, compile_too, with_kernels=False):
     w = parse_workload(name)
     assert w.gated, f"{name}: not a gated FFN"
     m, d, f, act = w.m, w.d_model, w.d_ff, ACTIVATIONS[w.activation]
@@ -122,11 +139,14 @@ def cell(name, rounds, compile_too):
                     compiled(t["x"], t["wu"], t["wd"], t["wg"], None, None, None, act)
             compiled_ffn()
             variants["compile"] = compiled_ffn
+        listed = {k: kernels(fn) for k, fn in variants.items()} if with_kernels else None
         graphs = {k: graphed(fn, calls) for k, fn in variants.items()}
         us = time_interleaved([(g, c * sets) for g, c in graphs.values()], rounds=rounds)
     out = dict(zip(variants, us), sets=sets, bitwise=same, gate_ran=ran, h_mb=m * f * 2 / 1e6,
                packed_bitwise_one_gemm=packed_same, packed_max_diff=packed_diff)
     out["fuser gate step"] = out["refill + fuser gate step"] - out["refill"]
+    if listed is not None:
+        out["kernels"] = listed
     return out
 
 
@@ -136,6 +156,7 @@ def main(argv=None):
     p.add_argument("--compile", action="store_true", help="time torch.compile of the ops too")
     p.add_argument("--compile-from", type=int, default=512, help="... at this many tokens and more")
     p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--kernels", action="store_true", help="list each variant's CUDA kernels and their times too")
     p.add_argument("--json")
     a = p.parse_args(argv)
     why = hopper_reason()
@@ -146,7 +167,7 @@ def main(argv=None):
     print(f"copy rate {rate:.0f} GB/s (read + write)")
     res = {"copy_gbs": rate, "cells": {}}
     for name in a.cells:
-        c = cell(name, a.rounds, a.compile and parse_workload(name).m >= a.compile_from)
+        c = cell(name, a.rounds, a.compile and parse_workload(name).m >= a.compile_from, a.kernels)
         floor = 3 * c["h_mb"] * 1e6 / (rate * 1e9) * 1e6
         c["gate_floor_us"] = floor
         res["cells"][name] = c
@@ -159,6 +180,11 @@ def main(argv=None):
               f"GEMM {c['packed_bitwise_one_gemm']}, max |diff| from the ops {c['packed_max_diff']:.2e})  ops with "
               f"gate and up in one allocation {c['ops, weights in one allocation']:9.1f}, as one GEMM "
               f"{c['ops, one gate-and-up GEMM']:9.1f}")
+        for variant, ks in c.get("kernels", {}).items():
+            total = sum(k[1] for k in ks)
+            print(f"{'':16s} kernels of {variant} (one call per input set, outside graphs, {total:.1f} us):")
+            for k, us in ks:
+                print(f"{'':18s}{us:9.1f}  {k[:110]}")
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(res, fh, indent=1)

@@ -7,8 +7,8 @@ cannot take (CPU tensors, unknown activations), an unfused gated plan's explanat
 Hopper GPU (marked gpu): every bfloat16 and float16 value of g against the ops, ragged lengths, everything it must
 decline (autograd, strided or misaligned views, mixed dtypes, a torch mode, FUSER_DISABLE), the eager route of
 ``fuser.ffn`` and ``_C.eager`` using it, CUDA graphs, a first use during graph capture, and the compute-sanitizer
-workload (tests/gpu/sanitize_gate.py) with its NaN guards, and a quantized chain's PyTorch-ops route (fuser.fp8.eager)
-using the kernel with the same bits."""
+workload (tests/gpu/sanitize_gate.py) with its NaN guards, the benchmark's list of each variant's kernels, and a
+quantized chain's PyTorch-ops route (fuser.fp8.eager) using the kernel with the same bits."""
 import os
 import subprocess
 import sys
@@ -195,6 +195,23 @@ def test_the_eager_route_runs_the_gate_kernel_with_the_ops_results(act):
         unfused = fuser.plan(77, 256, 704, gated=True, activation=act, fused=False)
         z = fuser.ffn(x, wu, wd, w_gate=wg, activation=act, plan=unfused)
     assert torch.equal(y, ref) and torch.equal(z, ref) and launches() == n + 2
+
+
+@pytest.mark.gpu
+def test_the_gate_benchmark_lists_each_variants_kernels():
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import eager_gate
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    x, wu, wg, wd = (torch.randn(*s, device="cuda", generator=gen).bfloat16() / 8
+                     for s in ((16, 256), (704, 256), (704, 256), (256, 704)))
+    silu = ACTIVATIONS["silu"]
+    with torch.no_grad():
+        route = eager_gate.kernels(lambda: _C.eager(F.linear, silu, x, wu, wd, wg, None, None, None))
+        ref = eager_gate.kernels(lambda: eager(x, wu, wd, wg, None, None, None, silu))
+    names = [n for n, _ in route]
+    assert sum(n.startswith("fuser_gate_bf16_silu") for n in names) == 1, names
+    assert not any(n.startswith("fuser_gate") for n, _ in ref), ref
+    assert len(route) < len(ref) and all(us > 0 for _, us in route + ref), (route, ref)
 
 
 @pytest.mark.gpu
