@@ -35,6 +35,9 @@
 #          LEADS=0 each plan with the ring's first pass requested whole, LEADS=N,M with those first-pass leads in bytes,
 #          AGAIN=1 each plan's graph captured a second time as it is: the spread the other ratios are read against,
 #          and `pick_diff.py ab` on both runs: the cells where a setting lies beyond that spread in both)
+#   sanitize build, then compute-sanitizer's memcheck, racecheck and synccheck on the stream kernel's workload
+#          (tests/gpu/sanitize_stream.py) and on the gate kernel's (tests/gpu/sanitize_gate.py): what a tree whose
+#          kernels changed owes before its numbers are reported
 #   host   build, benchmarks/host_overhead.py as the layering issue measures it (the thread's CPU clock, ROUNDS (31) rounds,
 #          the C calls inside the routes timed apart)
 #   targets build, one harness run of every workload the issues' speed targets name (`fuser bench --set targets`;
@@ -47,10 +50,10 @@
 #          own archive, with the summaries one after another in $OUT/gpu.txt
 # Logs go to $OUT/results-<stage>.tgz (OUT defaults to ./gpu-out), the one-line summaries to $OUT/gpu.txt.
 #     bash benchmarks/gpu_session.sh \
-#         check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|zerobias|cells|plans|host|targets|all|queue
+#         check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|zerobias|cells|plans|sanitize|host|targets|all|queue
 set -uo pipefail
 STAGE=${1:-all}
-STAGES="check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|zerobias|cells|plans|host|targets|all|queue"
+STAGES="check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|zerobias|cells|plans|sanitize|host|targets|all|queue"
 case "|$STAGES|" in *"|$STAGE|"*) ;; *) echo "usage: $0 $STAGES" >&2; exit 2;; esac
 SELF=$(readlink -f "$0")
 cd "$(dirname "$SELF")/.."
@@ -76,7 +79,7 @@ fi
 # Seconds each stage usually takes on the H200 or an H100 (build included), for the queue's budget (targets: 54-141 s
 # over seven H100 runs, so that it queues after a cells stage).
 declare -A STAGE_SECONDS=([check]=330 [bench]=480 [fit]=560 [prefill]=420 [epilogue]=420 [trace]=300 [pairs]=450
-    [onephase]=360 [eager]=480 [zerobias]=160 [cells]=240 [plans]=300 [host]=260 [targets]=200)
+    [onephase]=360 [eager]=480 [zerobias]=160 [cells]=240 [plans]=300 [sanitize]=420 [host]=260 [targets]=200)
 if [ "$STAGE" = queue ]; then
     mkdir -p "$FINAL"
     start=$SECONDS budget=${BUDGET:-570}
@@ -200,6 +203,21 @@ if [ "$STAGE" = plans ]; then
     done
     finish "plans${PLANS:+-$PLANS}"
 fi
+# compute-sanitizer's three tools on one workload, each under a timeout: its report beside the summary's line.
+#     sanitizers NAME KERNEL_REGEX SCRIPT
+sanitizers() {
+    for tool in memcheck racecheck synccheck; do
+        timeout 90 compute-sanitizer --tool $tool --error-exitcode 3 --kernel-name regex="$2" python3 "$3" \
+            > "$OUT/sanitizer_$1_$tool.txt" 2>&1
+        echo "sanitizer $1 $tool rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$1_$tool.txt" \
+            | head -1)" | tee -a "$OUT/gpu.txt"
+    done
+}
+if [ "$STAGE" = sanitize ]; then
+    sanitizers stream fuser_ffn tests/gpu/sanitize_stream.py
+    sanitizers gate fuser_gate tests/gpu/sanitize_gate.py
+    finish sanitize
+fi
 if [ "$STAGE" = host ]; then
     timeout 480 python3 benchmarks/host_overhead.py --set quick --clock thread --rounds ${ROUNDS:-31} --pieces \
         --json "$OUT/host.json" > "$OUT/host.log" 2>&1
@@ -270,11 +288,7 @@ fi
 if [ "$STAGE" = check ]; then
     finish check
 fi
-for tool in memcheck racecheck synccheck; do
-    timeout 90 compute-sanitizer --tool $tool --error-exitcode 3 --kernel-name regex=fuser_ffn python3 tests/gpu/sanitize_stream.py \
-        > "$OUT/sanitizer_$tool.txt" 2>&1
-    echo "sanitizer $tool rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.txt" | head -1)" | tee -a "$OUT/gpu.txt"
-done
+sanitizers stream fuser_ffn tests/gpu/sanitize_stream.py
 DECODE=llama2-7b:1,llama3-8b:1,llama3-8b:16,llama3-8b:64,llama3-8b:128,llama-70b:16,gpt3-6.7b:16,gpt2:1,gpt2:16
 # GEMM=0 leaves the probe out, DECODE_RUNS=1 the second decode run (to fit a call with other work)
 if [ "${GEMM:-1}" != 0 ]; then
