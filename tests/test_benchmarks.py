@@ -319,6 +319,20 @@ def test_gpu_session_queue_passes_every_setting_of_an_item(tmp_path):
     assert "pip" not in r.stdout + r.stderr + log
 
 
+def test_gpu_session_queue_knows_how_long_every_stage_takes():
+    """Every stage of benchmarks/gpu_session.sh but `all` and `queue` has a usual time in STAGE_SECONDS, which the
+    queue needs to start it (a stage without one is skipped as "not a stage the queue runs"), and the usage line,
+    the header's list and the stage table name the same stages."""
+    text = (ROOT / "benchmarks/gpu_session.sh").read_text()
+    stages = re.search(r'^STAGES="([a-z|]+)"', text, re.M).group(1).split("|")
+    table = re.search(r"declare -A STAGE_SECONDS=\((.*?)\)\n", text, re.S).group(1)
+    timed = set(re.findall(r"\[(\w+)\]=\d+", table))
+    assert timed == set(stages) - {"all", "queue"}, sorted(set(stages) ^ timed)
+    header = [ln[4:].split()[0] for ln in text.splitlines() if re.match(r"^#   [a-z]+ ", ln)]
+    assert set(header) == set(stages), sorted(set(header) ^ set(stages))
+    assert "|".join(stages) in text.split("set -uo pipefail")[0], "the usage comment lists other stages"
+
+
 def test_every_committed_plan_list_plans_as_it_is_written():
     """Each benchmarks/results/*-plans.txt (the `plans` stage of gpu_session.sh times them on a GPU) plans on
     this machine, one plan per line, each with the tiles, splits and stages its line names: a list that does
