@@ -104,9 +104,10 @@ static double l2_bw(const fuser_target *t, const fuser_plan *p, double sms, doub
  * a large one's saturate). A 16-bit GEMM's compute and bandwidth do not overlap fully where the two are close
  * (7B-70B FFNs at ~128 tokens, whose one or two rows of output tiles do not fill the SMs without splitting K):
  * it pays the excess of their smooth maximum over their maximum (eager_mixed_p), in full once its weights
- * reach eager_mixed_mb and in proportion below (`mixed`; the e4m3 GEMMs' own constants were fitted without). */
+ * reach eager_mixed_mb and in proportion below (`mixed`; the e4m3 GEMMs' own constants were fitted without).
+ * Where its bytes take longer than its FLOPs, its whole time is also added to *mem: the breakdown's hbm term. */
 static double gemm_us(const fuser_target *t, double m, double k, double n, double e, double eff, double w_rate,
-                      int mixed)
+                      int mixed, double *mem)
 {
     const double bytes = e * (m * k + k * n + m * n);
     const double tc = 2 * m * k * n / (t->mma_tflops * eff * 1e6);
@@ -115,7 +116,9 @@ static double gemm_us(const fuser_target *t, double m, double k, double n, doubl
     double busy = hi;
     if (mixed)
         busy += hi * (pow(1 + pow(lo / hi, p), 1 / p) - 1) * fmin(1.0, e * k * n / (t->eager_mixed_mb * 1e6));
-    return busy + t->eager_ramp_us * (1 - exp(-bytes / (t->eager_ramp_mb * 1e6)));
+    const double us = busy + t->eager_ramp_us * (1 - exp(-bytes / (t->eager_ramp_mb * 1e6)));
+    *mem += tm > tc ? us : 0;
+    return us;
 }
 
 /* One projection's GEMM of a packed chain in 128 x 128 output tiles (T below). */
@@ -146,7 +149,9 @@ static double packed_idle(const fuser_chain *c, const fuser_target *t)
  * 16-bit rate (measured no faster than bf16 ones on the H200), each result then scaled per row by one
  * more op, except where fuser_fp8_rowwise says rowwise (multiples of 128 tokens, and 512 on): rowwise,
  * at eager_fp8_mma_eff of the matmul rate and reading their weights at eager_fp8_hbm_eff of the
- * streaming rate, the scales inside the GEMM and two ops making the per-token activation scales. */
+ * streaming rate, the scales inside the GEMM and two ops making the per-token activation scales.
+ * The kernels run one after another, so the terms add up: `compute` holds the GEMMs bound by their FLOPs,
+ * `hbm` those bound by their bytes (gemm_us) and the elementwise kernels' passes, `launch` the kernels' fixed cost. */
 static void cost_unfused(fuser_plan *p, const fuser_target *t)
 {
     const fuser_chain *c = &p->chain;
@@ -178,16 +183,22 @@ static void cost_unfused(fuser_plan *p, const fuser_target *t)
      * once: one kernel's fill and drain (gemm_us's ramp) instead of two, as far as the target says (a merged GEMM
      * of more tiles than SMs runs in waves: S2 at 192 tokens, 176 tiles, timed 1.07x over this price) */
     const double merged = pk && 2 * projection_tiles(c) <= t->sm_count ? t->eager_packed_merge : 0;
-    k->compute = gemm_us(t, Mg, K, N, eg, eff, w_rate, !q) * (c->gated ? 2 : 1) * (1 - merged) +
-                 gemm_us(t, Mg, K, 2 * N, eg, eff, w_rate, !q) * merged + gemm_us(t, Mg, N, L, eg, eff, w_rate, !q);
-    k->hbm = ew_bytes / (t->hbm_gbs * 1e3);
+    double mem[3] = {0, 0, 0}; /* each GEMM's time where its bytes bound it */
+    const double apart = (c->gated ? 2 : 1) * (1 - merged);
+    const double gemms_us = gemm_us(t, Mg, K, N, eg, eff, w_rate, !q, &mem[0]) * apart +
+                            gemm_us(t, Mg, K, 2 * N, eg, eff, w_rate, !q, &mem[1]) * merged +
+                            gemm_us(t, Mg, N, L, eg, eff, w_rate, !q, &mem[2]);
+    const double gemms_mem = mem[0] * apart + mem[1] * merged + mem[2];
+    const double ew_us = ew_bytes / (t->hbm_gbs * 1e3);
+    k->compute = gemms_us - gemms_mem;
+    k->hbm = ew_us + gemms_mem;
     k->l2 = k->dsm = k->smem = k->sync = k->tail = 0;
     /* the GEMMs, the activation (unless in the epilogue) and (gated) the product; quantized: and 3 ops each for x
      * and H, and the per-row scaling ops (tensorwise) or the two scale fills (rowwise) */
     k->launch = t->eager_op_us * (gemms + (c->gated ? 2 : epi ? 0 : 1) + (q ? 6 + (rowwise ? 2 : gemms) : 0) -
                                   (pk ? 2 * packed_idle(c, t) : 0)) +
                 (epi ? t->eager_epilogue_us : 0);
-    k->total = k->compute + k->hbm + k->launch;
+    k->total = gemms_us + ew_us + k->launch; /* compute + hbm + launch, added so that the split moves no rounding */
     k->useful_flops = k->flops = chain_flops(c);
     k->waves = 0;
     k->sms_used = t->sm_count;

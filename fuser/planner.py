@@ -423,6 +423,8 @@ class Plan:
         return lines
 
     def _bound(self):
+        """The largest time term and its value: what the plan waits on (a fused plan's terms overlap and the
+        largest sets its time; an unfused plan's add up, one kernel after another)."""
         b = self.breakdown
         keys = ("compute", "hbm", "l2", "dsm", "smem")
         top = max(keys, key=lambda k: b[k])
@@ -478,9 +480,14 @@ class Plan:
                 out.append("  on a Hopper GPU without autograd, the activation runs in the up GEMM's cuBLASLt epilogue "
                            "(over the up bias, or a zero bias in its place; the prediction counts it there)")
         top, val = self._bound()
-        out.append(f"  predicted {b['total']:.1f} us = launch {b['launch']:.1f} + max(compute {b['compute']:.1f}, "
-                   f"hbm {b['hbm']:.1f}, l2 {b['l2']:.1f}, dsm {b['dsm']:.1f}, smem {b['smem']:.1f}) + sync "
-                   f"{b['sync']:.1f} + tail {b['tail']:.1f}; bound by {top}")
+        if self.fused:
+            out.append(f"  predicted {b['total']:.1f} us = launch {b['launch']:.1f} + max(compute {b['compute']:.1f}, "
+                       f"hbm {b['hbm']:.1f}, l2 {b['l2']:.1f}, dsm {b['dsm']:.1f}, smem {b['smem']:.1f}) + sync "
+                       f"{b['sync']:.1f} + tail {b['tail']:.1f}; bound by {top}")
+        else:   # one kernel after another: the terms add up
+            out.append(f"  predicted {b['total']:.1f} us = launch {b['launch']:.1f} + compute {b['compute']:.1f} "
+                       f"(GEMMs bound by their FLOPs) + hbm {b['hbm']:.1f} (GEMMs bound by their bytes, elementwise "
+                       f"passes); bound by {top}")
         out.append(f"  traffic: HBM {tr['hbm'] / 1e6:.1f} MB, L2 {tr['l2'] / 1e6:.1f} MB, DSM {tr['dsm'] / 1e6:.1f} MB, "
                    f"shared memory {tr['smem'] / 1e6:.1f} MB")
         if self.floor_us:

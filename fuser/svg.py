@@ -273,7 +273,8 @@ def _charts(c, plan, y):
     x2 = x1 + 24
     _, y2 = _bars(c, x2, y, "predicted time, us", [(k, float(b[k])) for k in _TIME_TERMS], lambda v: f"{v:,.1f} us",
                highlight=bound)
-    c.text(x2, y2 + 14, "total = launch + max(compute, hbm, l2, dsm, smem) + sync + tail", 10, fill="#555")
+    c.text(x2, y2 + 14, "total = launch + max(compute, hbm, l2, dsm, smem) + sync + tail" if plan.fused else
+           "total = launch + compute + hbm (one kernel after another)", 10, fill="#555")
     if plan.floor_us:
         c.text(x2, y2 + 28, f"roofline floor {plan.floor_us:,.1f} us: predicted "
                             f"{b['total'] / plan.floor_us:.2f}x the floor", 10, fill="#555")

@@ -264,6 +264,22 @@ def test_plan_attributes_explain_and_json_round_trip():
     assert fuser.Plan.from_dict(json.loads(json.dumps(u.to_dict()))).to_dict() == u.to_dict()
 
 
+def test_an_unfused_plan_adds_its_terms_and_counts_each_gemm_where_it_is_bound():
+    """An unfused plan's kernels run one after another, so its explanation adds its terms (no maximum), and each
+    GEMM counts under compute where its FLOPs bound it and under hbm where its bytes do: LLaMA-70B's GEMMs read
+    1.4 GB of weights at one token (hbm, nothing left under compute) and are compute-bound at 4096 tokens."""
+    for m, bound in ((1, "hbm"), (4096, "compute")):
+        u = fuser.plan(m, 8192, 28672, gated=True, activation="silu", fused=False, target="h200")
+        b = u.breakdown
+        assert b["total"] == pytest.approx(b["launch"] + b["compute"] + b["hbm"])
+        assert u._bound()[0] == bound and b["l2"] == b["dsm"] == b["smem"] == b["sync"] == b["tail"] == 0
+        line = next(x for x in u.explain().splitlines() if x.strip().startswith("predicted"))
+        assert "max(" not in line and line.endswith(f"; bound by {bound}"), line
+        assert f"compute {b['compute']:.1f} (GEMMs bound by their FLOPs)" in line, line
+    assert fuser.plan(1, 8192, 28672, gated=True, activation="silu", fused=False,
+                      target="h200").breakdown["compute"] == 0
+
+
 def test_llama_explanations():
     small = fuser.plan(128, 4096, 14336, gated=True, activation="silu", target="h200").explain()
     big = fuser.plan(8192, 4096, 14336, gated=True, activation="silu", target="h200").explain()

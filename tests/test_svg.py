@@ -132,6 +132,11 @@ def test_unfused_plan():
     assert not [e for e in root.iter() if e.get("class") in ("fz-block", "fz-xchg")]
     assert any(t.startswith("unfused: PyTorch eager ops") for t in texts)
     assert any(f"{p.predicted_us:,.1f} us" in t for t in texts)
+    # its kernels run one after another: the chart's formula adds the terms, a fused plan's takes their maximum
+    assert "total = launch + compute + hbm (one kernel after another)" in texts
+    assert not any(t.startswith("total = launch + max(") for t in texts)
+    fused = [t.text for t in parse(fuser.plan(128, fused=True, **LLAMA3)).iter(NS + "text")]
+    assert "total = launch + max(compute, hbm, l2, dsm, smem) + sync + tail" in fused
     with pytest.raises(ValueError, match="unfused"):
         svg.block_roles(p)
 
