@@ -49,11 +49,11 @@
 #          a call that a refusal or a slow start shortened still brings back every stage it finished, each as its
 #          own archive, with the summaries one after another in $OUT/gpu.txt
 # Logs go to $OUT/results-<stage>.tgz (OUT defaults to ./gpu-out), the one-line summaries to $OUT/gpu.txt.
-#     bash benchmarks/gpu_session.sh \
-#         check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|zerobias|cells|plans|sanitize|host|targets|all|queue
+#     bash benchmarks/gpu_session.sh STAGE    (one of the stages above; `bash benchmarks/gpu_session.sh -h` lists them)
 set -uo pipefail
 STAGE=${1:-all}
-STAGES="check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|zerobias|cells|plans|sanitize|host|targets|all|queue"
+STAGES="check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|zerobias|cells|plans|sanitize|host|targets"
+STAGES="$STAGES|all|queue"
 case "|$STAGES|" in *"|$STAGE|"*) ;; *) echo "usage: $0 $STAGES" >&2; exit 2;; esac
 SELF=$(readlink -f "$0")
 cd "$(dirname "$SELF")/.."
