@@ -78,8 +78,7 @@ if [ -n "$LISTS" ] && ! compgen -G "$LISTS" > /dev/null; then
 fi
 # Seconds each stage usually takes on the H200 or an H100 (build included), for the queue's budget (targets: 54-141 s
 # over seven H100 runs, so that it queues after a cells stage; sanitize: part of a 108 s H100 call that also ran a
-# plans stage and a benchmark, its six tools' runs
-# each under a 90 s timeout).
+# plans stage and a benchmark, its six tools' runs each under a 90 s timeout).
 declare -A STAGE_SECONDS=([check]=330 [bench]=480 [fit]=560 [prefill]=420 [epilogue]=420 [trace]=300 [pairs]=450
     [onephase]=360 [eager]=480 [zerobias]=160 [cells]=240 [plans]=300 [sanitize]=150 [host]=260 [targets]=200)
 if [ "$STAGE" = queue ]; then
