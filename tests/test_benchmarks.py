@@ -748,3 +748,33 @@ def test_kernel_check_summarises_a_stream_trace_per_phase():
     assert (one["data_wait_us_median"], two["data_wait_us_median"], two["epilogue_us_max"]) == (2.0, 3.0, 2.0)
     assert abs(r["span_us"] - (30_000 + 239 + 31_000) / 1e3) < 1e-4 and r["units1"] == 112
     assert lines[-1].startswith("trace: span 61.2 us | fused stream, bm=128") and len(r["raw"]) == 240
+
+
+def test_graph_calls_benchmark_checks_its_arguments_before_the_gpu():
+    """graph_calls.py needs two or more different graph sizes, each at least one call, known workloads and 3 or
+    more rounds: each mistake a usage error naming what to fix, on any machine."""
+    script = str(ROOT / "benchmarks/graph_calls.py")
+    for args, says in ((["--calls", "4"], "--calls takes two or more different counts"),
+                       (["--calls", "0", "4"], "each at least 1"),
+                       (["--rounds", "2"], "--rounds must be at least 3"),
+                       (["--cells", "S9:128"], "workload 'S9:128'")):
+        r = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and says in r.stderr, (args, r.stderr)
+
+
+@pytest.mark.gpu
+def test_graph_calls_benchmark_times_each_graph_size_per_call(tmp_path):
+    """graph_calls.py times eager and fuser's pick in graphs of 1 and 8 calls: every time per call is a GPU
+    time of a few us (not the replay's), and a graph of one G1 call, which carries a whole graph launch,
+    costs each variant more per call than a graph of eight."""
+    out = tmp_path / "g.json"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/graph_calls.py"), "--cells", "G1:128", "--calls", "1",
+                        "8", "--rounds", "9", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(out.read_text())
+    assert got["calls"] == [1, 8] and len(got["rows"]) == 1
+    row = got["rows"][0]
+    assert row["cell"] == "G1:128" and row["floor_us"] > 0 and "G1:128" in r.stdout
+    for v in ("eager", "fuser"):
+        one, eight = row[v]["1"], row[v]["8"]
+        assert 1.0 < eight < one < 100.0, (v, row)

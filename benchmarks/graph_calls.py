@@ -1,0 +1,95 @@
+"""What a graph's own launch adds to a short call's time: the same calls in CUDA graphs of 1, 4 and 16, side by side.
+
+The harness (fuser.tools.bench) times a short call as L calls captured in one CUDA graph, each replay bracketed by
+CUDA events and divided by L. The GPU reaches the start event before the host has submitted the replay, so every
+replay carries the graph's launch once, and each call 1/L of it. This times PyTorch's ops (eager) and fuser's pick
+(fuser.ffn with the planner's plan) as graphs of each L of --calls over the harness's rotating input sets, every
+graph replayed interleaved with the others in seeded orders (fuser.tools.timing), and prints per cell each graph's
+time per call, the floor beside them (fuser.tools.bench's, from the matmul and copy rates measured at the start),
+eager over fuser at each L, and the launch's share: (time at the smallest L - time at the largest) per call.
+
+    python benchmarks/graph_calls.py [--cells G1:128 S8:128 llama2-7b:16 ...] [--calls 1 4 16] [--rounds 30]
+                                     [--json FILE]
+"""
+import argparse
+import json
+import sys
+
+import torch
+
+import fuser
+from fuser.reference import ACTIVATIONS, eager
+from fuser.tools.bench import Sets, measure_ceilings, parse_workload
+from fuser.tools.timing import graphed, time_interleaved
+
+CELLS = ("G1:128", "G3:128", "S8:128", "S1:128", "llama2-7b:16", "llama3-8b:128")
+
+
+def cell_row(w, calls, rounds, ceil):
+    """One workload's row: {"cell", "floor_us", "eager": {L: us}, "fuser": {L: us}, "plan"}."""
+    sets = Sets(w)
+    act = ACTIVATIONS[w.activation]
+    plan = fuser.plan(w.m, w.d_model, w.d_ff, d_out=w.d_out, gated=w.gated, activation=w.activation)
+
+    def ops():
+        s = sets.turn()
+        return eager(s["x"], s["w_up"], s["w_down"], s["w_gate"], None, None, None, act)
+
+    def mine():
+        s = sets.turn()
+        return fuser.ffn(s["x"], s["w_up"], s["w_down"], w_gate=s["w_gate"], activation=w.activation, plan=plan)
+
+    graphed(ops, calls[0])   # the first capture in a process runs slower (fuser.tools.bench): a throwaway one
+    fns = [(name, n, graphed(f, n)) for name, f in (("eager", ops), ("fuser", mine)) for n in calls]
+    times = time_interleaved([g for _, _, g in fns], rounds=rounds)
+    floor, _bound = w.floor_us(ceil["matmul_tflops"], ceil["copy_tbps"])
+    row = {"cell": f"{w.name}:{w.m}", "floor_us": round(floor, 2), "plan": str(plan), "sets": sets.n,
+           "eager": {}, "fuser": {}}
+    for (name, n, _g), t in zip(fns, times):
+        row[name][n] = round(t, 2)
+    return row
+
+
+def report(row, calls):
+    lo, hi = min(calls), max(calls)
+    e, f = row["eager"], row["fuser"]
+    per = "  ".join(f"L={n}: eager {e[n]:.2f} fuser {f[n]:.2f} ({e[n] / f[n]:.3f}x)" for n in calls)
+    return (f"{row['cell']:>16} floor {row['floor_us']:.2f} us  {per}  launch share per call at L={lo}: "
+            f"eager {e[lo] - e[hi]:+.2f} fuser {f[lo] - f[hi]:+.2f} us")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cells", nargs="+", default=list(CELLS), help="workloads (fuser bench's names)")
+    ap.add_argument("--calls", nargs="+", type=int, default=[1, 4, 16], help="calls per graph to compare")
+    ap.add_argument("--rounds", type=int, default=30, help="replays of each graph (interleaved)")
+    ap.add_argument("--json", help="write the rows here")
+    a = ap.parse_args(argv)
+    if any(n < 1 for n in a.calls) or len(set(a.calls)) < 2:
+        ap.error("--calls takes two or more different counts, each at least 1")
+    if a.rounds < 3:
+        ap.error("--rounds must be at least 3")
+    try:
+        cells = [parse_workload(c) for c in a.cells]
+    except ValueError as e:
+        ap.error(str(e))
+    if not torch.cuda.is_available():
+        print("graph_calls: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    calls = sorted(set(a.calls))
+    ceil = measure_ceilings()
+    print(f"{torch.cuda.get_device_name()}: matmul {ceil['matmul_tflops']:.0f} TFLOP/s, copy "
+          f"{ceil['copy_tbps']:.2f} TB/s; per call in graphs of {', '.join(map(str, calls))} calls, us")
+    rows = []
+    for w in cells:
+        rows.append(cell_row(w, calls, a.rounds, ceil))
+        print(report(rows[-1], calls), flush=True)
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"device": torch.cuda.get_device_name(), "ceilings": ceil, "calls": calls, "rows": rows},
+                      fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
