@@ -181,16 +181,31 @@ def test_round_orders_vary_every_variants_predecessor():
 
 
 def test_graphs_hold_several_short_calls_whatever_the_host_probe_says():
-    """A short call goes into a graph several times (a replay of one is mostly the graph's launch), as many
-    as fill the budget when the probe is short, at least GRAPH_MIN_CALLS when host time made it long,
-    never more than the rotating sets; a long call goes in once."""
-    from fuser.tools.bench import GRAPH_MIN_CALLS, GRAPH_SHORT_US, graph_calls
-    assert graph_calls(10.0, 24) == 24 and graph_calls(100.0, 24) == 5
-    assert graph_calls(GRAPH_SHORT_US - 1, 24) == GRAPH_MIN_CALLS == 4
-    assert graph_calls(GRAPH_SHORT_US - 1, 3) == 3 and graph_calls(GRAPH_SHORT_US - 1, 2) == 2
-    # one set is larger than 4x L2: repeated, so a replay is not mostly the graph's launch
-    assert graph_calls(0.0, 1) == graph_calls(80.0, 1) == GRAPH_MIN_CALLS and graph_calls(GRAPH_SHORT_US, 1) == 1
-    assert graph_calls(GRAPH_SHORT_US, 24) == 1 and graph_calls(5000.0, 24) == 1
+    """A short call goes into a graph several times (each replay carries the graph's launch once), as many
+    as fill the budget when the probe is short (at most GRAPH_MAX_CALLS), at least GRAPH_MIN_CALLS (16)
+    when host time made the probe long, whatever the number of rotating sets; a long call goes in once."""
+    from fuser.tools.bench import GRAPH_MAX_CALLS, GRAPH_MIN_CALLS, GRAPH_SHORT_US, graph_calls
+    assert GRAPH_MIN_CALLS == 16 and GRAPH_MAX_CALLS == 64
+    assert graph_calls(10.0) == 50 and graph_calls(0.0) == graph_calls(2.0) == GRAPH_MAX_CALLS
+    assert graph_calls(20.0) == 25 and graph_calls(100.0) == graph_calls(GRAPH_SHORT_US - 1) == GRAPH_MIN_CALLS
+    assert graph_calls(GRAPH_SHORT_US) == 1 and graph_calls(5000.0) == 1
+    # the fewest calls is the caller's (`fuser bench --graph-calls`)
+    assert graph_calls(100.0, 4) == 5 and graph_calls(GRAPH_SHORT_US - 1, 4) == 4 and graph_calls(300.0, 1) == 1
+    assert graph_calls(GRAPH_SHORT_US, 4) == 1
+    with pytest.raises(ValueError, match="min_calls must be at least 1"):
+        graph_calls(100.0, 0)
+
+
+def test_a_graph_of_more_calls_than_sets_cycles_through_them():
+    """The graphed variants' calls take the rotating sets in turn while the graph is captured, so a graph of
+    16 calls over 5 sets reads set after set, each again only after the four others (what keeps a set's
+    weights out of the L2 when it comes round again), and never the same set twice in a row."""
+    from fuser.tools.bench import Sets
+    sets = Sets.__new__(Sets)
+    sets.n, sets.sets, sets.i = 5, [object() for _ in range(5)], 0
+    seen = [sets.sets.index(sets.turn()) for _ in range(16)]
+    assert seen == [(k + 1) % 5 for k in range(16)]
+    assert all(a != b for a, b in zip(seen, seen[1:]))
 
 
 def test_a_back_to_back_sequence_is_timed_per_call():

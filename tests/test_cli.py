@@ -131,6 +131,15 @@ def test_bench_needs_hopper():
         bench.run([bench.parse_workload("gpt2:16")])
 
 
+def test_bench_takes_the_fewest_calls_per_graph_as_a_count():
+    """`--graph-calls` is a count of 1 or more; anything else is a usage error naming the option (before any GPU
+    work, so it reads the same on every machine)."""
+    for bad in ("0", "-3", "many"):
+        r = subprocess.run([sys.executable, "-m", "fuser", "bench", "--graph-calls", bad], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 2 and "--graph-calls" in r.stderr and "expected an integer from 1" in r.stderr, r.stderr
+
+
 @pytest.mark.gpu
 def test_bench_on_hopper(tmp_path):
     """A small run of the harness: every variant but max-autotune timed for a model and a paper workload,
@@ -140,7 +149,8 @@ def test_bench_on_hopper(tmp_path):
     from fuser.tools import bench_report
     from fuser.tools.bench import BASELINES, VARIANTS
     r = subprocess.run([sys.executable, "-m", "fuser", "bench", "--shape", "gpt2:128", "--shape", "G1", "--reps", "5",
-                        "--autotune", "none", "--out", str(tmp_path)], capture_output=True, text=True, timeout=560)
+                        "--autotune", "none", "--graph-calls", "6", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=560)
     assert r.returncode == 0, r.stderr
     rows = bench_report.read_csv(tmp_path / "results.csv")
     meta = json.loads((tmp_path / "meta.json").read_text())
@@ -149,6 +159,7 @@ def test_bench_on_hopper(tmp_path):
         for v in VARIANTS:
             assert (x[f"{v}_us"] is None) == v.startswith("autotune"), (v, x)
         assert x["compile_compile_s"] > 0 and x["sm_mhz_max"] > 0
+        assert 6 <= x["graph_calls"] <= bench.GRAPH_MAX_CALLS, x["graph_calls"]   # G1 and gpt2:128 are short calls
         w = bench.Workload(x["workload"], x["m"], x["d_model"], x["d_ff"], x["d_out"], x["gated"], x["activation"])
         assert abs(x["floor_us"] - w.floor_us(meta["matmul_tflops"], meta["copy_tbps"])[0]) < 0.01
         assert abs(x["speedup_vs_eager_graph"] - x["eager_graph_us"] / x["fuser_graph_us"]) < 0.01

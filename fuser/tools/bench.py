@@ -69,12 +69,14 @@ BENCH_TOKENS = (1, 16, 128, 512, 2048, 8192)
 #: Where max-autotune runs unless asked for everywhere: the model shapes at these token counts.
 AUTOTUNE_SUBSET = (16, 128, 2048)
 L2_BYTES = 60 << 20
-#: A call shorter than this is captured L times per graph, with L rotating sets.
+#: A call shorter than this is captured L times per graph, cycling through the rotating sets.
 GRAPH_SHORT_US = 500.0
-#: ...and at least this many times (where there are as many sets): a replay of one short call is mostly the
-#: graph's own launch (~5-7 us on the H200), and the per-call probe that sets L is host time, which can be
-#: long for a short GPU call
-GRAPH_MIN_CALLS = 4
+#: ...and this many times: each replay is timed from a start event the GPU reaches before the host has
+#: submitted the graph, so every replay carries the graph's launch once and each call 1/L of it (a few us
+#: per replay on an H200: ``benchmarks/graph_calls.py`` times graphs of 1, 4 and 16 calls side by side).
+#: In a model's graph the launch is spread over every layer's kernels, so a call's time here is its share.
+GRAPH_MIN_CALLS = 16
+GRAPH_MAX_CALLS = 64
 #: A back-to-back sequence lasts about this long (the events and the final wait, tens of us on a slow host,
 #: then cost a few percent of it) and holds SEQ_MIN_CALLS to SEQ_MAX_CALLS calls.
 SEQ_US = 2000.0
@@ -109,24 +111,25 @@ def back_to_back(fn, calls):
     return run, calls
 
 
-def graph_calls(probe_us, sets):
+def graph_calls(probe_us, min_calls=GRAPH_MIN_CALLS):
     """Calls per CUDA graph for a call whose eager probe took `probe_us` (CUDA events around one call made
-    from Python), with `sets` rotating input sets: enough to fill GRAPH_SHORT_US, at least
-    GRAPH_MIN_CALLS (both at most `sets`); one for a call of GRAPH_SHORT_US or more. One set is one
-    larger than 4x L2 (``Sets``): the L2 keeps none of it for the next call, so the calls repeat it
-    GRAPH_MIN_CALLS times (one call per replay would time the graph's own launch with it).
+    from Python): enough to fill GRAPH_SHORT_US (at most GRAPH_MAX_CALLS) and at least `min_calls`; one for
+    a call of GRAPH_SHORT_US or more, whose graph's launch is then under ~1% of it. The calls take the
+    rotating sets in turn, so a graph of more calls than sets still reads each set after the others have
+    passed through the L2 (``Sets``: together they are 4x the L2, or one set is).
 
     Example:
         >>> from fuser.tools.bench import graph_calls
-        >>> graph_calls(60.0, 24), graph_calls(300.0, 24), graph_calls(300.0, 2), graph_calls(900.0, 24)
-        (8, 4, 2, 1)
-        >>> graph_calls(80.0, 1), graph_calls(900.0, 1)
-        (4, 1)
+        >>> graph_calls(60.0), graph_calls(20.0), graph_calls(2.0), graph_calls(300.0), graph_calls(900.0)
+        (16, 25, 64, 16, 1)
+        >>> graph_calls(60.0, min_calls=4), graph_calls(300.0, min_calls=1)
+        (8, 1)
     """
+    if min_calls < 1:
+        raise ValueError(f"graph_calls: min_calls must be at least 1, got {min_calls}")
     if probe_us >= GRAPH_SHORT_US:
         return 1
-    bound = sets if sets > 1 else GRAPH_MIN_CALLS
-    return max(1, min(bound, max(GRAPH_MIN_CALLS, int(GRAPH_SHORT_US // max(probe_us, 1.0)))))
+    return max(min_calls, min(GRAPH_MAX_CALLS, int(GRAPH_SHORT_US // max(probe_us, 1.0))))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,6 +288,7 @@ class Result:
     sets: int
     reps: int
     notes: list = dataclasses.field(default_factory=list)
+    graph_calls: int = 1    # calls per CUDA graph of the graphed variants
 
     def speedup(self, baseline):
         """baseline's time over fuser's in the same mode (graphed against fuser_graph), or None."""
@@ -315,6 +319,7 @@ class Result:
             r[f"{v}_compile_s"] = None if self.compile_s.get(v) is None else round(self.compile_s[v], 1)
         r.update(plan=self.plan, planner_fuses=self.planner_fuses, fused_plan=self.fused_plan,
                  fused_predicted_us=round(self.fused_predicted_us, 2), sets=self.sets, reps=self.reps,
+                 graph_calls=self.graph_calls,
                  sm_mhz_min=self.clocks.get("sm_mhz_min"), sm_mhz_max=self.clocks.get("sm_mhz_max"),
                  clock_reasons=self.clocks.get("reasons"), notes="; ".join(self.notes))
         return r
@@ -369,7 +374,7 @@ def _module_of(w, s):
         return FusedFFN(spec, {"gate_up": gu, "down": down}).eval()
 
 
-def _variants(w, sets, want, autotune, log):
+def _variants(w, sets, want, autotune, log, min_graph_calls=GRAPH_MIN_CALLS):
     """name -> (function, calls per invocation), compile seconds, the plans, notes."""
     eager_ops = _eager_fn(w.activation)
     compile_s, notes = {}, []
@@ -431,7 +436,7 @@ def _variants(w, sets, want, autotune, log):
     for k, v in SEQUENCES.items():
         if k in want and v in fns:
             out[k] = back_to_back(fns[v], seq_calls(probe))
-    calls = graph_calls(probe, sets.n)
+    calls = graph_calls(probe, min_graph_calls)
     # NOTE: the first graph captured in a process runs slower than later captures of the same ops
     # (state set up by the first capture, such as cuBLAS's workspace for the capture stream): a
     # throwaway capture first puts every timed graph in the same conditions (benchmarks/RESULTS.md)
@@ -448,12 +453,13 @@ def _variants(w, sets, want, autotune, log):
 
 
 def run(workloads, *, variants=VARIANTS, autotune="subset", reps=None, log=print, ceilings=None,
-        on_result=None, budget_s=None):
+        on_result=None, budget_s=None, min_graph_calls=GRAPH_MIN_CALLS):
     """Time every workload; returns (results, meta). ``autotune``: "subset" (models at
     ``AUTOTUNE_SUBSET`` tokens), "all" or "none". ``reps``: rounds per workload (default: enough for
     ~0.4 s of timing, 15 to 60). ``on_result(result)`` is called as each workload finishes (write it out:
     a run cut short keeps what it measured). With ``budget_s``, workloads that start that many seconds
     or more into the run skip the torch.compile variants (noted in the result; 0: every workload).
+    ``min_graph_calls``: the fewest calls a graphed variant's graph holds (``graph_calls``).
 
     Example:
         >>> from fuser.tools.bench import parse_workload, run
@@ -479,7 +485,7 @@ def run(workloads, *, variants=VARIANTS, autotune="subset", reps=None, log=print
         tune = autotune == "all" or (autotune == "subset" and w.name in MODELS and w.m in AUTOTUNE_SUBSET)
         sets = Sets(w)
         c0 = clocks.read()
-        fns, compile_s, plan, fplan, notes = _variants(w, sets, want, tune, log)
+        fns, compile_s, plan, fplan, notes = _variants(w, sets, want, tune, log, min_graph_calls)
         if over:
             notes.append("torch.compile variants skipped: past the time budget")
         names = list(fns)
@@ -497,7 +503,8 @@ def run(workloads, *, variants=VARIANTS, autotune="subset", reps=None, log=print
         r = Result(w, floor, bound, dict(zip(names, times)), compile_s,
                    plan.summary(), plan.fused, fplan.summary(), fplan.predicted_us,
                    dict(sm_mhz_min=min(seen) if seen else None, sm_mhz_max=max(seen) if seen else None,
-                        reasons=c1["reasons"]), sets.n, n, notes)
+                        reasons=c1["reasons"]), sets.n, n, notes,
+                   graph_calls=next((c for k, (_f, c) in fns.items() if k.endswith("_graph")), 1))
         results.append(r)
         log(f"{w.label:18s} floor {floor:9.1f} us  " + "  ".join(
             f"{k} {r.times[k]:.1f}" for k in names) + f"  [{time.perf_counter() - t0:.1f} s]")

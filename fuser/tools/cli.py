@@ -266,7 +266,8 @@ def _cmd_bench(args):
         rows.append(result.row())
         bench_report.write_csv(rows, os.path.join(args.out, "results.csv"))
     results, m = bench.run(workloads, autotune=args.autotune, reps=args.reps, budget_s=args.budget_s,
-                           on_result=keep, log=lambda line: print(line, flush=True))
+                           min_graph_calls=args.graph_calls or bench.GRAPH_MIN_CALLS, on_result=keep,
+                           log=lambda line: print(line, flush=True))
     meta.update(m)
     with open(os.path.join(args.out, "meta.json"), "w") as f:
         json.dump(meta, f, indent=1, default=str)
@@ -401,6 +402,9 @@ def main(argv=None):
     p.add_argument("--budget-s", type=_seconds, default=None,
                    help="skip torch.compile for workloads starting this many seconds or more into the run "
                         "(0: skip it for every workload; default: never)")
+    p.add_argument("--graph-calls", type=_count, default=None,
+                   help="the fewest calls one CUDA graph of a graphed variant holds (default 16: each replay's own "
+                        "launch is then a sixteenth of a call's time; a call of 500 us or more is one per graph)")
     p.add_argument("--out", default="bench-out", help="folder for results.csv, results.md, meta.json, speedup.png")
     p.add_argument("--no-host", action="store_true", help="skip the host-cost measurements (JIT, load, per call)")
     p.add_argument("--plot", metavar="CSV", help="only redraw results.md-style tables and the plot from a saved CSV")
