@@ -447,16 +447,17 @@ BACKTEST_LOGS_H100 = [f"benchmarks/results/2026-12-06-h100-{n}" for n in (
     "fortyfifth-three-rows-a.csv", "fortyfifth-three-rows-b.csv")] + [
     f"benchmarks/results/2026-12-07-h100-{n}-{r}.json"
     for n in ("fiftythird-bn48", "fiftyseventh-reread", "fiftyseventh-packed-merge", "fiftyninth-decode-rows-small",
-              "fiftyninth-g1-splits", "fiftyninth-s1-decode") for r in "ab"]
+              "fiftyninth-g1-splits", "fiftyninth-s1-decode") for r in "ab"] + [
+    f"benchmarks/results/2026-12-07-h100-sixtieth-targets-{r}.csv" for r in "ab"]
 
 
 def test_the_planners_picks_on_the_h100s_timed_cells():
     """On the 213 cells the committed H100 timings cover, the built model's picks on the h100 target are within
-    0.7% of the best timed (geomean) and 9.5% faster than eager (without the L2's re-reads of swap-AB plans of
-    several row tiles, ``stream_reread_gbs``, 1.0097 and 1.0917: the re-read files time both sets of picks, and the
+    0.7% of the best timed (geomean) and 9.8% faster than eager (without the L2's re-reads of swap-AB plans of
+    several row tiles, ``stream_reread_gbs``, 1.0094 and 1.0946: the re-read files time both sets of picks, and the
     priced picks win in eight of the nine cells, S8 at 77 tokens losing 2%); priced at hbm_gbs as before (no
-    stream_hbm_gbs of its own, no long streams' price), the same cells score 1.022 and 1.079 (docs/planner.md, "The
-    stream's HBM rate on other parts"), and without the long streams' price alone 1.0075 and 1.0941 (LLaMA-70B at
+    stream_hbm_gbs of its own, no long streams' price), the same cells score 1.022 and 1.082 (docs/planner.md, "The
+    stream's HBM rate on other parts"), and without the long streams' price alone 1.0072 and 1.0970 (LLaMA-70B at
     12-64 tokens stays eager, its fused plans timed 1.01-1.04x faster). Two cells' picks were never timed there (S6
     at 48 tokens, S7 at 77); the 48-wide n-tiles' picks are timed in the bn48 files. In the
     three decode cells nearest the issues' floor targets (LLaMA-2-7B at 16 and 128 tokens, GPT-3-6.7B at 128), where
@@ -466,18 +467,18 @@ def test_the_planners_picks_on_the_h100s_timed_cells():
     logs = [str(ROOT / p) for p in BACKTEST_LOGS_H100]
     checks, regret, vs_eager, untimed = pd.backtest(logs, target="h100")
     assert len(checks) == 213 and untimed == ["S6:48", "S7:77"], untimed
-    assert regret <= 1.007 and vs_eager >= 1.094, (regret, vs_eager)
+    assert regret <= 1.007 and vs_eager >= 1.097, (regret, vs_eager)
     near = {c: checks[c] for c in (("llama2-7b", 16), ("llama2-7b", 128), ("gpt3-6.7b", 128), ("S8", 128))}
     assert all(r["regret"] == 1.0 for r in near.values()), near
     import fuser
     h100 = dict(fuser._C.targets()["h100"])
     _, flat_regret, flat_vs_eager, _ = pd.backtest(logs, target=dict(h100, stream_reread_gbs=h100["l2_gbs"]))
-    assert flat_regret > 1.009 and flat_vs_eager < 1.092, (flat_regret, flat_vs_eager)
+    assert flat_regret > 1.009 and flat_vs_eager < 1.095, (flat_regret, flat_vs_eager)
     _, off_regret, off_vs_eager, _ = pd.backtest(logs, target=dict(h100, stream_ramp_us=1e9))
     assert off_regret > regret and off_vs_eager < vs_eager, (off_regret, off_vs_eager)
     _, old_regret, old_vs_eager, _ = pd.backtest(logs, target=dict(h100, stream_hbm_gbs=h100["hbm_gbs"],
                                                                    stream_ramp_us=1e9))
-    assert old_regret > 1.02 and old_vs_eager < 1.08, (old_regret, old_vs_eager)
+    assert old_regret > 1.02 and old_vs_eager < 1.083, (old_regret, old_vs_eager)
 
 
 def test_packed_chains_pick_their_route_where_it_was_timed_faster_on_the_h100():
