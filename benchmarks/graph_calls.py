@@ -8,8 +8,14 @@ graph replayed interleaved with the others in seeded orders (fuser.tools.timing)
 time per call, the floor beside them (fuser.tools.bench's, from the matmul and copy rates measured at the start),
 eager over fuser at each L, and the launch's share: (time at the smallest L - time at the largest) per call.
 
+In a graph of repeated fuser calls each call follows another fuser kernel, which lets it start as its blocks leave
+(programmatic dependent launch); in a model it follows another op's kernel. With --after-op, at the largest L each
+call of each variant also runs after a copy of its input (one PyTorch kernel it depends on, as an FFN depends on the
+norm before it), and the copies alone are timed in the same graphs' interleaving: "after an op" is (copy and call) -
+(copy alone) per call, the call's time where its predecessor is not one of its own.
+
     python benchmarks/graph_calls.py [--cells G1:128 S8:128 llama2-7b:16 ...] [--calls 1 4 16] [--rounds 30]
-                                     [--json FILE]
+                                     [--after-op] [--json FILE]
 """
 import argparse
 import json
@@ -25,8 +31,9 @@ from fuser.tools.timing import graphed, time_interleaved
 CELLS = ("G1:128", "G3:128", "S8:128", "S1:128", "llama2-7b:16", "llama3-8b:128")
 
 
-def cell_row(w, calls, rounds, ceil):
-    """One workload's row: {"cell", "floor_us", "eager": {L: us}, "fuser": {L: us}, "plan"}."""
+def cell_row(w, calls, rounds, ceil, after_op=False):
+    """One workload's row: {"cell", "floor_us", "eager": {L: us}, "fuser": {L: us}, "plan"}; with `after_op`,
+    "after_op": {"copy", "eager", "fuser"} at the largest L (the copy alone, each variant's time after it)."""
     sets = Sets(w)
     act = ACTIVATIONS[w.activation]
     plan = fuser.plan(w.m, w.d_model, w.d_ff, d_out=w.d_out, gated=w.gated, activation=w.activation)
@@ -39,14 +46,38 @@ def cell_row(w, calls, rounds, ceil):
         s = sets.turn()
         return fuser.ffn(s["x"], s["w_up"], s["w_down"], w_gate=s["w_gate"], activation=w.activation, plan=plan)
 
+    bufs = [torch.empty_like(s["x"]) for s in sets.sets]   # each set's copied input
+
+    def copy():
+        s = sets.turn()
+        return bufs[sets.i].copy_(s["x"])
+
+    def copy_ops():
+        x = copy()
+        s = sets.sets[sets.i]
+        return eager(x, s["w_up"], s["w_down"], s["w_gate"], None, None, None, act)
+
+    def copy_mine():
+        x = copy()
+        s = sets.sets[sets.i]
+        return fuser.ffn(x, s["w_up"], s["w_down"], w_gate=s["w_gate"], activation=w.activation, plan=plan)
+
     graphed(ops, calls[0])   # the first capture in a process runs slower (fuser.tools.bench): a throwaway one
     fns = [(name, n, graphed(f, n)) for name, f in (("eager", ops), ("fuser", mine)) for n in calls]
+    if after_op:
+        fns += [(name, "after", graphed(f, calls[-1]))
+                for name, f in (("copy", copy), ("eager", copy_ops), ("fuser", copy_mine))]
     times = time_interleaved([g for _, _, g in fns], rounds=rounds)
     floor, _bound = w.floor_us(ceil["matmul_tflops"], ceil["copy_tbps"])
     row = {"cell": f"{w.name}:{w.m}", "floor_us": round(floor, 2), "plan": str(plan), "sets": sets.n,
            "eager": {}, "fuser": {}}
+    after = {name: t for (name, n, _g), t in zip(fns, times) if n == "after"}
     for (name, n, _g), t in zip(fns, times):
-        row[name][n] = round(t, 2)
+        if n != "after":
+            row[name][n] = round(t, 2)
+    if after:
+        row["after_op"] = {"copy": round(after["copy"], 2), **{v: round(after[v] - after["copy"], 2)
+                                                               for v in ("eager", "fuser")}}
     return row
 
 
@@ -54,8 +85,13 @@ def report(row, calls):
     lo, hi = min(calls), max(calls)
     e, f = row["eager"], row["fuser"]
     per = "  ".join(f"L={n}: eager {e[n]:.2f} fuser {f[n]:.2f} ({e[n] / f[n]:.3f}x)" for n in calls)
-    return (f"{row['cell']:>16} floor {row['floor_us']:.2f} us  {per}  launch share per call at L={lo}: "
+    line = (f"{row['cell']:>16} floor {row['floor_us']:.2f} us  {per}  launch share per call at L={lo}: "
             f"eager {e[lo] - e[hi]:+.2f} fuser {f[lo] - f[hi]:+.2f} us")
+    a = row.get("after_op")
+    if a:
+        line += (f"\n{'':>16} after an op (L={hi}, the copy {a['copy']:.2f}): eager {a['eager']:.2f} fuser "
+                 f"{a['fuser']:.2f} ({a['eager'] / a['fuser']:.3f}x)")
+    return line
 
 
 def main(argv=None):
@@ -63,6 +99,8 @@ def main(argv=None):
     ap.add_argument("--cells", nargs="+", default=list(CELLS), help="workloads (fuser bench's names)")
     ap.add_argument("--calls", nargs="+", type=int, default=[1, 4, 16], help="calls per graph to compare")
     ap.add_argument("--rounds", type=int, default=30, help="replays of each graph (interleaved)")
+    ap.add_argument("--after-op", action="store_true",
+                    help="also time each variant after a copy of its input at the largest L (module docstring)")
     ap.add_argument("--json", help="write the rows here")
     a = ap.parse_args(argv)
     if any(n < 1 for n in a.calls) or len(set(a.calls)) < 2:
@@ -82,7 +120,7 @@ def main(argv=None):
           f"{ceil['copy_tbps']:.2f} TB/s; per call in graphs of {', '.join(map(str, calls))} calls, us")
     rows = []
     for w in cells:
-        rows.append(cell_row(w, calls, a.rounds, ceil))
+        rows.append(cell_row(w, calls, a.rounds, ceil, a.after_op))
         print(report(rows[-1], calls), flush=True)
     if a.json:
         with open(a.json, "w") as fh:

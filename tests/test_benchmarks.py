@@ -767,10 +767,12 @@ def test_graph_calls_benchmark_checks_its_arguments_before_the_gpu():
 def test_graph_calls_benchmark_times_each_graph_size_per_call(tmp_path):
     """graph_calls.py times eager and fuser's pick in graphs of 1 and 8 calls: every time per call is a GPU
     time of a few us (not the replay's), and a graph of one G1 call, which carries a whole graph launch,
-    costs each variant more per call than a graph of eight."""
+    costs each variant more per call than a graph of eight. With --after-op each variant is also timed after a
+    copy of its input, the copy's own time taken off: a time per call of the same order as without it."""
     out = tmp_path / "g.json"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks/graph_calls.py"), "--cells", "G1:128", "--calls", "1",
-                        "8", "--rounds", "9", "--json", str(out)], capture_output=True, text=True, timeout=300)
+                        "8", "--rounds", "9", "--after-op", "--json", str(out)], capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 0, r.stderr
     got = json.loads(out.read_text())
     assert got["calls"] == [1, 8] and len(got["rows"]) == 1
@@ -779,3 +781,5 @@ def test_graph_calls_benchmark_times_each_graph_size_per_call(tmp_path):
     for v in ("eager", "fuser"):
         one, eight = row[v]["1"], row[v]["8"]
         assert 1.0 < eight < one < 100.0, (v, row)
+        assert 0.3 * eight < row["after_op"][v] < 3.0 * eight, (v, row)
+    assert 0.5 < row["after_op"]["copy"] < 20.0 and "after an op (L=8" in r.stdout, row
