@@ -72,8 +72,8 @@ L2_BYTES = 60 << 20
 #: A call shorter than this is captured L times per graph, cycling through the rotating sets.
 GRAPH_SHORT_US = 500.0
 #: ...and this many times: each replay is timed from a start event the GPU reaches before the host has
-#: submitted the graph, so every replay carries the graph's launch once and each call 1/L of it (a few us
-#: per replay on an H200: ``benchmarks/graph_calls.py`` times graphs of 1, 4 and 16 calls side by side).
+#: submitted the graph, so every replay carries the graph's launch once and each call 1/L of it (3-10 us per
+#: replay on an H100: ``benchmarks/graph_calls.py`` times graphs of 1, 4 and 16 calls side by side).
 #: In a model's graph the launch is spread over every layer's kernels, so a call's time here is its share.
 GRAPH_MIN_CALLS = 16
 GRAPH_MAX_CALLS = 64
