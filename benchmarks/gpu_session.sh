@@ -38,6 +38,9 @@
 #   sanitize build, then compute-sanitizer's memcheck, racecheck and synccheck on the stream kernel's workload
 #          (tests/gpu/sanitize_stream.py) and on the gate kernel's (tests/gpu/sanitize_gate.py): what a tree whose
 #          kernels changed owes before its numbers are reported
+#   graphs build, the graph_calls benchmark's GPU test, then benchmarks/graph_calls.py --after-op: eager and fuser's
+#          picks in CUDA graphs of 1, 4 and 16 calls and after a copy of their input (what the harness's calls per
+#          graph and fuser's early launch after its own kernel add to a call's time)
 #   host   build, benchmarks/host_overhead.py as the layering issue measures it (the thread's CPU clock, ROUNDS (31) rounds,
 #          the C calls inside the routes timed apart)
 #   targets build, one harness run of every workload the issues' speed targets name (`fuser bench --set targets`;
@@ -52,8 +55,8 @@
 #     bash benchmarks/gpu_session.sh STAGE    (one of the stages above; `bash benchmarks/gpu_session.sh -h` lists them)
 set -uo pipefail
 STAGE=${1:-all}
-STAGES="check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|zerobias|cells|plans|sanitize|host|targets"
-STAGES="$STAGES|all|queue"
+STAGES="check|bench|fit|prefill|epilogue|trace|pairs|onephase|eager|zerobias|cells|plans|sanitize|graphs|host"
+STAGES="$STAGES|targets|all|queue"
 case "|$STAGES|" in *"|$STAGE|"*) ;; *) echo "usage: $0 $STAGES" >&2; exit 2;; esac
 SELF=$(readlink -f "$0")
 cd "$(dirname "$SELF")/.."
@@ -80,7 +83,8 @@ fi
 # over seven H100 runs, so that it queues after a cells stage; sanitize: part of a 108 s H100 call that also ran a
 # plans stage and a benchmark, its six tools' runs each under a 90 s timeout).
 declare -A STAGE_SECONDS=([check]=330 [bench]=480 [fit]=560 [prefill]=420 [epilogue]=420 [trace]=300 [pairs]=450
-    [onephase]=360 [eager]=480 [zerobias]=160 [cells]=240 [plans]=300 [sanitize]=150 [host]=260 [targets]=200)
+    [onephase]=360 [eager]=480 [zerobias]=160 [cells]=240 [plans]=300 [sanitize]=150 [graphs]=120
+    [host]=260 [targets]=200)
 if [ "$STAGE" = queue ]; then
     mkdir -p "$FINAL"
     start=$SECONDS budget=${BUDGET:-570}
@@ -218,6 +222,15 @@ if [ "$STAGE" = sanitize ]; then
     sanitizers stream fuser_ffn tests/gpu/sanitize_stream.py
     sanitizers gate fuser_gate tests/gpu/sanitize_gate.py
     finish sanitize
+fi
+if [ "$STAGE" = graphs ]; then
+    timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_benchmarks.py -k graph_calls 2>&1 \
+        | tail -20 > "$OUT/pytest_graphs.log"
+    echo "pytest graph_calls rc ${PIPESTATUS[0]} $(grep -E '(passed|failed|error)' "$OUT/pytest_graphs.log" | tail -1)" \
+        | tee -a "$OUT/gpu.txt"
+    timeout 150 python3 benchmarks/graph_calls.py --after-op --json "$OUT/graph-calls.json" > "$OUT/graph-calls.log" 2>&1
+    echo "graph_calls rc $?" | tee -a "$OUT/gpu.txt"; cut -c1-240 "$OUT/graph-calls.log" >> "$OUT/gpu.txt"
+    finish graphs
 fi
 if [ "$STAGE" = host ]; then
     timeout 480 python3 benchmarks/host_overhead.py --set quick --clock thread --rounds ${ROUNDS:-31} --pieces \
