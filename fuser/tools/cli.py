@@ -403,8 +403,8 @@ def main(argv=None):
                    help="skip torch.compile for workloads starting this many seconds or more into the run "
                         "(0: skip it for every workload; default: never)")
     p.add_argument("--graph-calls", type=_count, default=None,
-                   help="the fewest calls one CUDA graph of a graphed variant holds (default 16: each replay's own "
-                        "launch is then a sixteenth of a call's time; a call of 500 us or more is one per graph)")
+                   help="the fewest calls one CUDA graph of a graphed variant holds (default 16: each call then carries a "
+                        "sixteenth of the graph's own launch; a call of 500 us or more is one per graph)")
     p.add_argument("--out", default="bench-out", help="folder for results.csv, results.md, meta.json, speedup.png")
     p.add_argument("--no-host", action="store_true", help="skip the host-cost measurements (JIT, load, per call)")
     p.add_argument("--plot", metavar="CSV", help="only redraw results.md-style tables and the plot from a saved CSV")
