@@ -37,36 +37,32 @@ def cell_row(w, calls, rounds, ceil, after_op=False):
     sets = Sets(w)
     act = ACTIVATIONS[w.activation]
     plan = fuser.plan(w.m, w.d_model, w.d_ff, d_out=w.d_out, gated=w.gated, activation=w.activation)
-
-    def ops():
-        s = sets.turn()
-        return eager(s["x"], s["w_up"], s["w_down"], s["w_gate"], None, None, None, act)
-
-    def mine():
-        s = sets.turn()
-        return fuser.ffn(s["x"], s["w_up"], s["w_down"], w_gate=s["w_gate"], activation=w.activation, plan=plan)
-
     bufs = [torch.empty_like(s["x"]) for s in sets.sets]   # each set's copied input
 
-    def copy():
-        s = sets.turn()
-        return bufs[sets.i].copy_(s["x"])
-
-    def copy_ops():
-        x = copy()
-        s = sets.sets[sets.i]
+    def ops(s, x):
         return eager(x, s["w_up"], s["w_down"], s["w_gate"], None, None, None, act)
 
-    def copy_mine():
-        x = copy()
-        s = sets.sets[sets.i]
+    def mine(s, x):
         return fuser.ffn(x, s["w_up"], s["w_down"], w_gate=s["w_gate"], activation=w.activation, plan=plan)
 
-    graphed(ops, calls[0])   # the first capture in a process runs slower (fuser.tools.bench): a throwaway one
-    fns = [(name, n, graphed(f, n)) for name, f in (("eager", ops), ("fuser", mine)) for n in calls]
+    def plain(f):       # f on the next set's input
+        def call():
+            s = sets.turn()
+            return f(s, s["x"])
+        return call
+
+    def after_copy(f):  # f on a copy of the next set's input, made just before (None: the copy alone)
+        def call():
+            s = sets.turn()
+            x = bufs[sets.i].copy_(s["x"])
+            return x if f is None else f(s, x)
+        return call
+
+    graphed(plain(ops), calls[0])   # the first capture in a process runs slower (fuser.tools.bench): a throwaway
+    fns = [(name, n, graphed(plain(f), n)) for name, f in (("eager", ops), ("fuser", mine)) for n in calls]
     if after_op:
-        fns += [(name, "after", graphed(f, calls[-1]))
-                for name, f in (("copy", copy), ("eager", copy_ops), ("fuser", copy_mine))]
+        fns += [(name, "after", graphed(after_copy(f), calls[-1]))
+                for name, f in (("copy", None), ("eager", ops), ("fuser", mine))]
     times = time_interleaved([g for _, _, g in fns], rounds=rounds)
     floor, _bound = w.floor_us(ceil["matmul_tflops"], ceil["copy_tbps"])
     row = {"cell": f"{w.name}:{w.m}", "floor_us": round(floor, 2), "plan": str(plan), "sets": sets.n,
