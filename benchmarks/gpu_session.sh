@@ -44,7 +44,8 @@
 #   host   build, benchmarks/host_overhead.py as the layering issue measures it (the thread's CPU clock, ROUNDS (31) rounds,
 #          the C calls inside the routes timed apart)
 #   targets build, one harness run of every workload the issues' speed targets name (`fuser bench --set targets`;
-#          RUN=a or b names it; GRAPH_CALLS=N sets its --graph-calls) and its scorecard (`--score`)
+#          RUN=a or b names it; GRAPH_CALLS=N sets its --graph-calls, GRAPH_AFTER=self|op its --graph-after) and
+#          its scorecard (`--score`)
 #   all    check and bench, one after the other (a machine without a 10-minute limit)
 #   queue  the stages in QUEUE (words STAGE or STAGE:VAR=VALUE, several settings joined by +, e.g. "host
 #          cells:CELLS=margin plans:PLANS=lead+LEADS=0+AGAIN=1"; an exported variable reaches every stage), in order,
@@ -241,7 +242,7 @@ fi
 if [ "$STAGE" = targets ]; then
     RUN=${RUN:-a}
     timeout 540 python3 -m fuser bench --set targets --autotune none --no-host --out "$OUT/targets-$RUN" \
-        ${GRAPH_CALLS:+--graph-calls "$GRAPH_CALLS"} \
+        ${GRAPH_CALLS:+--graph-calls "$GRAPH_CALLS"} ${GRAPH_AFTER:+--graph-after "$GRAPH_AFTER"} \
         > "$OUT/targets-$RUN.log" 2>&1
     echo "targets $RUN rc $?" | tee -a "$OUT/gpu.txt"
     python3 -m fuser bench --score "$OUT/targets-$RUN/results.csv" 2>&1 | head -16 >> "$OUT/gpu.txt"

@@ -220,3 +220,56 @@ def test_a_back_to_back_sequence_is_timed_per_call():
     one, per = time_interleaved([lambda: time.sleep(0.001), (f, n)], rounds=3, warmup=0, cpu=True)
     assert n == 5 and len(seen) == 15 and 1000 <= per < 1.5 * one
     assert seq_calls(0.0) == SEQ_MAX_CALLS and seq_calls(1e6) == SEQ_MIN_CALLS and seq_calls(250.0) == 8
+
+
+def test_a_graphed_call_follows_a_copy_writing_its_input():
+    """With graphs after an op (the default), each graphed call's input is first written by a copy of that
+    set's kept input: the call reads the set it turns to, whose x was poisoned and is whole again, and the
+    copy comes before the call every time; the copies alone are a turn and a copy with no call."""
+    import torch
+
+    from fuser.tools.bench import Sets, after_op
+    sets = Sets.__new__(Sets)
+    sets.n, sets.i = 3, 0
+    sets.sets = [{"x_src": torch.full((2, 4), float(k))} for k in range(3)]
+    for s in sets.sets:
+        s["x"] = torch.full((2, 4), -1.0)     # poisoned: only the copy makes it right
+    seen = []
+
+    def call():
+        s = sets.turn()
+        seen.append(float(s["x"].mean()))
+        return s
+    f = after_op(sets, call)
+    for _ in range(5):
+        f()
+    assert seen == [1.0, 2.0, 0.0, 1.0, 2.0]
+    alone = after_op(sets, sets.turn)
+    sets.sets[0]["x"].fill_(-1.0)
+    assert alone() is sets.sets[0] and float(sets.sets[0]["x"].mean()) == 0.0 and len(seen) == 5
+
+
+def test_the_copies_are_taken_off_graphed_times_only():
+    """The copies' time per call comes off every graphed variant (its "_graph" name) and no other, and is
+    reported; without copies the times stand as measured."""
+    from fuser.tools.bench import own_graph_times
+    timed, op = own_graph_times({"eager": 40.0, "fusedffn_seq": 20.0, "eager_graph": 10.0, "fused_graph": 7.0,
+                                 "graph_op": 2.0})
+    assert op == 2.0 and timed == {"eager": 40.0, "fusedffn_seq": 20.0, "eager_graph": 8.0, "fused_graph": 5.0}
+    assert own_graph_times({"fuser_graph": 3.0}) == ({"fuser_graph": 3.0}, None)
+
+
+def test_run_refuses_an_unknown_graph_predecessor_before_the_gpu():
+    from fuser.tools.bench import GRAPH_AFTER, run
+    assert GRAPH_AFTER == ("op", "self")
+    with pytest.raises(ValueError, match="graph_after must be one of"):
+        run([], graph_after="copy")
+
+
+def test_rows_record_what_graphed_calls_followed():
+    w = parse_workload("G1")
+    r = fake_result(w).row()
+    assert r["graph_after"] == "self" and r["graph_op_us"] is None
+    r = Result(w, 1.0, "M", {"fuser": 5.0, "fuser_graph": 4.0}, {}, "p", True, "p", 1.0, {}, 3, 20,
+               graph_calls=16, graph_after="op", graph_op_us=1.234).row()
+    assert r["graph_after"] == "op" and r["graph_op_us"] == 1.23 and r["graph_calls"] == 16

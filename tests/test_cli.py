@@ -140,6 +140,13 @@ def test_bench_takes_the_fewest_calls_per_graph_as_a_count():
         assert r.returncode == 2 and "--graph-calls" in r.stderr and "expected an integer from 1" in r.stderr, r.stderr
 
 
+def test_bench_takes_what_graphed_calls_follow_from_a_fixed_list():
+    """`--graph-after` is op or self; anything else is a usage error listing both, before any GPU work."""
+    r = subprocess.run([sys.executable, "-m", "fuser", "bench", "--graph-after", "norm"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and "--graph-after" in r.stderr and "'op', 'self'" in r.stderr, r.stderr
+
+
 @pytest.mark.gpu
 def test_bench_on_hopper(tmp_path):
     """A small run of the harness: every variant but max-autotune timed for a model and a paper workload,
@@ -160,6 +167,9 @@ def test_bench_on_hopper(tmp_path):
             assert (x[f"{v}_us"] is None) == v.startswith("autotune"), (v, x)
         assert x["compile_compile_s"] > 0 and x["sm_mhz_max"] > 0
         assert 6 <= x["graph_calls"] <= bench.GRAPH_MAX_CALLS, x["graph_calls"]   # G1 and gpt2:128 are short calls
+        # each graphed call followed a copy writing its input, timed alone and taken off every graphed time
+        assert x["graph_after"] == "op" and 0 < x["graph_op_us"] < 10, x    # a copy of at most 0.2 MB
+        assert all(x[f"{v}_us"] > 0 for v in VARIANTS if v.endswith("_graph") and x[f"{v}_us"] is not None), x
         w = bench.Workload(x["workload"], x["m"], x["d_model"], x["d_ff"], x["d_out"], x["gated"], x["activation"])
         assert abs(x["floor_us"] - w.floor_us(meta["matmul_tflops"], meta["copy_tbps"])[0]) < 0.01
         assert abs(x["speedup_vs_eager_graph"] - x["eager_graph_us"] / x["fuser_graph_us"]) < 0.01

@@ -30,6 +30,12 @@ Variants (``VARIANTS``; "graph": L calls captured in one CUDA graph, timed per r
   compile_seq      torch.compile (default mode) the same way
   fusedffn_seq     FusedFFN the same way
 
+Each call of a graphed variant follows a PyTorch copy that writes its input, as a model's FFN follows the norm
+that writes its input; the copies alone are timed in the same interleaving (``graph_op_us``) and taken off, so a
+graphed time is the call's own. Back to back (``graph_after="self"``, ``fuser bench --graph-after self``) a fused
+call would follow its own kernel and start during that kernel's last blocks (programmatic dependent launch), which
+no FFN in a model does: 0.7-3.4 us of a call on an H100 (``benchmarks/graph_calls.py --after-op``).
+
 Speedups compare like with like: ``fuser`` against the per-call baselines, ``fuser_graph`` against the
 graphed ones.
 """
@@ -57,7 +63,8 @@ from fuser.tools.timing import graphed, hopper_reason, median_event_us, time_int
 from fuser.tools.workloads import MODELS, PAPER
 
 __all__ = ["VARIANTS", "BASELINES", "SEQUENCES", "Workload", "Result", "Sets", "parse_workload", "workload_set",
-           "measure_ceilings", "run", "host_costs", "Clocks", "graph_calls", "seq_calls", "back_to_back"]
+           "measure_ceilings", "run", "host_costs", "Clocks", "graph_calls", "seq_calls", "back_to_back",
+           "GRAPH_AFTER", "after_op", "own_graph_times"]
 
 VARIANTS = ("eager", "eager_graph", "compile", "compile_graph", "autotune", "autotune_graph", "cublas_graph",
             "fuser", "fuser_graph", "fused_graph", "fusedffn", "eager_seq", "compile_seq", "fusedffn_seq")
@@ -77,6 +84,9 @@ GRAPH_SHORT_US = 500.0
 #: In a model's graph the launch is spread over every layer's kernels, so a call's time here is its share.
 GRAPH_MIN_CALLS = 16
 GRAPH_MAX_CALLS = 64
+#: What a graphed call follows: "op", a copy writing its input (timed alone and taken off), or "self", the
+#: graph's previous call.
+GRAPH_AFTER = ("op", "self")
 #: A back-to-back sequence lasts about this long (the events and the final wait, tens of us on a slow host,
 #: then cost a few percent of it) and holds SEQ_MIN_CALLS to SEQ_MAX_CALLS calls.
 SEQ_US = 2000.0
@@ -289,6 +299,8 @@ class Result:
     reps: int
     notes: list = dataclasses.field(default_factory=list)
     graph_calls: int = 1    # calls per CUDA graph of the graphed variants
+    graph_after: str = "self"   # what each graphed call follows (GRAPH_AFTER)
+    graph_op_us: float = None   # "op": the copy alone per call, taken off every graphed time
 
     def speedup(self, baseline):
         """baseline's time over fuser's in the same mode (graphed against fuser_graph), or None."""
@@ -319,7 +331,8 @@ class Result:
             r[f"{v}_compile_s"] = None if self.compile_s.get(v) is None else round(self.compile_s[v], 1)
         r.update(plan=self.plan, planner_fuses=self.planner_fuses, fused_plan=self.fused_plan,
                  fused_predicted_us=round(self.fused_predicted_us, 2), sets=self.sets, reps=self.reps,
-                 graph_calls=self.graph_calls,
+                 graph_calls=self.graph_calls, graph_after=self.graph_after,
+                 graph_op_us=None if self.graph_op_us is None else round(self.graph_op_us, 2),
                  sm_mhz_min=self.clocks.get("sm_mhz_min"), sm_mhz_max=self.clocks.get("sm_mhz_max"),
                  clock_reasons=self.clocks.get("reasons"), notes="; ".join(self.notes))
         return r
@@ -329,7 +342,9 @@ class Result:
 
 class Sets:
     """Rotating input and weight sets for one workload (enough that the L2 cannot hold the next call's
-    weights; one where a set alone is 4x L2 or more), and a ``turn()`` that hands out the next one."""
+    weights; one where a set alone is 4x L2 or more), and a ``turn()`` that hands out the next one. Each set
+    keeps its input twice: "x", what the variants read, and "x_src", what ``write_next_x`` copies into the next
+    set's "x" (a PyTorch kernel writing a call's input just before it)."""
 
     def __init__(self, w, max_sets=24):
         per_set = w.min_bytes
@@ -339,6 +354,7 @@ class Sets:
         self.sets = []
         for _ in range(self.n):
             s = {"x": torch.randn(w.m, w.d_model, device="cuda", generator=g).bfloat16()}
+            s["x_src"] = s["x"].clone()
             up = mk(w.d_ff * (2 if w.gated else 1), w.d_model, fan=w.d_model)   # [gate; up] merged, cuBLAS's
             s["w_gu"] = up
             s["w_gate"], s["w_up"] = (up[:w.d_ff], up[w.d_ff:]) if w.gated else (None, up)
@@ -350,6 +366,48 @@ class Sets:
     def turn(self):
         self.i = (self.i + 1) % self.n
         return self.sets[self.i]
+
+    def write_next_x(self):
+        """Copy the input of the set ``turn()`` hands out next into place (same values); returns that set."""
+        s = self.sets[(self.i + 1) % self.n]
+        s["x"].copy_(s["x_src"])
+        return s
+
+
+def after_op(sets, f):
+    """f, each call's input first written by a copy (``Sets.write_next_x``): a graphed call then follows a
+    PyTorch kernel it depends on, not its own previous call.
+
+    Example:
+        >>> from fuser.tools.bench import after_op
+        >>> class FakeSets:
+        ...     def write_next_x(self): seen.append("copy")
+        >>> seen = []
+        >>> after_op(FakeSets(), lambda: seen.append("call"))(); seen
+        ['copy', 'call']
+    """
+    def call():
+        sets.write_next_x()
+        return f()
+    return call
+
+
+def own_graph_times(timed):
+    """(the times with the copies' time taken off each graphed variant's, the copies' time or None): `timed`
+    maps variants to their measured times per call, "graph_op" to the copies alone (``after_op``).
+
+    Example:
+        >>> from fuser.tools.bench import own_graph_times
+        >>> own_graph_times({"eager": 50.0, "eager_graph": 12.0, "fuser_graph": 9.5, "graph_op": 1.5})
+        ({'eager': 50.0, 'eager_graph': 10.5, 'fuser_graph': 8.0}, 1.5)
+        >>> own_graph_times({"eager_graph": 12.0})
+        ({'eager_graph': 12.0}, None)
+    """
+    timed = dict(timed)
+    op = timed.pop("graph_op", None)
+    if op is not None:
+        timed = {k: t - op if k.endswith("_graph") else t for k, t in timed.items()}
+    return timed, op
 
 
 def _eager_fn(activation):
@@ -374,8 +432,9 @@ def _module_of(w, s):
         return FusedFFN(spec, {"gate_up": gu, "down": down}).eval()
 
 
-def _variants(w, sets, want, autotune, log, min_graph_calls=GRAPH_MIN_CALLS):
-    """name -> (function, calls per invocation), compile seconds, the plans, notes."""
+def _variants(w, sets, want, autotune, log, min_graph_calls=GRAPH_MIN_CALLS, graph_after="op"):
+    """name -> (function, calls per invocation), compile seconds, the plans, notes. With `graph_after` "op"
+    every graphed call follows a copy writing its input, and "graph_op" is the copies alone."""
     eager_ops = _eager_fn(w.activation)
     compile_s, notes = {}, []
 
@@ -440,12 +499,15 @@ def _variants(w, sets, want, autotune, log, min_graph_calls=GRAPH_MIN_CALLS):
     # NOTE: the first graph captured in a process runs slower than later captures of the same ops
     # (state set up by the first capture, such as cuBLAS's workspace for the capture stream): a
     # throwaway capture first puts every timed graph in the same conditions (benchmarks/RESULTS.md)
-    graphed(fns["eager"], calls)
+    wrap = (lambda f: after_op(sets, f)) if graph_after == "op" else (lambda f: f)
+    graphed(wrap(fns["eager"]), calls)
+    if graph_after == "op" and any(k in want and f is not None for k, f in graph_of.items()):
+        out["graph_op"] = graphed(after_op(sets, sets.turn), calls)   # the copies alone
     for k, f in graph_of.items():
         if k not in want or f is None:
             continue
         try:
-            out[k] = graphed(f, calls)
+            out[k] = graphed(wrap(f), calls)
         except Exception as e:  # noqa: BLE001 (a baseline that cannot be captured is reported, not fatal)
             notes.append(f"{k}: capture failed ({type(e).__name__}: {str(e).splitlines()[0][:80]})")
             log(f"  {k}: capture failed: {e}")
@@ -453,13 +515,15 @@ def _variants(w, sets, want, autotune, log, min_graph_calls=GRAPH_MIN_CALLS):
 
 
 def run(workloads, *, variants=VARIANTS, autotune="subset", reps=None, log=print, ceilings=None,
-        on_result=None, budget_s=None, min_graph_calls=GRAPH_MIN_CALLS):
+        on_result=None, budget_s=None, min_graph_calls=GRAPH_MIN_CALLS, graph_after="op"):
     """Time every workload; returns (results, meta). ``autotune``: "subset" (models at
     ``AUTOTUNE_SUBSET`` tokens), "all" or "none". ``reps``: rounds per workload (default: enough for
     ~0.4 s of timing, 15 to 60). ``on_result(result)`` is called as each workload finishes (write it out:
     a run cut short keeps what it measured). With ``budget_s``, workloads that start that many seconds
     or more into the run skip the torch.compile variants (noted in the result; 0: every workload).
-    ``min_graph_calls``: the fewest calls a graphed variant's graph holds (``graph_calls``).
+    ``min_graph_calls``: the fewest calls a graphed variant's graph holds (``graph_calls``). ``graph_after``:
+    what each graphed call follows, "op" (a copy writing its input, timed alone and taken off) or "self"
+    (``GRAPH_AFTER``; the module docstring).
 
     Example:
         >>> from fuser.tools.bench import parse_workload, run
@@ -467,6 +531,8 @@ def run(workloads, *, variants=VARIANTS, autotune="subset", reps=None, log=print
         >>> r = results[0]; r.times["fuser_graph"] > 0 and r.speedup("eager_graph") > 0  # doctest: +SKIP
         True
     """
+    if graph_after not in GRAPH_AFTER:
+        raise ValueError(f"run: graph_after must be one of {GRAPH_AFTER}, got {graph_after!r}")
     why = hopper_reason()
     if why is not None:
         raise RuntimeError(f"fuser bench times kernels on a Hopper GPU: {why}")
@@ -485,7 +551,7 @@ def run(workloads, *, variants=VARIANTS, autotune="subset", reps=None, log=print
         tune = autotune == "all" or (autotune == "subset" and w.name in MODELS and w.m in AUTOTUNE_SUBSET)
         sets = Sets(w)
         c0 = clocks.read()
-        fns, compile_s, plan, fplan, notes = _variants(w, sets, want, tune, log, min_graph_calls)
+        fns, compile_s, plan, fplan, notes = _variants(w, sets, want, tune, log, min_graph_calls, graph_after)
         if over:
             notes.append("torch.compile variants skipped: past the time budget")
         names = list(fns)
@@ -500,14 +566,18 @@ def run(workloads, *, variants=VARIANTS, autotune="subset", reps=None, log=print
         c1 = clocks.read()
         floor, bound = w.floor_us(ceil["matmul_tflops"], ceil["copy_tbps"])
         seen = [v for v in mhz if v is not None]
-        r = Result(w, floor, bound, dict(zip(names, times)), compile_s,
+        timed, op = own_graph_times(dict(zip(names, times)))
+        r = Result(w, floor, bound, timed, compile_s,
                    plan.summary(), plan.fused, fplan.summary(), fplan.predicted_us,
                    dict(sm_mhz_min=min(seen) if seen else None, sm_mhz_max=max(seen) if seen else None,
                         reasons=c1["reasons"]), sets.n, n, notes,
-                   graph_calls=next((c for k, (_f, c) in fns.items() if k.endswith("_graph")), 1))
+                   graph_calls=next((c for k, (_f, c) in fns.items() if k.endswith("_graph")), 1),
+                   graph_after=graph_after, graph_op_us=op)
         results.append(r)
         log(f"{w.label:18s} floor {floor:9.1f} us  " + "  ".join(
-            f"{k} {r.times[k]:.1f}" for k in names) + f"  [{time.perf_counter() - t0:.1f} s]")
+            f"{k} {r.times[k]:.1f}" for k in r.times) + (f"  (graphed: the copy before each, {op:.2f} us, "
+                                                        f"taken off)" if op is not None else "")
+            + f"  [{time.perf_counter() - t0:.1f} s]")
         if on_result:
             on_result(r)
         del fns, sets

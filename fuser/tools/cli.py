@@ -267,6 +267,7 @@ def _cmd_bench(args):
         bench_report.write_csv(rows, os.path.join(args.out, "results.csv"))
     results, m = bench.run(workloads, autotune=args.autotune, reps=args.reps, budget_s=args.budget_s,
                            min_graph_calls=args.graph_calls or bench.GRAPH_MIN_CALLS, on_result=keep,
+                           graph_after=args.graph_after,
                            log=lambda line: print(line, flush=True))
     meta.update(m)
     with open(os.path.join(args.out, "meta.json"), "w") as f:
@@ -405,6 +406,10 @@ def main(argv=None):
     p.add_argument("--graph-calls", type=_count, default=None,
                    help="the fewest calls one CUDA graph of a graphed variant holds (default 16: each call then carries a "
                         "sixteenth of the graph's own launch; a call of 500 us or more is one per graph)")
+    p.add_argument("--graph-after", choices=bench.GRAPH_AFTER, default="op",
+                   help="what each call in a graphed variant follows: op (default), a PyTorch copy writing its input, "
+                        "as a model's FFN follows its norm (the copies timed alone and taken off); self, the graph's "
+                        "previous call (a fused kernel then starts early during its predecessor's last blocks)")
     p.add_argument("--out", default="bench-out", help="folder for results.csv, results.md, meta.json, speedup.png")
     p.add_argument("--no-host", action="store_true", help="skip the host-cost measurements (JIT, load, per call)")
     p.add_argument("--plot", metavar="CSV", help="only redraw results.md-style tables and the plot from a saved CSV")
