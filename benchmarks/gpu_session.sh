@@ -34,6 +34,7 @@
 #          WARM=1 each plan over one input set, its weights kept in the L2, EXACT=1 each plan with exact token boxes,
 #          LEADS=0 each plan with the ring's first pass requested whole, LEADS=N,M with those first-pass leads in bytes,
 #          AGAIN=1 each plan's graph captured a second time as it is: the spread the other ratios are read against,
+#          AFTER=1 each plan and eager also after a copy writing their input (the copies timed alone and taken off),
 #          and `pick_diff.py ab` on both runs: the cells where a setting lies beyond that spread in both)
 #   sanitize build, then compute-sanitizer's memcheck, racecheck and synccheck on the stream kernel's workload
 #          (tests/gpu/sanitize_stream.py) and on the gate kernel's (tests/gpu/sanitize_gate.py): what a tree whose
@@ -198,7 +199,7 @@ fi
 if [ "$STAGE" = plans ]; then
     for list in $LISTS; do
         twice "$(basename "$list" -plans.txt)" 200 ' us \(eager|Error|^trace: span' plans ${TRACE:+--trace} \
-            ${LAYOUTS:+--layouts} ${WARM:+--warm} ${EXACT:+--exact} ${LEADS:+--leads $LEADS} ${AGAIN:+--again} OUTPUT \
+            ${LAYOUTS:+--layouts} ${WARM:+--warm} ${EXACT:+--exact} ${LEADS:+--leads $LEADS} ${AGAIN:+--again} ${AFTER:+--after} OUTPUT \
             $(grep -v '^#' "$list")
         if [ -n "${AGAIN:-}" ]; then   # each setting against the null of both runs
             name=$(basename "$list" -plans.txt)

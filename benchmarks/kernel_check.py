@@ -197,7 +197,8 @@ def _launch_setting(name, value):
         getattr(fuser._C, name)(before)
 
 
-def time_plans(log, gen, shape, plans, packed=False, layouts=False, warm=False, exact=False, leads=(), again=False):
+def time_plans(log, gen, shape, plans, packed=False, layouts=False, warm=False, exact=False, leads=(), again=False,
+               after=False):
     """Each plan of one shape in a CUDA graph of several calls, interleaved with eager in a graph (rotating
     input sets), its output for the first set checked against float64: one row per plan. `packed`: the inputs'
     gate and up weights are halves of one tensor (``_inputs``). In the same interleaving, each fused plan also:
@@ -210,8 +211,12 @@ def time_plans(log, gen, shape, plans, packed=False, layouts=False, warm=False, 
     ring's first pass in flight per block (``measured_lead{n}``: ``_C.stream_lead_bytes``; 0: the whole ring at
     once); with `again`, the main graph's calls captured once more as they are (``measured_again``): the spread of
     two graphs of the same work, which can reach a couple of percent and repeat cell by cell (docs/kernels.md step
-    57), so the others' ratios are read against it. Each such graph's first output must be the main graph's bits
-    (``same_bits_*``)."""
+    57), so the others' ratios are read against it; with `after`, every call of each plan and of eager also after
+    a copy writing its input (a PyTorch kernel it depends on, as a model's FFN follows its norm; in the main graph
+    a fused call follows its own kernel, whose early launch lets it start during that kernel's last blocks), the
+    copies alone timed beside them and taken off: ``measured_after``, ``eager_after`` and ``copy`` (us per call; every
+    graph of the cell then holds 16 or more calls).
+    Each such graph's first output must be the main graph's bits (``same_bits_*``)."""
     name, d, f, l, gated, act, m = shape
     rows = []
     bytes_ = 2 * (f * d * (2 if gated else 1) + l * f)
@@ -219,11 +224,20 @@ def time_plans(log, gen, shape, plans, packed=False, layouts=False, warm=False, 
     ins = _inputs(d, f, l, gated, m, sets, gen, packed)
     # each set's values in the other layout: gate and up copied into one tensor, or apart where `packed`
     other = [dict(t, **_packed_pair(t["w_gate"], t["w_up"], not packed)) for t in ins] if layouts and gated else None
-    # several calls per graph: one replay of a single small call is mostly the graph's own launch
-    per = max(4, min(20, int(2e7 // bytes_)))
+    # several calls per graph: one replay of a single small call is mostly the graph's own launch; `after` compares
+    # times a microsecond or two apart, so its graphs (the main one too) hold 16 or more, each call carrying a
+    # sixteenth of the launch (fuser.tools.bench.GRAPH_MIN_CALLS); the others keep the committed files' 4-20
+    per = max(16 if after else 4, min(20, int(2e7 // bytes_)))
     ref_fn = [lambda t=t: fuser.ffn_reference(activation=act, **t) for t in ins]
     eager = graph_of([ref_fn[i % sets] for i in range(per)])
     ref = fuser.ffn_reference(activation=act, **{k: x.double() for k, x in ins[0].items()})
+    # `after`: each set's input written by a copy just before each call (xs), and the copies alone
+    xs = [torch.empty_like(t["x"]) for t in ins] if after else []
+    ins_after = [dict(t, x=x) for t, x in zip(ins, xs)]
+    write = [lambda i=i: xs[i].copy_(ins[i]["x"]) for i in range(len(xs))]
+    cells_after = [("copy", graph_of([write[i % sets] for i in range(per)])),
+                   ("eager_after", graph_of([lambda i=i % sets: (write[i](), fuser.ffn_reference(
+                       activation=act, **ins_after[i])) for i in range(per)]))] if after else []
     for p in plans:
         try:
             outs = [torch.empty(m, l, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
@@ -251,29 +265,39 @@ def time_plans(log, gen, shape, plans, packed=False, layouts=False, warm=False, 
                 [(f"lead{n}", "stream_lead_bytes", n) for n in leads]
             if again:
                 settings.append(("again", "stream_exact_boxes", False) if exact else ("again", None, None))
+            if after:
+                settings.append(("after", "stream_exact_boxes", False) if exact else ("after", None, None))
             for what, setting, value in settings if p.fused else ():
                 o2 = [torch.empty_like(o) for o in outs]
+                before = write if what == "after" else [lambda: None] * sets
+                src = ins_after if what == "after" else ins
                 with _launch_setting(setting, value) if setting else contextlib.nullcontext():
                     extra.append((what, graph_of(
-                        [lambda t=ins[i % sets], o=o2[i % sets]: fuser.ffn(activation=act, out=o, plan=p, **t)
-                         for i in range(per)]), o2))
-            te, tf, *ta = _time_graphs([eager, g] + [x[1] for x in extra], per)
+                        [lambda i=i % sets, o=o2[i % sets], b=before, s=src: (b[i](), fuser.ffn(
+                            activation=act, out=o, plan=p, **s[i])) for i in range(per)]), o2))
+            te, tf, *ta = _time_graphs([eager, g] + [x[1] for x in extra] + [x[1] for x in cells_after], per)
+            ta, cell_t = ta[:len(extra)], dict(zip([x[0] for x in cells_after], ta[len(extra):]))
+            if after:   # the copies taken off
+                ta = [t - cell_t["copy"] if what == "after" else t for (what, _, _), t in zip(extra, ta)]
             err = float((outs[0].double() - ref).norm() / ref.norm())
             row = dict(name=name, m=m, plan=p.summary(), params=p.raw.get("params"), predicted=p.predicted_us,
                        measured=tf, eager=te, speedup=te / tf, floor=p.floor_us, rel_err=err, ok=err < 2e-2,
                        tflops=p.raw["cost"]["useful_flops"] / tf / 1e6)
             for (what, _, o2), t in zip(extra, ta):
                 row[f"measured_{what}"], row[f"same_bits_{what}"] = t, bool(torch.equal(o2[0], outs[0]))
+            if after:
+                row.update(copy=cell_t["copy"], eager_after=cell_t["eager_after"] - cell_t["copy"])
             rows.append(row)
             log(f"{name:10s} m={m:<4d} {tf:8.1f} us (eager {te:7.1f}, {te / tf:.2f}x; predicted "
                 f"{p.predicted_us:7.1f}; floor {p.floor_us:.1f}; {row['tflops']:.0f} TFLOP/s; err {err:.1e}"
                 f"{'' if row['ok'] else ' BAD'}) {p.summary()}"
                 + "".join(f" | {what} {t:.1f} us, {t / tf:.3f}x{'' if row[f'same_bits_{what}'] else ' DIFFERENT BITS'}"
-                          for (what, _, _), t in zip(extra, ta)))
+                          for (what, _, _), t in zip(extra, ta))
+                + (f" | eager after {row['eager_after']:.1f} us (the copy {row['copy']:.2f})" if after else ""))
             del g, extra
         except Exception as e:  # noqa: BLE001
             log(f"{name} m={m} {p.summary()}: {type(e).__name__}: {e}")
-    del eager, ref
+    del eager, ref, cells_after
     torch.cuda.empty_cache()
     return rows
 

@@ -23,6 +23,7 @@ pick differs, and time both picks of each such cell beside PyTorch eager in CUDA
     python benchmarks/pick_diff.py plans --exact OUT.json SPEC ...  # and each with exact token boxes
     python benchmarks/pick_diff.py plans --leads 0 OUT.json SPEC ...  # and each with other first-pass leads (bytes)
     python benchmarks/pick_diff.py plans --again OUT.json SPEC ...  # and each captured twice: the graphs' own spread
+    python benchmarks/pick_diff.py plans --after OUT.json SPEC ...  # and each, and eager, after a copy of the input
     python benchmarks/pick_diff.py ab RUN_A.json RUN_B.json ...  # any machine: plans' settings against their null
 
 Quantized picks (``dump --fp8``: cells NAME:M:fp8) are listed and diffed the same way; ``time`` leaves them to
@@ -264,7 +265,7 @@ def plan_specs(specs):
 
 
 def time_specs(specs, log=print, save=None, trace=False, layouts=False, warm=False, exact=False, leads=(),
-               again=False):
+               again=False, after=False):
     """Time stream plans given as NAME:M:key=value,... (``fuser.plan`` constraints of a grid shape), each cell's
     plans interleaved with eager in CUDA graphs (``kernel_check.time_plans``): {"result": {"plans": rows}}, rows
     as kernel_check's. `trace`: each plan also launched once with its unit trace (``kernel_check.trace_run``:
@@ -274,8 +275,9 @@ def time_specs(specs, log=print, save=None, trace=False, layouts=False, warm=Fal
     with exact token boxes (``measured_exact``: a ragged last row tile without TMA's zero fill); `leads`: each plan also
     with about n bytes of the ring's first pass in flight per block, for each n (``measured_lead{n}``; 0: the whole
     ring at once); `again`: each plan also captured a second time as it is (``measured_again``: the spread two graphs
-    of the same work show, beside which the other ratios are read). `save`: called with the results so far after each
-    cell."""
+    of the same work show, beside which the other ratios are read); `after`: each plan and eager also after a copy
+    writing their input, the copies taken off (``measured_after``, ``eager_after``, ``copy``: what a call costs
+    where it follows another op's kernel, not its own). `save`: called with the results so far after each cell."""
     import torch
     from kernel_check import time_plans, trace_run
     cells = plan_specs(specs)   # before anything runs: a constraint no plan meets fails here
@@ -284,7 +286,7 @@ def time_specs(specs, log=print, save=None, trace=False, layouts=False, warm=Fal
     for (name, m), plans in cells.items():
         d, f, l, gated, act = shapes()[name]
         out["plans"] += time_plans(log, gen, (name, d, f, l, gated, act, m), plans, layouts=layouts, warm=warm,
-                                   exact=exact, leads=leads, again=again)
+                                   exact=exact, leads=leads, again=again, after=after)
         for p in plans if trace else ():   # the very plans timed, each launched once more with its trace
             out["traces"].append(trace_run(name, m, log, shape=(d, f, l, gated, act), plan=p))
         if save is not None:
@@ -423,6 +425,9 @@ def main(argv=None):
     a.add_argument("--again", action="store_true",
                    help="also time each plan's graph captured a second time, as it is: the spread of two graphs of the "
                         "same work, beside which the other ratios are read")
+    a.add_argument("--after", action="store_true",
+                   help="also time each plan and eager with each call after a copy writing its input (the copies "
+                        "timed alone and taken off): a call that follows another op's kernel, as in a model")
     a.add_argument("specs", nargs="+", help="NAME:M:bm=64,bn=96,... (fuser.plan constraints of a stream plan)")
     args = ap.parse_args(argv)
 
@@ -469,7 +474,7 @@ def main(argv=None):
     elif args.cmd == "plans":
         try:
             save(time_specs(args.specs, save=save, trace=args.trace, layouts=args.layouts, warm=args.warm,
-                            exact=args.exact, leads=args.leads, again=args.again))
+                            exact=args.exact, leads=args.leads, again=args.again, after=args.after))
         except ValueError as e:
             ap.error(str(e))
     else:

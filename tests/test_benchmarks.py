@@ -722,6 +722,26 @@ def test_pick_diff_times_each_plan_beside_other_first_pass_leads():
         assert all(0.5 < r[f"measured_{w}"] / r["measured"] < 2.0 for w in ("lead0", "lead1", "again")), r
 
 
+@pytest.mark.gpu
+def test_pick_diff_times_each_plan_and_eager_after_a_foreign_op(tmp_path):
+    """``plans --after --again``: each plan, and eager, also with every call after a copy writing its input, the copies
+    timed alone and taken off, in the same interleaving; a one-phase plan and a two-phase swap-AB one. The copy only
+    rewrites the same values, so the outputs are the main graph's bits, and each time after the copy is a call's own
+    time, near the main graph's (the copies alone are a few us of a 10-100 us call)."""
+    pd = _pick_diff()
+    out = pd.time_specs(["G1:128:bm=64,bn=64,bl=64,s1=1,s2=8,stages=8,phases=1",
+                         "S8:16:bm=16,bn=128,bl=128,s1=2,s2=8"], after=True, again=True)
+    rows = out["result"]["plans"]
+    assert len(rows) == 2 and all(r["ok"] for r in rows), rows
+    for r in rows:
+        assert r["same_bits_after"] and r["same_bits_again"], r
+        assert 0.0 < r["copy"] < 10.0, r
+        assert 0.5 < r["measured_after"] / r["measured"] < 2.0 and 0.5 < r["eager_after"] / r["eager"] < 2.0, r
+    (tmp_path / "a.json").write_text(json.dumps(out))
+    cells, settings = pd.ab([str(tmp_path / "a.json")] * 2)     # the after-op ratio read against the null
+    assert "after" in settings and all("after" in c for c in cells.values()), settings
+
+
 def test_kernel_check_summarises_a_stream_trace_per_phase():
     """kernel_check's trace summary (bf16 and FP8 traces alike) on a made-up timeline of a 128-token FP8 plan:
     112 phase-1 units of 33 us from their first data, 128 phase-2 units of 25 us that waited 8 us for H; each
