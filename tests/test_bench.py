@@ -126,6 +126,27 @@ def test_compare_can_leave_out_host_bound_per_call_ratios(tmp_path, capsys):
     assert "all ratios" in out and "1 over 5%" in out and "GPU-bound ratios" in out and "0 over 5%" in out
 
 
+def test_compare_and_score_say_when_the_runs_graphed_differently(tmp_path, capsys):
+    """Saved runs whose graphed calls followed different predecessors (a copy writing the input, or the previous
+    call) get a note naming each file's method on stderr, from --compare and --score alike; runs of one method,
+    and files written before the column existed (read as "self"), get none."""
+    from fuser.tools.cli import main
+    w = parse_workload("llama3-8b:16")
+    old = fake_result(w, eager=400, fuser=300).row()
+    old.pop("graph_after")
+    new = dict(fake_result(w, eager=400, fuser=300).row(), graph_after="op", graph_op_us=1.5)
+    same = dict(new)
+    for name, row in (("old", old), ("new", new), ("same", same)):
+        bench_report.write_csv([row], tmp_path / f"{name}.csv")
+    assert bench_report.graph_after(bench_report.read_csv(tmp_path / "old.csv")) == "self"
+    for args in (["--compare"], ["--score"]):
+        assert main(["bench", *args, str(tmp_path / "old.csv"), str(tmp_path / "new.csv")]) == 0
+        err = capsys.readouterr().err
+        assert "follow different predecessors" in err and "old.csv: self" in err and "new.csv: op" in err, err
+        assert main(["bench", *args, str(tmp_path / "same.csv"), str(tmp_path / "new.csv")]) == 0
+        assert "different predecessors" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("text", ["G3:4", "S8:4"])
 def test_fusedffn_variant_computes_the_workloads_ffn(text):
     """The harness's FusedFFN variant wraps one weight set's tensors (no copy) as optimize() would."""

@@ -42,6 +42,18 @@ def read_csv(path):
         return rows
 
 
+def graph_after(rows):
+    """What the graphed calls of a run's rows followed (``fuser.tools.bench.GRAPH_AFTER``): "op", "self", or
+    "op and self" for a mix; rows from before the column existed followed the previous call ("self").
+
+    Example:
+        >>> from fuser.tools.bench_report import graph_after
+        >>> graph_after([{"graph_after": "op"}]), graph_after([{}]), graph_after([{"graph_after": "op"}, {}])
+        ('op', 'self', 'op and self')
+    """
+    return " and ".join(sorted({r.get("graph_after") or "self" for r in rows}))
+
+
 def _num(v):
     if v in ("", None):
         return None

@@ -280,8 +280,21 @@ def _cmd_bench(args):
     return _bench_plot(bench_report, rows, args.out)
 
 
+def _graph_methods_differ(bench_report, runs):
+    """A note on stderr where saved runs graphed their calls after different predecessors (their graphed ratios
+    then differ by method, not only run to run); whether they do."""
+    seen = {path: bench_report.graph_after(rows) for path, rows in runs}
+    if len(set(seen.values())) > 1:
+        print("note: the runs' graphed calls follow different predecessors (op: a copy writing the input, as in a "
+              "model; self: the previous call, which a fused kernel's early launch overlaps), so their graphed "
+              "ratios differ by method: " + ", ".join(f"{p}: {m}" for p, m in seen.items()), file=sys.stderr)
+        return True
+    return False
+
+
 def _bench_compare(bench_report, path_a, path_b):
     a, b = bench_report.read_csv(path_a), bench_report.read_csv(path_b)
+    _graph_methods_differ(bench_report, [(path_a, a), (path_b, b)])
     for title, factor in (("all ratios", None), ("GPU-bound ratios (per-call within 1.1x of its graph)", 1.1)):
         rows, s = bench_report.compare(a, b, gpu_bound=factor)
         if not s["n"]:
@@ -306,9 +319,11 @@ def _bench_targets(rows, out, show):
 
 def _bench_score(bench_report, paths):
     try:
-        runs = targets.runs_of([r for p in paths for r in bench_report.read_csv(p)])
+        saved = [(p, bench_report.read_csv(p)) for p in paths]
+        runs = targets.runs_of([r for _p, rows in saved for r in rows])
     except (OSError, KeyError, ValueError) as e:
         raise UsageError(f"argument --score: {e}") from None
+    _graph_methods_differ(bench_report, saved)
     print(targets.markdown(targets.score(runs)), end="")
     return 0
 
