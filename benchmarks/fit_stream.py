@@ -64,8 +64,10 @@ def plan_args(summary):
     return out
 
 
-def rows_of(paths):
-    """{(name, m, plan): (measured us, eager us)} from kernel_check logs, newest last."""
+def rows_of(paths, after=False):
+    """{(name, m, plan): (measured us, eager us)} from kernel_check logs, newest last. `after`: the times after a
+    copy writing the input (``measured_after``, ``eager_after``: ``kernel_check.py --after``), rows without them
+    left out."""
     out = {}
     for path in paths:
         with open(path) as f:
@@ -74,11 +76,12 @@ def rows_of(paths):
             for r in result.get(section) or []:
                 if "stream" not in r.get("plan", "") or not r.get("ok", True):
                     continue
-                t = r.get("early", r.get("measured"))
-                if t is None:
+                t, eager = (r.get("measured_after"), r.get("eager_after")) if after else \
+                    (r.get("early", r.get("measured")), r.get("eager"))
+                if t is None or eager is None:
                     continue
                 key = (r["name"], r["m"], _SUMMARY.search(r["plan"]).group(0))
-                out[key] = (t, r["eager"])
+                out[key] = (t, eager)
     return out
 
 
@@ -214,8 +217,13 @@ def main(argv=None):
     ap.add_argument("logs", nargs="+", help="kernel_check JSON logs, oldest first")
     ap.add_argument("--json", help="write the fitted constants and the tables here")
     ap.add_argument("--loso", action="store_true", help="also fit without each shape and check its pick")
+    ap.add_argument("--after", action="store_true",
+                    help="fit to the times after a copy writing the input (logs of kernel_check.py --after)")
     a = ap.parse_args(argv)
-    rows = rows_of(a.logs)
+    rows = rows_of(a.logs, after=a.after)
+    if not rows:
+        ap.error("no timed stream plans in the logs" + (" with after-op times (kernel_check.py --after)"
+                                                        if a.after else ""))
     base = dict(fuser._C.targets()["h200"])
     fitted, both, err, e_err = joint_fit(rows, base)
     show_fit(f"{len(rows)} timed stream plans", msle(rows, base), err, FITTED, base, fitted)

@@ -7,6 +7,7 @@
 #          shapes, the decode set twice for run-to-run agreement; GEMM=0 and DECODE_RUNS=1 shorten it)
 #   fit    build, the stream sweeps (every SWEEP and DECODE shape's candidate plans timed against eager,
 #          several calls per CUDA graph) and benchmarks/fit_stream.py on them: the rows a cost-model refit needs
+#          (AFTER=1: each plan and eager also after a copy writing their input, and the fit to those times)
 #   prefill build, the stream checks (smoke run, GPU tests, memcheck), the prefill sweep
 #          (stream plans of several row tiles timed against eager) and traces of three of them
 #   epilogue build, then ncu on one GPT-2 prefill launch (2048 tokens, bm 128 bn 256 bl 128, 1/1): the
@@ -122,12 +123,13 @@ finish() {
 }
 if [ "$STAGE" = fit ]; then
     for sec in sweep decode; do   # separately (a run stopped by its timeout still writes the rows it timed)
-        timeout $([ $sec = sweep ] && echo 360 || echo 180) python3 benchmarks/kernel_check.py --$sec --out "$OUT/$sec" \
+        timeout $([ $sec = sweep ] && echo 360 || echo 180) python3 benchmarks/kernel_check.py --$sec ${AFTER:+--after} \
+            --out "$OUT/$sec" \
             > "$OUT/$sec.log" 2>&1
         echo "$sec rc $? $(grep -c ' us (eager' "$OUT/$sec.log") timed plans" | tee -a "$OUT/gpu.txt"
     done
     timeout 60 python3 benchmarks/fit_stream.py "$OUT"/sweep/kernel_check.json "$OUT"/decode/kernel_check.json \
-        --json "$OUT/fit.json" > "$OUT/fit.log" 2>&1
+        ${AFTER:+--after} --json "$OUT/fit.json" > "$OUT/fit.log" 2>&1
     echo "fit_stream rc $?" | tee -a "$OUT/gpu.txt"; head -8 "$OUT/fit.log" >> "$OUT/gpu.txt"
     finish fit
 fi

@@ -165,10 +165,11 @@ def _extras(m, gated, f=0, l=0):
 _IN_PROGRESS = {}
 
 
-def sweep_section(log, top=6, shapes=None, section="sweep"):
+def sweep_section(log, top=6, shapes=None, section="sweep", after=False):
     """For each SWEEP shape: the `top` best predicted stream plans plus wide-tile ones, each timed in a CUDA
     graph interleaved with eager in a graph (rotating input sets): rows for fitting the cost model. Each
-    plan's output for the first input set is checked against a float64 reference."""
+    plan's output for the first input set is checked against a float64 reference. `after`: each plan and eager
+    also after a copy writing their input (``time_plans``), the times a model's FFN sees."""
     gen = torch.Generator(device="cuda").manual_seed(3)
     rows = _IN_PROGRESS.setdefault(section, [])
     for name, d, f, l, gated, act, m in shapes or SWEEP:
@@ -182,7 +183,7 @@ def sweep_section(log, top=6, shapes=None, section="sweep"):
         uniq = {}
         for p in ps:
             uniq.setdefault(p.summary(), p)
-        rows += time_plans(log, gen, (name, d, f, l, gated, act, m), uniq.values())
+        rows += time_plans(log, gen, (name, d, f, l, gated, act, m), uniq.values(), after=after)
     return rows
 
 
@@ -621,6 +622,9 @@ def main():
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--decode", action="store_true", help="sweep the decode shapes (swap-AB and the rest)")
     ap.add_argument("--prefill", action="store_true", help="sweep shapes of several row tiles (256-2048 tokens)")
+    ap.add_argument("--after", action="store_true",
+                    help="the sweeps also time each plan and eager after a copy writing their input (16 or more calls "
+                         "per graph): what fit_stream.py --after fits to")
     ap.add_argument("--bench", default=None, help="paper, quick, models, all, or workloads (G4,S1,llama3-8b:16)")
     ap.add_argument("--trace", nargs="?", const="decode", choices=("decode", "prefill"),
                     help="trace a few stream plans (unit timelines): decode-size (default) or prefill-size")
@@ -670,10 +674,12 @@ def main():
         sys.exit(128 + signum)
     signal.signal(signal.SIGTERM, stopped)
     for flag, name, fn in ((a.gemm, "gemm", gemm_section), (a.stream, "stream", stream_section),
-                           (a.splits, "splits", splits_section), (a.sweep, "sweep", sweep_section),
-                           (a.decode, "decode", lambda log: sweep_section(log, top=4, shapes=DECODE, section="decode")),
+                           (a.splits, "splits", splits_section),
+                           (a.sweep, "sweep", lambda log: sweep_section(log, after=a.after)),
+                           (a.decode, "decode", lambda log: sweep_section(log, top=4, shapes=DECODE, section="decode",
+                                                                          after=a.after)),
                            (a.prefill, "prefill", lambda log: sweep_section(log, top=3, shapes=PREFILL,
-                                                                            section="prefill")),
+                                                                            section="prefill", after=a.after)),
                            (a.overlap, "overlap", overlap_section), (a.pairs, "pairs", pairs_section),
                            (a.one_phase, "one_phase", one_phase_section)):
         if flag:

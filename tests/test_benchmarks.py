@@ -266,6 +266,27 @@ def test_fit_stream_refits_the_constants_to_timed_plans(tmp_path):
             assert c["measured_us"] is None or c["measured_us"] >= c["best_us"]
 
 
+def test_fit_stream_fits_to_the_after_op_times_when_asked(tmp_path):
+    """With `after`, fit_stream reads each row's times after a copy writing the input (``kernel_check.py --after``)
+    in place of its main graph's, and leaves out rows timed without them; the CLI says when no row has them."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import fit_stream
+    plan = "fused stream, bm=16 bn=128 bl=128, splits 1/4, 6 stages, predicted 122.5 us"
+    rows = [dict(name="llama3-8b", m=1, plan=plan, measured=120.0, eager=128.0, measured_after=121.5,
+                 eager_after=127.5, copy=1.6, ok=True),
+            dict(name="llama3-8b", m=16, plan=plan, measured=121.0, eager=133.0, ok=True)]
+    log = tmp_path / "k.json"
+    log.write_text(json.dumps(dict(result=dict(decode=rows))))
+    key = lambda m: ("llama3-8b", m, fit_stream._SUMMARY.search(plan).group(0))  # noqa: E731
+    assert fit_stream.rows_of([str(log)]) == {key(1): (120.0, 128.0), key(16): (121.0, 133.0)}
+    assert fit_stream.rows_of([str(log)], after=True) == {key(1): (121.5, 127.5)}
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(dict(result=dict(decode=rows[1:]))))
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/fit_stream.py"), str(old), "--after"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "with after-op times (kernel_check.py --after)" in r.stderr, r.stderr
+
+
 def test_fit_stream_reads_back_the_plan_each_summary_names():
     """The refit rebuilds each timed plan from its summary: two phases with splits, one phase, cluster pairs,
     and one phase with units of several l-tiles must each give back the same plan (a missed field would fit
