@@ -10,9 +10,10 @@ eager over fuser at each L, and the launch's share: (time at the smallest L - ti
 
 In a graph of repeated fuser calls each call follows another fuser kernel, which lets it start as its blocks leave
 (programmatic dependent launch); in a model it follows another op's kernel. With --after-op, at the largest L each
-call of each variant also runs after a copy of its input (one PyTorch kernel it depends on, as an FFN depends on the
-norm before it), and the copies alone are timed in the same graphs' interleaving: "after an op" is (copy and call) -
-(copy alone) per call, the call's time where its predecessor is not one of its own.
+call of each variant also runs after a copy writing its input (one PyTorch kernel it depends on, as an FFN depends on
+the norm before it; ``fuser.tools.bench.after_op``, what the harness's graphs do), and the copies alone are timed in
+the same graphs' interleaving: "after an op" is (copy and call) - (copy alone) per call, the call's time where its
+predecessor is not one of its own.
 
     python benchmarks/graph_calls.py [--cells G1:128 S8:128 llama2-7b:16 ...] [--calls 1 4 16] [--rounds 30]
                                      [--after-op] [--json FILE]
@@ -25,7 +26,7 @@ import torch
 
 import fuser
 from fuser.reference import ACTIVATIONS, eager
-from fuser.tools.bench import Sets, measure_ceilings, parse_workload
+from fuser.tools.bench import Sets, after_op, measure_ceilings, parse_workload
 from fuser.tools.timing import graphed, time_interleaved
 
 CELLS = ("G1:128", "G3:128", "S8:128", "S1:128", "llama2-7b:16", "llama3-8b:128")
@@ -37,7 +38,6 @@ def cell_row(w, calls, rounds, ceil, after_op=False):
     sets = Sets(w)
     act = ACTIVATIONS[w.activation]
     plan = fuser.plan(w.m, w.d_model, w.d_ff, d_out=w.d_out, gated=w.gated, activation=w.activation)
-    bufs = [torch.empty_like(s["x"]) for s in sets.sets]   # each set's copied input
 
     def ops(s, x):
         return eager(x, s["w_up"], s["w_down"], s["w_gate"], None, None, None, act)
@@ -51,18 +51,12 @@ def cell_row(w, calls, rounds, ceil, after_op=False):
             return f(s, s["x"])
         return call
 
-    def after_copy(f):  # f on a copy of the next set's input, made just before (None: the copy alone)
-        def call():
-            s = sets.turn()
-            x = bufs[sets.i].copy_(s["x"])
-            return x if f is None else f(s, x)
-        return call
-
     graphed(plain(ops), calls[0])   # the first capture in a process runs slower (fuser.tools.bench): a throwaway
     fns = [(name, n, graphed(plain(f), n)) for name, f in (("eager", ops), ("fuser", mine)) for n in calls]
     if after_op:
-        fns += [(name, "after", graphed(after_copy(f), calls[-1]))
-                for name, f in (("copy", None), ("eager", ops), ("fuser", mine))]
+        # each call's input written by a copy just before it, as the harness's graphs do (the copies alone: a turn)
+        fns += [(name, "after", graphed(after_op(sets, f), calls[-1]))
+                for name, f in (("copy", sets.turn), ("eager", plain(ops)), ("fuser", plain(mine)))]
     times = time_interleaved([g for _, _, g in fns], rounds=rounds)
     floor, _bound = w.floor_us(ceil["matmul_tflops"], ceil["copy_tbps"])
     row = {"cell": f"{w.name}:{w.m}", "floor_us": round(floor, 2), "plan": str(plan), "sets": sets.n,
